@@ -1,0 +1,225 @@
+//! The two decisions of NIP-LE, as pure functions of what the file holds.
+//!
+//! * Read side: leader iff the record's `instance_id` is ours; anything that
+//!   is not a readable record (absent, unreadable, empty, malformed,
+//!   oversized) fails safe to leader.
+//! * Acquire side: a claim may be taken iff the file is free (absent, empty,
+//!   malformed, oversized), already ours, its pid is dead, or its
+//!   `claimed_at` is unparseable or further than the stale bound from now.
+//!
+//! **Future-dated claims.** The harness treats a `claimed_at` in the future
+//! as fresh, so a clock that jumped back (or a bogus writer) plus a recycled
+//! pid can pin a dead claim forever. We treat a `claimed_at` more than the
+//! stale bound *ahead* of now exactly like one more than the stale bound
+//! behind: stale. A live leader rewrites `claimed_at` every refresh, so on
+//! one machine (one clock) a live claim is never that far ahead; a claim that
+//! is can only be abandoned or written across a clock jump, and at worst one
+//! live leader is displaced once, never wedged.
+
+use std::time::{Duration, SystemTime};
+
+use crate::liveness::Liveness;
+use crate::record::{ClaimedAt, LockContent};
+
+/// Why a claim may be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeReason {
+    /// No file, empty file (released), or unreadable content.
+    Free,
+    /// The record already names us: a refresh.
+    Ours,
+    /// The holder's pid is not running.
+    DeadPid,
+    /// `claimed_at` is older than the stale bound (abandoned; pid recycled).
+    Stale,
+    /// `claimed_at` is further in the future than the stale bound.
+    FutureDated,
+    /// `claimed_at` cannot be parsed.
+    UnparseableClaimedAt,
+}
+
+impl TakeReason {
+    /// Whether taking for this reason displaces a previous holder.
+    pub fn is_takeover(self) -> bool {
+        matches!(
+            self,
+            TakeReason::DeadPid
+                | TakeReason::Stale
+                | TakeReason::FutureDated
+                | TakeReason::UnparseableClaimedAt
+        )
+    }
+}
+
+/// The acquire-side decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeable {
+    /// May be written with our record.
+    Yes(TakeReason),
+    /// A live, fresh claim by another instance: leave it alone.
+    No,
+}
+
+/// Decides whether `content` may be overwritten with our claim. `probe` is
+/// called at most once, and only for a record held by someone else.
+pub fn takeable(
+    content: &LockContent,
+    our_id: &str,
+    now: SystemTime,
+    stale: Duration,
+    probe: impl FnOnce(u32) -> Liveness,
+) -> Takeable {
+    let r = match content {
+        LockContent::Record(r) => r,
+        _ => return Takeable::Yes(TakeReason::Free),
+    };
+    if r.instance_id == our_id {
+        return Takeable::Yes(TakeReason::Ours);
+    }
+    if probe(r.pid) == Liveness::Dead {
+        return Takeable::Yes(TakeReason::DeadPid);
+    }
+    match claim_age(&r.claimed_at, now) {
+        ClaimAge::Unparseable => Takeable::Yes(TakeReason::UnparseableClaimedAt),
+        ClaimAge::Past(age) if age > stale => Takeable::Yes(TakeReason::Stale),
+        ClaimAge::Future(ahead) if ahead > stale => Takeable::Yes(TakeReason::FutureDated),
+        _ => Takeable::No,
+    }
+}
+
+/// How far `claimed_at` is from `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimAge {
+    /// This long ago.
+    Past(Duration),
+    /// This far ahead of now.
+    Future(Duration),
+    /// Not a time.
+    Unparseable,
+}
+
+/// Age of a claim relative to `now`.
+pub fn claim_age(claimed_at: &ClaimedAt, now: SystemTime) -> ClaimAge {
+    match claimed_at.instant() {
+        None => ClaimAge::Unparseable,
+        Some(t) => match now.duration_since(t) {
+            Ok(age) => ClaimAge::Past(age),
+            Err(e) => ClaimAge::Future(e.duration()),
+        },
+    }
+}
+
+/// The read-side decision on a (possibly failed) unguarded read.
+pub fn reads_as_leader<E>(content: Result<&LockContent, E>, our_id: &str) -> bool {
+    match content {
+        Ok(LockContent::Record(r)) => r.instance_id == our_id,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::LockRecord;
+
+    const STALE: Duration = Duration::from_secs(10);
+
+    fn at(now: SystemTime, offset_secs: i64) -> ClaimedAt {
+        let d = Duration::from_secs(offset_secs.unsigned_abs());
+        ClaimedAt::At(if offset_secs >= 0 { now + d } else { now - d })
+    }
+
+    fn record(id: &str, claimed_at: ClaimedAt) -> LockContent {
+        LockContent::Record(LockRecord {
+            instance_id: id.into(),
+            pid: 4242,
+            claimed_at,
+        })
+    }
+
+    fn alive(_: u32) -> Liveness {
+        Liveness::Alive
+    }
+
+    #[test]
+    fn free_files_are_takeable_and_read_as_leader() {
+        let now = SystemTime::now();
+        for c in [
+            LockContent::Absent,
+            LockContent::Empty,
+            LockContent::Oversized,
+            LockContent::Malformed("x".into()),
+        ] {
+            assert_eq!(
+                takeable(&c, "me", now, STALE, alive),
+                Takeable::Yes(TakeReason::Free)
+            );
+            assert!(reads_as_leader::<()>(Ok(&c), "me"));
+        }
+        assert!(reads_as_leader(Err("permission denied"), "me"));
+    }
+
+    #[test]
+    fn read_side_is_instance_id_only() {
+        let now = SystemTime::now();
+        // Even a stale, dead claim of ours reads as ours, and a fresh foreign
+        // one as not: pid and claimed_at are informational to the read side.
+        assert!(reads_as_leader::<()>(
+            Ok(&record("me", at(now, -3600))),
+            "me"
+        ));
+        assert!(!reads_as_leader::<()>(
+            Ok(&record("other", ClaimedAt::Unparseable("?".into()))),
+            "me"
+        ));
+    }
+
+    #[test]
+    fn acquire_rules() {
+        let now = SystemTime::now();
+        let t = |c: &LockContent, live: Liveness| takeable(c, "me", now, STALE, |_| live);
+        assert_eq!(
+            t(&record("me", at(now, -1)), Liveness::Alive),
+            Takeable::Yes(TakeReason::Ours)
+        );
+        assert_eq!(
+            t(&record("other", at(now, -1)), Liveness::Alive),
+            Takeable::No
+        );
+        assert_eq!(
+            t(&record("other", at(now, -1)), Liveness::Dead),
+            Takeable::Yes(TakeReason::DeadPid)
+        );
+        assert_eq!(
+            t(&record("other", at(now, -11)), Liveness::Alive),
+            Takeable::Yes(TakeReason::Stale)
+        );
+        assert_eq!(
+            t(&record("other", at(now, -9)), Liveness::Alive),
+            Takeable::No
+        );
+        assert_eq!(
+            t(&record("other", at(now, 5)), Liveness::Alive),
+            Takeable::No
+        );
+        assert_eq!(
+            t(&record("other", at(now, 11)), Liveness::Alive),
+            Takeable::Yes(TakeReason::FutureDated)
+        );
+        assert_eq!(
+            t(
+                &record("other", ClaimedAt::Unparseable("soon".into())),
+                Liveness::Alive
+            ),
+            Takeable::Yes(TakeReason::UnparseableClaimedAt)
+        );
+    }
+
+    #[test]
+    fn probe_is_not_called_for_free_or_own_files() {
+        let now = SystemTime::now();
+        let boom = |_: u32| -> Liveness { panic!("probed") };
+        takeable(&LockContent::Empty, "me", now, STALE, boom);
+        takeable(&record("me", at(now, 0)), "me", now, STALE, boom);
+    }
+}

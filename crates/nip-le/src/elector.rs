@@ -1,0 +1,748 @@
+//! The elector: one process's participation in the elections of many agent
+//! keys, with a refresh thread, a lock-free leadership cache and change
+//! notifications.
+//!
+//! Per key, on join and on every refresh tick (NIP-LE): honour a local claim
+//! request aimed at someone else (stand down), then acquire under the
+//! exclusive lock (which rewrites `claimed_at` while we hold it), then update
+//! the cache from what the locked read saw. When no acquire ran (standing
+//! down, or the lock could not be had in time) the cache comes from the
+//! unguarded read side, which fails safe to leader.
+//!
+//! Two deliberate refinements of the letter of the NIP, both documented in
+//! the README:
+//! * An instance that is standing down (or has released) is never the leader
+//!   in its own cache, even though the emptied file would read as "leader" —
+//!   otherwise the step-down would keep prompting.
+//! * While a fresh local claim request names another instance, we do not
+//!   take a free lock that is not already ours, so the intended target, not
+//!   a bystander, wins the released lock. The request expires after the
+//!   stand-down timeout, so this can never wedge an election.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime};
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::config::Config;
+use crate::control::{self, ClaimRequest, ControlFrame, ControlResult};
+use crate::election::{self, claim_age, ClaimAge, TakeReason, Takeable};
+use crate::error::{Error, Result};
+use crate::identity::InstanceId;
+use crate::liveness;
+use crate::lockfile::{self, LockedFile};
+use crate::pubkey::AgentPubkey;
+use crate::record::{encode_record, format_claimed_at, LockContent};
+
+/// Why this instance's view of a key's leadership changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeReason {
+    /// We took a free lock (absent, empty/released, or malformed).
+    Acquired,
+    /// We took over the claim of a dead or stale holder.
+    Failover,
+    /// We asked to lead (claim or `claim_leadership` frame) and now hold the
+    /// lock: send the `control_result` if the claim came from the relay.
+    Claimed,
+    /// We lead only because the lock file cannot be read as a record and we
+    /// could not write it (fail-safe rule).
+    FailSafe,
+    /// First view after joining: another instance holds a live claim.
+    Observer,
+    /// Another instance holds the lock now.
+    Lost,
+    /// We stood down for another instance's claim. Hard-steal: cancel the
+    /// in-flight turn now.
+    StoodDown,
+    /// We released the lock (explicitly, on leave or on shutdown).
+    Released,
+}
+
+impl ChangeReason {
+    /// The snake_case name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeReason::Acquired => "acquired",
+            ChangeReason::Failover => "failover",
+            ChangeReason::Claimed => "claimed",
+            ChangeReason::FailSafe => "fail_safe",
+            ChangeReason::Observer => "observer",
+            ChangeReason::Lost => "lost",
+            ChangeReason::StoodDown => "stood_down",
+            ChangeReason::Released => "released",
+        }
+    }
+
+    /// Whether the window must abort its in-flight agent turn (NIP-LE
+    /// hard-steal, via NIP-AO `cancel_turn`).
+    pub fn must_cancel_turn(self) -> bool {
+        matches!(self, ChangeReason::StoodDown)
+    }
+}
+
+/// One change of this instance's view of one key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeadershipChange {
+    /// The agent key.
+    pub pubkey: AgentPubkey,
+    /// Whether we are the prompter now.
+    pub is_leader: bool,
+    /// Why.
+    pub reason: ChangeReason,
+    /// The holder named by the lock file, when it names one.
+    pub leader_instance_id: Option<String>,
+    /// Wall-clock time of the change, unix milliseconds.
+    pub at_ms: u64,
+}
+
+/// Result of [`Elector::claim`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimOutcome {
+    /// We already held the lock.
+    AlreadyLeader,
+    /// We hold the lock now.
+    Claimed,
+    /// The current holder has been asked to stand down; refresh ticks keep
+    /// trying until the stand-down timeout.
+    Pending,
+}
+
+/// The holder named by a lock record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HolderStatus {
+    /// Holder's election id.
+    pub instance_id: String,
+    /// Holder's pid.
+    pub pid: u32,
+    /// `claimed_at` as RFC 3339 when it parsed.
+    pub claimed_at: Option<String>,
+    /// Milliseconds since `claimed_at` (negative when in the future).
+    pub age_ms: Option<i64>,
+    /// Whether the holder is this instance.
+    pub is_us: bool,
+}
+
+/// A snapshot of one key's election, for UIs and `status` commands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ElectionStatus {
+    /// The agent key.
+    pub pubkey: AgentPubkey,
+    /// The cached answer.
+    pub is_leader: bool,
+    /// The lock file.
+    pub lock_path: PathBuf,
+    /// What the file held at the last look: `record`, `absent`, `empty`,
+    /// `malformed`, `oversized` or `unreadable`.
+    pub lock_state: &'static str,
+    /// The holder, when the file names one.
+    pub holder: Option<HolderStatus>,
+    /// Whether we are standing down (acquire suppressed).
+    pub standing_down: bool,
+    /// Whether a claim of ours is waiting for the holder to stand down.
+    pub claim_pending: bool,
+    /// The last error met while refreshing, if the last refresh failed.
+    pub last_error: Option<String>,
+}
+
+/// Zero-cost view of one key's cached leadership, for hot paths.
+#[derive(Debug, Clone)]
+pub struct LeaderFlag(Arc<KeyState>);
+
+impl LeaderFlag {
+    /// The cached answer: one atomic load, no syscall, no allocation.
+    #[inline]
+    pub fn is_leader(&self) -> bool {
+        self.0.leader.load(Ordering::Acquire)
+    }
+}
+
+#[derive(Debug)]
+struct KeyState {
+    pubkey: AgentPubkey,
+    lock_path: PathBuf,
+    claim_path: PathBuf,
+    leader: AtomicBool,
+    m: Mutex<KeyMut>,
+}
+
+#[derive(Debug, Default)]
+struct KeyMut {
+    stand_down_until: Option<Instant>,
+    /// Our own outstanding claim: expiry, and the nonce of our local request.
+    pending: Option<(Instant, String)>,
+    /// Nonce of the last local request we stood down for.
+    honoured: Option<String>,
+    /// Whether the last look showed a record naming us.
+    holds_lock: bool,
+    observed: Option<std::result::Result<LockContent, String>>,
+    last_error: Option<String>,
+}
+
+struct Inner {
+    config: Config,
+    id: InstanceId,
+    pid: u32,
+    keys: RwLock<HashMap<AgentPubkey, Arc<KeyState>>>,
+    events: broadcast::Sender<LeadershipChange>,
+    shut: AtomicBool,
+}
+
+/// Participation of this process in the elections of many agent keys.
+///
+/// Dropping it (or calling [`Elector::shutdown`]) releases every lock it
+/// holds.
+pub struct Elector {
+    inner: Arc<Inner>,
+    wake: Mutex<Option<mpsc::Sender<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("instance_id", &self.inner.id)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere must not turn every later call into a panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Elector {
+    /// Validates `config` and starts the refresh thread. `id` is this
+    /// window's election id (see [`InstanceId::from_env_or_random`]).
+    pub fn start(config: Config, id: InstanceId) -> Result<Self> {
+        config.validate()?;
+        let (events, _) = broadcast::channel(1024);
+        let inner = Arc::new(Inner {
+            config,
+            id,
+            pid: liveness::current_pid(),
+            keys: RwLock::new(HashMap::new()),
+            events,
+            shut: AtomicBool::new(false),
+        });
+        let (tx, rx) = mpsc::channel::<()>();
+        let worker = Arc::clone(&inner);
+        let thread = std::thread::Builder::new()
+            .name("nip-le-refresh".into())
+            .spawn(move || worker.refresh_loop(rx))
+            .map_err(|e| Error::io("<refresh thread>", e))?;
+        Ok(Self {
+            inner,
+            wake: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// This window's election id: pass it to spawned agent processes in
+    /// `BUZZ_INSTANCE_ELECTION_ID`.
+    pub fn instance_id(&self) -> &InstanceId {
+        &self.inner.id
+    }
+
+    /// The validated configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Subscribes to every later [`LeadershipChange`]. A receiver that falls
+    /// more than 1024 changes behind gets `Lagged` and should re-read
+    /// [`Elector::status`].
+    pub fn subscribe(&self) -> broadcast::Receiver<LeadershipChange> {
+        self.inner.events.subscribe()
+    }
+
+    /// Joins the election for `pubkey` and claims at once (auto-claim on
+    /// launch). Returns the resulting leadership. Joining twice is a no-op.
+    pub fn join(&self, pubkey: &AgentPubkey) -> Result<bool> {
+        self.inner.check_open()?;
+        let dir = &self.inner.config.lock_dir;
+        lockfile::ensure_dir(dir)?;
+        let ks = {
+            let mut keys = self.inner.keys.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(k) = keys.get(pubkey) {
+                return Ok(k.leader.load(Ordering::Acquire));
+            }
+            let ks = Arc::new(KeyState {
+                pubkey: *pubkey,
+                lock_path: lockfile::lock_path(dir, pubkey),
+                claim_path: control::claim_request_path(dir, pubkey),
+                leader: AtomicBool::new(false),
+                m: Mutex::new(KeyMut::default()),
+            });
+            keys.insert(*pubkey, Arc::clone(&ks));
+            ks
+        };
+        let mut m = lock(&ks.m);
+        self.inner.evaluate(&ks, &mut m, Eval::Initial);
+        Ok(ks.leader.load(Ordering::Acquire))
+    }
+
+    /// Leaves the election for `pubkey`, releasing the lock if we hold it.
+    pub fn leave(&self, pubkey: &AgentPubkey) -> Result<()> {
+        let ks = self
+            .inner
+            .keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(pubkey)
+            .ok_or(Error::NotJoined(*pubkey))?;
+        let mut m = lock(&ks.m);
+        self.inner.release_file(&ks, &mut m);
+        self.inner
+            .set_view(&ks, &mut m, false, ChangeReason::Released, true);
+        Ok(())
+    }
+
+    /// The keys joined, in no particular order.
+    pub fn joined(&self) -> Vec<AgentPubkey> {
+        self.inner
+            .keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// The cached answer for `pubkey`: no syscall, no allocation. `false`
+    /// for a key that was never joined (use [`Elector::leader_flag`] on hot
+    /// paths to skip even the map lookup).
+    #[inline]
+    pub fn is_leader(&self, pubkey: &AgentPubkey) -> bool {
+        self.inner
+            .keys
+            .read()
+            .map(|k| {
+                k.get(pubkey)
+                    .is_some_and(|k| k.leader.load(Ordering::Acquire))
+            })
+            .unwrap_or(false)
+    }
+
+    /// A handle whose [`LeaderFlag::is_leader`] is a single atomic load.
+    pub fn leader_flag(&self, pubkey: &AgentPubkey) -> Result<LeaderFlag> {
+        Ok(LeaderFlag(self.inner.key(pubkey)?))
+    }
+
+    /// "This instance wants to lead" (the sidebar's claim). Co-located
+    /// instances learn it through the local claim request, without a relay:
+    /// the holder stands down on its next refresh and we take the lock on
+    /// ours. Never evicts a live leader by force.
+    pub fn claim(&self, pubkey: &AgentPubkey) -> Result<ClaimOutcome> {
+        self.inner.check_open()?;
+        let ks = self.inner.key(pubkey)?;
+        let mut m = lock(&ks.m);
+        self.inner.claim_locked(&ks, &mut m)
+    }
+
+    /// Releases the lock if the file names us (truncation under the lock;
+    /// never a successor's claim) and stands down, so our own next tick does
+    /// not take it straight back. Returns whether a claim of ours was
+    /// released. The stand-down expires like any other.
+    pub fn release(&self, pubkey: &AgentPubkey) -> Result<bool> {
+        let ks = self.inner.key(pubkey)?;
+        let mut m = lock(&ks.m);
+        Ok(self.inner.step_down(&ks, &mut m, ChangeReason::Released))
+    }
+
+    /// NIP-LE `stand_down()` + `release()`: stop leading now (hard-steal:
+    /// the change says cancel the in-flight turn) and suppress acquiring
+    /// until [`Elector::resume`] or the stand-down timeout.
+    pub fn stand_down(&self, pubkey: &AgentPubkey) -> Result<()> {
+        let ks = self.inner.key(pubkey)?;
+        let mut m = lock(&ks.m);
+        self.inner.step_down(&ks, &mut m, ChangeReason::StoodDown);
+        Ok(())
+    }
+
+    /// Ends a stand-down and re-claims at once.
+    pub fn resume(&self, pubkey: &AgentPubkey) -> Result<bool> {
+        self.inner.check_open()?;
+        let ks = self.inner.key(pubkey)?;
+        let mut m = lock(&ks.m);
+        m.stand_down_until = None;
+        self.inner.evaluate(&ks, &mut m, Eval::Tick);
+        Ok(ks.leader.load(Ordering::Acquire))
+    }
+
+    /// Handles a relay-delivered control frame (decrypted JSON content) for
+    /// `pubkey`. Authorisation (NIP-AO: only the agent's owner may send
+    /// control frames) is the caller's job. Returns the `control_result` to
+    /// send, if any:
+    /// * we are the target → claim; `Some(claimed)` once we hold the lock,
+    ///   else `None` and later refresh ticks retry (a [`ChangeReason::Claimed`]
+    ///   change says when to send the result);
+    /// * we hold the lock and are not the target → stand down and release;
+    /// * otherwise, and for unknown frame types → ignored.
+    pub fn handle_control_frame(
+        &self,
+        pubkey: &AgentPubkey,
+        frame: &str,
+    ) -> Result<Option<ControlResult>> {
+        let target = match ControlFrame::parse(frame)? {
+            ControlFrame::ClaimLeadership { target_instance_id } => target_instance_id,
+            ControlFrame::Other => return Ok(None),
+        };
+        self.inner.check_open()?;
+        let ks = self.inner.key(pubkey)?;
+        let mut m = lock(&ks.m);
+        if target == self.inner.id.as_str() {
+            let outcome = self.inner.claim_locked(&ks, &mut m)?;
+            return Ok((outcome != ClaimOutcome::Pending).then(ControlResult::claimed));
+        }
+        if m.holds_lock {
+            self.inner.step_down(&ks, &mut m, ChangeReason::StoodDown);
+        }
+        Ok(None)
+    }
+
+    /// Runs one refresh of every key now, without waiting for the tick.
+    pub fn refresh_now(&self) {
+        self.inner.tick_all();
+    }
+
+    /// A snapshot of every joined key.
+    pub fn status(&self) -> Vec<ElectionStatus> {
+        let keys: Vec<_> = self
+            .inner
+            .keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let now = SystemTime::now();
+        let mut out: Vec<_> = keys
+            .iter()
+            .map(|ks| self.inner.status_of(ks, now))
+            .collect();
+        out.sort_by(|a, b| a.pubkey.cmp(&b.pubkey));
+        out
+    }
+
+    /// Stops the refresh thread and releases every lock we hold. Idempotent;
+    /// later calls that would touch files return [`Error::ShutDown`].
+    pub fn shutdown(&self) {
+        if self.inner.shut.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        drop(lock(&self.wake).take());
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        let keys: Vec<_> = self
+            .inner
+            .keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, k)| k)
+            .collect();
+        for ks in keys {
+            let mut m = lock(&ks.m);
+            self.inner.release_file(&ks, &mut m);
+            self.inner
+                .set_view(&ks, &mut m, false, ChangeReason::Released, false);
+        }
+    }
+}
+
+impl Drop for Elector {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Eval {
+    /// First look after join: always report.
+    Initial,
+    /// A refresh.
+    Tick,
+}
+
+impl Inner {
+    fn check_open(&self) -> Result<()> {
+        if self.shut.load(Ordering::SeqCst) {
+            Err(Error::ShutDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn key(&self, pubkey: &AgentPubkey) -> Result<Arc<KeyState>> {
+        self.keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(pubkey)
+            .cloned()
+            .ok_or(Error::NotJoined(*pubkey))
+    }
+
+    fn refresh_loop(&self, wake: mpsc::Receiver<()>) {
+        let mut next = Instant::now() + self.config.refresh;
+        loop {
+            match wake.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            if self.shut.load(Ordering::SeqCst) {
+                return;
+            }
+            if Instant::now() >= next {
+                self.tick_all();
+                next = Instant::now() + self.config.refresh;
+            }
+        }
+    }
+
+    fn tick_all(&self) {
+        let keys: Vec<_> = self
+            .keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for ks in keys {
+            let mut m = lock(&ks.m);
+            self.evaluate(&ks, &mut m, Eval::Tick);
+        }
+    }
+
+    fn claim_locked(&self, ks: &KeyState, m: &mut KeyMut) -> Result<ClaimOutcome> {
+        m.stand_down_until = None;
+        self.evaluate(ks, m, Eval::Tick);
+        if m.holds_lock {
+            return Ok(ClaimOutcome::AlreadyLeader);
+        }
+        let req = ClaimRequest::new(self.id.as_str());
+        control::write_claim_request(&ks.claim_path, &req)?;
+        m.pending = Some((Instant::now() + self.config.stand_down, req.nonce));
+        self.evaluate(ks, m, Eval::Tick);
+        Ok(if m.holds_lock {
+            ClaimOutcome::Claimed
+        } else {
+            ClaimOutcome::Pending
+        })
+    }
+
+    /// Stand down (suppress acquire until the timeout) and release the file
+    /// if it names us. Returns whether a claim of ours was truncated.
+    fn step_down(&self, ks: &KeyState, m: &mut KeyMut, reason: ChangeReason) -> bool {
+        m.stand_down_until = Some(Instant::now() + self.config.stand_down);
+        m.pending = None;
+        let released = self.release_file(ks, m);
+        self.set_view(ks, m, false, reason, false);
+        released
+    }
+
+    /// Truncates the lock file iff it names us, under the exclusive lock.
+    fn release_file(&self, ks: &KeyState, m: &mut KeyMut) -> bool {
+        let result =
+            LockedFile::open_and_lock(&ks.lock_path, self.config.lock_wait).and_then(|mut f| {
+                let content = f.read()?;
+                let ours = content
+                    .record()
+                    .is_some_and(|r| r.instance_id == self.id.as_str());
+                if ours {
+                    f.truncate()?;
+                    m.observed = Some(Ok(LockContent::Empty));
+                } else {
+                    m.observed = Some(Ok(content));
+                }
+                Ok(ours)
+            });
+        m.holds_lock = false;
+        match result {
+            Ok(released) => released,
+            Err(e) => {
+                tracing::warn!(pubkey = %ks.pubkey, "release failed: {e}");
+                m.last_error = Some(e.to_string());
+                false
+            }
+        }
+    }
+
+    /// Read-decide-write under the exclusive lock. Returns what the file
+    /// holds afterwards and why we wrote, if we did.
+    fn acquire(
+        &self,
+        ks: &KeyState,
+        may_take_others: bool,
+    ) -> Result<(LockContent, Option<TakeReason>)> {
+        lockfile::ensure_dir(&self.config.lock_dir)?;
+        let mut f = LockedFile::open_and_lock(&ks.lock_path, self.config.lock_wait)?;
+        let content = f.read()?;
+        let now = SystemTime::now();
+        match election::takeable(
+            &content,
+            self.id.as_str(),
+            now,
+            self.config.stale,
+            liveness::probe,
+        ) {
+            Takeable::Yes(reason) if reason == TakeReason::Ours || may_take_others => {
+                let bytes = encode_record(self.id.as_str(), self.pid, now);
+                f.write(&bytes)?;
+                Ok((LockContent::parse(&bytes), Some(reason)))
+            }
+            _ => Ok((content, None)),
+        }
+    }
+
+    fn evaluate(&self, ks: &KeyState, m: &mut KeyMut, eval: Eval) {
+        let now_i = Instant::now();
+        let now = SystemTime::now();
+        if m.stand_down_until.is_some_and(|u| now_i >= u) {
+            m.stand_down_until = None;
+        }
+        if m.pending.as_ref().is_some_and(|(u, _)| now_i >= *u) {
+            m.pending = None;
+        }
+
+        // A co-located instance asked to lead: the holder stands down once
+        // per request.
+        let request = control::read_claim_request(&ks.claim_path)
+            .filter(|r| r.is_fresh(now, self.config.stand_down));
+        let other_wants_it = request
+            .as_ref()
+            .is_some_and(|r| r.target_instance_id != self.id.as_str());
+        if let Some(r) = request.as_ref().filter(|_| other_wants_it) {
+            if m.holds_lock && m.honoured.as_deref() != Some(r.nonce.as_str()) {
+                m.honoured = Some(r.nonce.clone());
+                tracing::info!(pubkey = %ks.pubkey, target = %r.target_instance_id, "standing down for a local claim");
+                self.step_down(ks, m, ChangeReason::StoodDown);
+            }
+        }
+
+        let mut took = None;
+        let content = if m.stand_down_until.is_none() {
+            match self.acquire(ks, !other_wants_it || m.holds_lock) {
+                Ok((c, t)) => {
+                    took = t;
+                    m.last_error = None;
+                    Ok(c)
+                }
+                Err(e) => {
+                    tracing::debug!(pubkey = %ks.pubkey, "acquire failed: {e}");
+                    m.last_error = Some(e.to_string());
+                    lockfile::read_unguarded(&ks.lock_path)
+                }
+            }
+        } else {
+            lockfile::read_unguarded(&ks.lock_path)
+        };
+
+        m.holds_lock =
+            matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == self.id.as_str());
+        let leader = m.stand_down_until.is_none()
+            && election::reads_as_leader(content.as_ref(), self.id.as_str());
+        m.observed = Some(content.map_err(|e| e.to_string()));
+
+        let claim_done = m.holds_lock && m.pending.is_some();
+        if claim_done {
+            if let Some((_, nonce)) = m.pending.take() {
+                control::remove_claim_request(&ks.claim_path, &nonce);
+            }
+        }
+        let reason = if claim_done {
+            ChangeReason::Claimed
+        } else if leader {
+            match took {
+                Some(r) if r.is_takeover() => ChangeReason::Failover,
+                Some(_) => ChangeReason::Acquired,
+                None if m.holds_lock => ChangeReason::Acquired,
+                None => ChangeReason::FailSafe,
+            }
+        } else if eval == Eval::Initial {
+            ChangeReason::Observer
+        } else {
+            ChangeReason::Lost
+        };
+        self.set_view(ks, m, leader, reason, eval == Eval::Initial || claim_done);
+    }
+
+    /// Updates the cache and notifies subscribers when it changed (or when
+    /// `always`).
+    fn set_view(
+        &self,
+        ks: &KeyState,
+        m: &KeyMut,
+        leader: bool,
+        reason: ChangeReason,
+        always: bool,
+    ) {
+        let was = ks.leader.swap(leader, Ordering::AcqRel);
+        if was == leader && !always {
+            return;
+        }
+        let change = LeadershipChange {
+            pubkey: ks.pubkey,
+            is_leader: leader,
+            reason,
+            leader_instance_id: holder_id(m),
+            at_ms: unix_ms(SystemTime::now()),
+        };
+        tracing::debug!(?change, "leadership change");
+        let _ = self.events.send(change);
+    }
+
+    fn status_of(&self, ks: &KeyState, now: SystemTime) -> ElectionStatus {
+        let m = lock(&ks.m);
+        let now_i = Instant::now();
+        let (lock_state, holder) = match &m.observed {
+            None => ("absent", None),
+            Some(Err(_)) => ("unreadable", None),
+            Some(Ok(c)) => (
+                c.kind(),
+                c.record().map(|r| HolderStatus {
+                    instance_id: r.instance_id.clone(),
+                    pid: r.pid,
+                    claimed_at: r.claimed_at.instant().map(format_claimed_at),
+                    age_ms: match claim_age(&r.claimed_at, now) {
+                        ClaimAge::Past(d) => Some(d.as_millis() as i64),
+                        ClaimAge::Future(d) => Some(-(d.as_millis() as i64)),
+                        ClaimAge::Unparseable => None,
+                    },
+                    is_us: r.instance_id == self.id.as_str(),
+                }),
+            ),
+        };
+        ElectionStatus {
+            pubkey: ks.pubkey,
+            is_leader: ks.leader.load(Ordering::Acquire),
+            lock_path: ks.lock_path.clone(),
+            lock_state,
+            holder,
+            standing_down: m.stand_down_until.is_some_and(|u| u > now_i),
+            claim_pending: m.pending.as_ref().is_some_and(|(u, _)| *u > now_i),
+            last_error: m.last_error.clone(),
+        }
+    }
+}
+
+fn holder_id(m: &KeyMut) -> Option<String> {
+    match &m.observed {
+        Some(Ok(LockContent::Record(r))) => Some(r.instance_id.clone()),
+        _ => None,
+    }
+}

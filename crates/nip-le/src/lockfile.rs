@@ -1,0 +1,338 @@
+//! Lock file I/O, treating every byte and every path as hostile.
+//!
+//! * The lock file itself is the `flock` target (like the harness): never
+//!   renamed, never unlinked, written in place.
+//! * Opens never follow a symlink (`O_NOFOLLOW`) and never block on a fifo
+//!   (`O_NONBLOCK`); anything but a regular file is refused.
+//! * Reads are capped at [`MAX_RECORD_BYTES`] + 1 bytes.
+//! * The exclusive lock is polled with a deadline, so a peer that hangs while
+//!   holding it cannot hang us.
+//! * The directory is created `0700` and files `0600`.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::pubkey::AgentPubkey;
+use crate::record::{LockContent, MAX_RECORD_BYTES};
+
+/// `<dir>/<pubkey>.lock`. The pubkey is validated hex, so this cannot leave
+/// `dir`.
+pub fn lock_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
+    dir.join(pubkey.lock_file_name())
+}
+
+/// Creates the lock directory (mode `0700`) if missing; errors if the path is
+/// something other than a directory.
+pub fn ensure_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => return Err(Error::NotADirectory { path: dir.into() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(dir, e)),
+    }
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        b.mode(0o700);
+    }
+    b.create(dir).map_err(|e| Error::io(dir, e))
+}
+
+fn open_options(write: bool) -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    if write {
+        o.write(true).create(true);
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+        if write {
+            o.mode(0o600);
+        }
+    }
+    o
+}
+
+/// Opens `path` without following a symlink and checks it is a regular file.
+fn open_regular(path: &Path, write: bool) -> std::io::Result<std::result::Result<File, Error>> {
+    match open_options(write).open(path) {
+        Ok(f) => {
+            let ft = f.metadata()?.file_type();
+            if ft.is_file() {
+                Ok(Ok(f))
+            } else {
+                Ok(Err(Error::NotRegularFile {
+                    path: path.into(),
+                    kind: file_kind(&ft),
+                }))
+            }
+        }
+        Err(e) if is_symlink_refusal(&e, path) => Ok(Err(Error::Symlink { path: path.into() })),
+        Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => Ok(Err(Error::NotRegularFile {
+            path: path.into(),
+            kind: "directory",
+        })),
+        Err(e) => Err(e),
+    }
+}
+
+fn is_symlink_refusal(e: &std::io::Error, path: &Path) -> bool {
+    #[cfg(unix)]
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        return true;
+    }
+    let _ = e;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// A short name for a file type, for messages and status.
+pub fn file_kind(ft: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return "fifo";
+        }
+        if ft.is_socket() {
+            return "socket";
+        }
+        if ft.is_block_device() || ft.is_char_device() {
+            return "device";
+        }
+    }
+    if ft.is_dir() {
+        "directory"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_file() {
+        "file"
+    } else {
+        "unknown"
+    }
+}
+
+fn read_capped(f: &mut File) -> std::io::Result<LockContent> {
+    f.seek(SeekFrom::Start(0))?;
+    let mut buf = Vec::with_capacity(256);
+    f.take(MAX_RECORD_BYTES as u64 + 1).read_to_end(&mut buf)?;
+    Ok(LockContent::parse(&buf))
+}
+
+/// The read side: no lock taken, so it may observe a half-written file (which
+/// parses as malformed). Errors mean "unreadable"; the caller fails safe.
+pub fn read_unguarded(path: &Path) -> Result<LockContent> {
+    match open_regular(path, false) {
+        Ok(Ok(mut f)) => read_capped(&mut f).map_err(|e| Error::io(path, e)),
+        Ok(Err(e)) => Err(e),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LockContent::Absent),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// An open lock file holding the exclusive `flock`; unlocked when dropped.
+#[derive(Debug)]
+pub struct LockedFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl LockedFile {
+    /// Opens (creating `0600` if absent, never truncating) and takes the
+    /// exclusive lock, waiting at most `wait`.
+    pub fn open_and_lock(path: &Path, wait: Duration) -> Result<Self> {
+        let file = match open_regular(path, true) {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let started = Instant::now();
+        let mut backoff = Duration::from_micros(200);
+        loop {
+            match fs4::FileExt::try_lock(&file) {
+                Ok(()) => {
+                    return Ok(Self {
+                        file,
+                        path: path.into(),
+                    })
+                }
+                Err(fs4::TryLockError::WouldBlock) => {}
+                Err(fs4::TryLockError::Error(e)) => return Err(Error::io(path, e)),
+            }
+            let waited = started.elapsed();
+            if waited >= wait {
+                return Err(Error::LockTimeout {
+                    path: path.into(),
+                    waited,
+                });
+            }
+            std::thread::sleep(backoff.min(wait - waited));
+            backoff = (backoff * 2).min(Duration::from_millis(10));
+        }
+    }
+
+    /// Reads the current content (capped).
+    pub fn read(&mut self) -> Result<LockContent> {
+        read_capped(&mut self.file).map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Replaces the content in place. The new bytes are written over the old
+    /// ones before the length is cut, so a refresh by the same holder never
+    /// shows readers an empty file.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let r = (|| {
+            self.file.seek(SeekFrom::Start(0))?;
+            self.file.write_all(bytes)?;
+            self.file.set_len(bytes.len() as u64)?;
+            self.file.flush()
+        })();
+        r.map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Truncates to zero bytes (release). The file stays: same inode.
+    pub fn truncate(&mut self) -> Result<()> {
+        self.file.set_len(0).map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// The path this lock guards.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn key() -> AgentPubkey {
+        AgentPubkey::parse(&"ab".repeat(32)).unwrap()
+    }
+
+    #[test]
+    fn creates_private_dir_and_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b");
+        ensure_dir(&dir).unwrap();
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let p = lock_path(&dir, &key());
+        assert!(p.starts_with(&dir));
+        let mut l = LockedFile::open_and_lock(&p, Duration::from_millis(50)).unwrap();
+        assert_eq!(l.read().unwrap(), LockContent::Empty);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    #[test]
+    fn dir_path_that_is_a_file_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(matches!(ensure_dir(&f), Err(Error::NotADirectory { .. })));
+    }
+
+    #[test]
+    fn absent_reads_as_absent() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(
+            read_unguarded(&tmp.path().join("x.lock")).unwrap(),
+            LockContent::Absent
+        );
+    }
+
+    #[test]
+    fn symlink_is_never_followed_nor_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("victim");
+        std::fs::write(&target, b"precious").unwrap();
+        let p = tmp.path().join("k.lock");
+        std::os::unix::fs::symlink(&target, &p).unwrap();
+        assert!(matches!(read_unguarded(&p), Err(Error::Symlink { .. })));
+        assert!(matches!(
+            LockedFile::open_and_lock(&p, Duration::from_millis(20)),
+            Err(Error::Symlink { .. })
+        ));
+        assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+        // A dangling symlink must not create its target either.
+        let dangling = tmp.path().join("d.lock");
+        std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+        assert!(LockedFile::open_and_lock(&dangling, Duration::from_millis(20)).is_err());
+        assert!(!tmp.path().join("nowhere").exists());
+    }
+
+    #[test]
+    fn directory_and_fifo_are_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("d.lock");
+        std::fs::create_dir(&d).unwrap();
+        assert!(matches!(
+            read_unguarded(&d),
+            Err(Error::NotRegularFile { .. })
+        ));
+        assert!(matches!(
+            LockedFile::open_and_lock(&d, Duration::from_millis(20)),
+            Err(Error::NotRegularFile { .. })
+        ));
+        let fifo = tmp.path().join("f.lock");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            read_unguarded(&fifo),
+            Err(Error::NotRegularFile { kind: "fifo", .. })
+        ));
+        assert!(matches!(
+            LockedFile::open_and_lock(&fifo, Duration::from_millis(20)),
+            Err(Error::NotRegularFile { kind: "fifo", .. })
+        ));
+    }
+
+    #[test]
+    fn huge_file_is_oversized_after_a_capped_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("k.lock");
+        let f = File::create(&p).unwrap();
+        f.set_len(1 << 30).unwrap(); // sparse 1 GiB
+        assert_eq!(read_unguarded(&p).unwrap(), LockContent::Oversized);
+    }
+
+    #[test]
+    fn lock_wait_is_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("k.lock");
+        let _held = LockedFile::open_and_lock(&p, Duration::from_millis(50)).unwrap();
+        let t = Instant::now();
+        let r = LockedFile::open_and_lock(&p, Duration::from_millis(80));
+        assert!(matches!(r, Err(Error::LockTimeout { .. })));
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(80) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn write_in_place_keeps_the_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("k.lock");
+        let mut l = LockedFile::open_and_lock(&p, Duration::from_millis(50)).unwrap();
+        let ino = std::fs::metadata(&p).unwrap().ino();
+        l.write(b"a much longer first body").unwrap();
+        l.write(b"short").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"short");
+        l.truncate().unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"");
+        assert_eq!(std::fs::metadata(&p).unwrap().ino(), ino);
+    }
+}

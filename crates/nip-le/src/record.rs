@@ -1,0 +1,284 @@
+//! The lock record: `{"instance_id","pid","claimed_at"}`, parsed defensively
+//! and written byte-compatibly with the existing harness (INTEROP.md).
+//!
+//! Reading accepts `claimed_at` as RFC 3339 or as unix seconds (a number or a
+//! numeric string) and ignores unknown fields; writing always produces
+//! `{"instance_id":"…","pid":N,"claimed_at":"<RFC 3339 UTC>"}` in that order.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Largest lock file we read. A real record is ~120 bytes; anything beyond
+/// this is treated as malformed without reading it all.
+pub const MAX_RECORD_BYTES: usize = 4096;
+
+/// When the current holder claimed the lock, as far as the record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimedAt {
+    /// A parseable instant.
+    At(SystemTime),
+    /// Present but not a time we can read; counts as stale for acquire.
+    Unparseable(String),
+}
+
+impl ClaimedAt {
+    /// Parses the JSON value of `claimed_at`: an RFC 3339 string, or unix
+    /// seconds as a number or numeric string.
+    fn from_json(v: &serde_json::Value) -> Self {
+        match v {
+            serde_json::Value::String(s) => parse_time_str(s)
+                .map(ClaimedAt::At)
+                .unwrap_or_else(|| ClaimedAt::Unparseable(truncate_for_display(s))),
+            serde_json::Value::Number(n) => n
+                .as_f64()
+                .and_then(unix_seconds)
+                .map(ClaimedAt::At)
+                .unwrap_or_else(|| ClaimedAt::Unparseable(n.to_string())),
+            other => ClaimedAt::Unparseable(truncate_for_display(&other.to_string())),
+        }
+    }
+
+    /// The instant, if it parsed.
+    pub fn instant(&self) -> Option<SystemTime> {
+        match self {
+            ClaimedAt::At(t) => Some(*t),
+            ClaimedAt::Unparseable(_) => None,
+        }
+    }
+}
+
+fn parse_time_str(s: &str) -> Option<SystemTime> {
+    let s = s.trim();
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Some(t.with_timezone(&Utc).into());
+    }
+    s.parse::<f64>().ok().and_then(unix_seconds)
+}
+
+/// Unix seconds → instant; `None` for non-finite or out-of-range values.
+fn unix_seconds(secs: f64) -> Option<SystemTime> {
+    if !secs.is_finite() || secs.abs() > 1e11 {
+        return None;
+    }
+    let d = Duration::try_from_secs_f64(secs.abs()).ok()?;
+    if secs >= 0.0 {
+        UNIX_EPOCH.checked_add(d)
+    } else {
+        UNIX_EPOCH.checked_sub(d)
+    }
+}
+
+fn truncate_for_display(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// A well-formed lock record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRecord {
+    /// Election id of the holder; the only field the read side uses.
+    pub instance_id: String,
+    /// Process id of the holder, for dead-pid takeover.
+    pub pid: u32,
+    /// When the holder last claimed or refreshed.
+    pub claimed_at: ClaimedAt,
+}
+
+/// What a lock file holds, classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockContent {
+    /// No file at the path.
+    Absent,
+    /// Zero bytes: released (or caught mid-rewrite).
+    Empty,
+    /// Larger than [`MAX_RECORD_BYTES`].
+    Oversized,
+    /// Not a record we can read (bad JSON, wrong types, truncated write).
+    Malformed(String),
+    /// A record.
+    Record(LockRecord),
+}
+
+impl LockContent {
+    /// Classifies raw bytes (at most [`MAX_RECORD_BYTES`] + 1 of them should
+    /// be passed; more is reported as oversized).
+    pub fn parse(bytes: &[u8]) -> Self {
+        if bytes.is_empty() {
+            return LockContent::Empty;
+        }
+        if bytes.len() > MAX_RECORD_BYTES {
+            return LockContent::Oversized;
+        }
+        #[derive(Deserialize)]
+        struct Raw {
+            instance_id: String,
+            pid: u32,
+            claimed_at: serde_json::Value,
+        }
+        // The NIP says "a JSON object"; serde would also accept an array.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return LockContent::Malformed("not a JSON object".into());
+        }
+        match serde_json::from_slice::<Raw>(bytes) {
+            Ok(raw) => LockContent::Record(LockRecord {
+                instance_id: raw.instance_id,
+                pid: raw.pid,
+                claimed_at: ClaimedAt::from_json(&raw.claimed_at),
+            }),
+            Err(e) => LockContent::Malformed(e.to_string()),
+        }
+    }
+
+    /// The record, when there is one.
+    pub fn record(&self) -> Option<&LockRecord> {
+        match self {
+            LockContent::Record(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Short name of the classification, for status output.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LockContent::Absent => "absent",
+            LockContent::Empty => "empty",
+            LockContent::Oversized => "oversized",
+            LockContent::Malformed(_) => "malformed",
+            LockContent::Record(_) => "record",
+        }
+    }
+}
+
+/// Formats an instant as the harness does: RFC 3339, UTC, `Z` suffix.
+pub fn format_claimed_at(t: SystemTime) -> String {
+    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// The exact bytes written for a claim:
+/// `{"instance_id":"<id>","pid":<pid>,"claimed_at":"<RFC 3339 UTC>"}`.
+pub fn encode_record(instance_id: &str, pid: u32, claimed_at: SystemTime) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Wire<'a> {
+        instance_id: &'a str,
+        pid: u32,
+        claimed_at: String,
+    }
+    serde_json::to_vec(&Wire {
+        instance_id,
+        pid,
+        claimed_at: format_claimed_at(claimed_at),
+    })
+    .expect("a struct of strings and integers always serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(bytes: &str) -> LockRecord {
+        match LockContent::parse(bytes.as_bytes()) {
+            LockContent::Record(r) => r,
+            other => panic!("expected a record from {bytes:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_the_harness_exact_format() {
+        let r = rec(
+            r#"{"instance_id":"4242-1718409600000000000","pid":4242,"claimed_at":"2026-06-15T00:00:00Z"}"#,
+        );
+        assert_eq!(r.instance_id, "4242-1718409600000000000");
+        assert_eq!(r.pid, 4242);
+        let expected: SystemTime = DateTime::parse_from_rfc3339("2026-06-15T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+            .into();
+        assert_eq!(r.claimed_at, ClaimedAt::At(expected));
+        // chrono's default to_rfc3339 in the harness: nanoseconds and +00:00.
+        let r = rec(
+            r#"{"instance_id":"x","pid":1,"claimed_at":"2026-06-15T00:00:00.123456789+00:00"}"#,
+        );
+        assert!(matches!(r.claimed_at, ClaimedAt::At(_)));
+    }
+
+    #[test]
+    fn accepts_unix_seconds_and_unknown_fields() {
+        let a = rec(r#"{"instance_id":"x","pid":1,"claimed_at":1781481600}"#);
+        let b = rec(
+            r#"{"instance_id":"x","pid":1,"claimed_at":"1781481600","epoch":7,"extra":{"a":1}}"#,
+        );
+        let c = rec(r#"{"claimed_at":1781481600.0,"pid":1,"instance_id":"x"}"#);
+        let t = UNIX_EPOCH + Duration::from_secs(1_781_481_600);
+        for r in [a, b, c] {
+            assert_eq!(r.claimed_at, ClaimedAt::At(t));
+        }
+    }
+
+    #[test]
+    fn unparseable_claimed_at_is_kept_as_such() {
+        for v in [
+            r#""yesterday""#,
+            "null",
+            "true",
+            r#"[1]"#,
+            "1e300",
+            r#""NaN""#,
+        ] {
+            let r = rec(&format!(
+                r#"{{"instance_id":"x","pid":1,"claimed_at":{v}}}"#
+            ));
+            assert!(matches!(r.claimed_at, ClaimedAt::Unparseable(_)), "{v}");
+        }
+    }
+
+    #[test]
+    fn classifies_non_records() {
+        assert_eq!(LockContent::parse(b""), LockContent::Empty);
+        assert_eq!(
+            LockContent::parse(&vec![b' '; MAX_RECORD_BYTES + 1]),
+            LockContent::Oversized
+        );
+        for bad in [
+            &b"{"[..],
+            br#"{"instance_id":"x","pid":1,"claimed_at":"2026-06"#, // truncated mid-write
+            br#"{"instance_id":7,"pid":1,"claimed_at":"x"}"#,
+            br#"{"instance_id":"x","pid":-1,"claimed_at":"x"}"#,
+            br#"{"instance_id":"x","pid":"12","claimed_at":"x"}"#,
+            br#"{"instance_id":"x","pid":1}"#,
+            br#"["x",1,"y"]"#,
+            b"\xff\xfe\x00binary",
+            b"null",
+        ] {
+            assert!(
+                matches!(LockContent::parse(bad), LockContent::Malformed(_)),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn writes_the_harness_exact_format() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_781_481_600_250);
+        let bytes = encode_record("inst-1", 4242, t);
+        assert_eq!(
+            std::str::from_utf8(&bytes).unwrap(),
+            r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250Z"}"#
+        );
+        // And it reads back to the same record.
+        let r = rec(std::str::from_utf8(&bytes).unwrap());
+        assert_eq!(
+            (r.instance_id.as_str(), r.pid, r.claimed_at),
+            ("inst-1", 4242, ClaimedAt::At(t))
+        );
+    }
+
+    #[test]
+    fn escapes_hostile_instance_ids() {
+        let bytes = encode_record("a\"b\\c", 1, UNIX_EPOCH);
+        assert_eq!(
+            rec(std::str::from_utf8(&bytes).unwrap()).instance_id,
+            "a\"b\\c"
+        );
+    }
+}
