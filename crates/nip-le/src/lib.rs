@@ -33,6 +33,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod election;

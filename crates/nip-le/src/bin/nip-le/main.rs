@@ -1,1 +1,52 @@
-fn main() {}
+//! `nip-le`: run an instance of the election, inspect a lock directory, or
+//! watch a narrated demo. The interface is fixed; outside tools drive it.
+
+mod demo;
+mod run;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// NIP-LE leader election for agents shared by several app instances.
+#[derive(Parser)]
+#[command(name = "nip-le", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Join one election and report leadership as JSON lines on stdout.
+    Run(run::RunArgs),
+    /// List every lock file in a directory with its holder and state.
+    Status(status::StatusArgs),
+    /// Spawn several instances in a temporary directory and narrate an
+    /// election: failover, cooperative claim, graceful exit.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NIP_LE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Status(a) => status::status(a),
+        Command::Demo(a) => demo::demo(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("nip-le: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

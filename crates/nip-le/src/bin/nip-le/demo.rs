@@ -1,0 +1,512 @@
+//! `nip-le demo`: the README's main job. Spawns several `nip-le run`
+//! instances of one agent in a temporary lock directory with a shared mention
+//! feed, and narrates: who leads, a SIGKILL of the leader and the failover, a
+//! cooperative claim, a graceful exit. Mentions are sent only while the
+//! election is settled (the invariant must hold then); the summary counts
+//! replies per mention and exits non-zero on any duplicate or miss.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
+
+use clap::Args;
+use nip_le::cluster::{lock_holder, Instance, RunOptions};
+use nip_le::config::{DEFAULT_REFRESH, DEFAULT_STALE, DEFAULT_STAND_DOWN};
+use nip_le::{AgentPubkey, Config};
+use serde_json::Value;
+
+/// Options of `nip-le demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Number of instances (at least 3).
+    #[arg(long, default_value_t = 3)]
+    instances: usize,
+    /// Refresh interval in milliseconds [default: the NIP's 5000].
+    #[arg(long)]
+    refresh_ms: Option<u64>,
+    /// Stale bound in milliseconds [default: the NIP's 10000].
+    #[arg(long)]
+    stale_ms: Option<u64>,
+    /// Stand-down timeout in milliseconds [default: the NIP's 10000].
+    #[arg(long)]
+    stand_down_ms: Option<u64>,
+    /// Mentions sent in each settled phase.
+    #[arg(long, default_value_t = 5)]
+    mentions_per_phase: usize,
+    /// Keep the temporary directory (its path is printed).
+    #[arg(long)]
+    keep: bool,
+}
+
+struct Demo {
+    start: Instant,
+    insts: Vec<Instance>,
+    lock_path: PathBuf,
+    mentions: PathBuf,
+    replies: PathBuf,
+    next_mention: usize,
+    sent: Vec<(String, &'static str)>,
+    failures: Vec<String>,
+    timings: Vec<(&'static str, Option<u64>)>,
+    refresh: Duration,
+    stale: Duration,
+    stand_down: Duration,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Demo {
+    fn say(&self, msg: &str) {
+        println!("[{:>6.2}s] {msg}", self.start.elapsed().as_secs_f64());
+        let _ = std::io::stdout().flush();
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Instance> {
+        self.insts.iter().filter(|i| !i.exited())
+    }
+
+    fn name_of(&self, instance_id: &str) -> String {
+        self.insts
+            .iter()
+            .find(|i| i.instance_id == instance_id)
+            .map(|i| i.name.clone())
+            .unwrap_or_else(|| format!("foreign {instance_id}"))
+    }
+
+    /// Exactly one live instance reports leadership and the file names it.
+    fn settled_leader(&self) -> Option<usize> {
+        let leaders: Vec<usize> = (0..self.insts.len())
+            .filter(|&i| !self.insts[i].exited() && self.insts[i].is_leader() == Some(true))
+            .collect();
+        let all_reported = self.live().all(|i| i.is_leader().is_some());
+        match leaders.as_slice() {
+            [one]
+                if all_reported
+                    && lock_holder(&self.lock_path).as_deref()
+                        == Some(&self.insts[*one].instance_id) =>
+            {
+                Some(*one)
+            }
+            _ => None,
+        }
+    }
+
+    fn wait_settled(&mut self, phase: &str) -> Option<usize> {
+        let deadline = self.stale + self.stand_down + self.refresh * 3;
+        let mut found = None;
+        nip_le::cluster::wait_until(deadline, || {
+            found = self.settled_leader();
+            found.is_some()
+        });
+        match found {
+            Some(l) => {
+                let observers: Vec<_> = self
+                    .live()
+                    .filter(|i| i.is_leader() == Some(false))
+                    .map(|i| i.name.clone())
+                    .collect();
+                self.say(&format!(
+                    "settled: {} leads; {} observe{}",
+                    self.insts[l].name,
+                    if observers.is_empty() {
+                        "no one else".into()
+                    } else {
+                        observers.join(", ")
+                    },
+                    if observers.len() == 1 {
+                        "s"
+                    } else if observers.is_empty() {
+                        "s"
+                    } else {
+                        ""
+                    },
+                ));
+            }
+            None => self.fail(format!(
+                "{phase}: the election did not settle within {deadline:?}"
+            )),
+        }
+        found
+    }
+
+    fn fail(&mut self, why: String) {
+        self.say(&format!("FAILED: {why}"));
+        self.failures.push(why);
+    }
+
+    /// Appends mentions to the shared feed and waits until every live
+    /// instance has seen them.
+    fn mentions(&mut self, phase: &'static str, n: usize) {
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            self.next_mention += 1;
+            let id = format!("m{}", self.next_mention);
+            let line = format!("{}\n", serde_json::json!({"id": id, "phase": phase}));
+            if let Err(e) = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.mentions)
+                .and_then(|mut f| f.write_all(line.as_bytes()))
+            {
+                self.fail(format!("cannot append to the mention feed: {e}"));
+                return;
+            }
+            self.sent.push((id.clone(), phase));
+            ids.push(id);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let all_seen = nip_le::cluster::wait_until(Duration::from_secs(5), || {
+            self.live().all(|i| {
+                let seen: Vec<_> = i
+                    .reports_of("mention")
+                    .iter()
+                    .filter_map(|r| r.json["id"].as_str().map(str::to_owned))
+                    .collect();
+                ids.iter().all(|id| seen.contains(id))
+            })
+        });
+        if !all_seen {
+            self.fail(format!(
+                "{phase}: not every instance saw the mentions within 5 s"
+            ));
+        }
+        let counts = reply_counts(&self.replies);
+        let got: Vec<_> = ids
+            .iter()
+            .map(|id| counts.get(id).map_or(0, Vec::len))
+            .collect();
+        let by: Vec<_> = ids
+            .iter()
+            .filter_map(|id| {
+                counts
+                    .get(id)
+                    .and_then(|v| v.first())
+                    .map(|who| self.name_of(who))
+            })
+            .collect();
+        self.say(&format!(
+            "{n} mentions fanned out to {} instances → replies per mention {:?} (by {})",
+            self.live().count(),
+            got,
+            dedup(by).join(", ")
+        ));
+    }
+
+    /// Waits for a live instance other than `except` to report leadership
+    /// after `cursors`; returns (index, at_ms).
+    fn wait_new_leader(
+        &self,
+        cursors: &[usize],
+        except: Option<usize>,
+        deadline: Duration,
+    ) -> Option<(usize, u64)> {
+        let mut out = None;
+        nip_le::cluster::wait_until(deadline, || {
+            out = (0..self.insts.len())
+                .filter(|&i| Some(i) != except && !self.insts[i].exited())
+                .find_map(|i| {
+                    self.insts[i]
+                        .reports()
+                        .iter()
+                        .skip(cursors[i])
+                        .find(|r| r.event() == "leadership" && r.is_leader() == Some(true))
+                        .and_then(|r| r.at_ms())
+                        .map(|at| (i, at))
+                });
+            out.is_some()
+        });
+        out
+    }
+
+    fn cursors(&self) -> Vec<usize> {
+        self.insts.iter().map(Instance::cursor).collect()
+    }
+}
+
+fn dedup(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v.dedup();
+    if v.is_empty() {
+        v.push("nobody".into());
+    }
+    v
+}
+
+fn reply_counts(replies: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in std::fs::read_to_string(replies).unwrap_or_default().lines() {
+        if let Ok(v) = serde_json::from_str::<Value>(line) {
+            if let (Some(id), Some(who)) = (v["mention"].as_str(), v["instance_id"].as_str()) {
+                m.entry(id.to_owned()).or_default().push(who.to_owned());
+            }
+        }
+    }
+    m
+}
+
+fn random_pubkey() -> AgentPubkey {
+    let hex = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    AgentPubkey::parse(&hex).expect("two simple UUIDs are 64 hex characters")
+}
+
+pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
+    if a.instances < 3 {
+        eprintln!(
+            "nip-le demo: --instances must be at least 3 (one is killed, one exits, one remains)"
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("nip-le-demo-")
+        .tempdir()
+        .map_err(|e| nip_le::Error::Io {
+            path: std::env::temp_dir(),
+            source: e,
+        })?;
+    let lock_dir = tmp.path().join("leader-locks");
+    // Same validation as every instance will apply.
+    let ms = |v: Option<u64>, d: Duration| v.map(Duration::from_millis).unwrap_or(d);
+    let mut cfg = Config::new(&lock_dir);
+    cfg.refresh = ms(a.refresh_ms, DEFAULT_REFRESH);
+    cfg.stale = ms(a.stale_ms, DEFAULT_STALE);
+    cfg.stand_down = ms(a.stand_down_ms, DEFAULT_STAND_DOWN);
+    cfg.lock_wait = cfg.lock_wait.min(cfg.refresh / 2);
+    cfg.validate()?;
+
+    let pubkey = random_pubkey();
+    let mentions = tmp.path().join("mentions.jsonl");
+    let replies = tmp.path().join("replies.jsonl");
+    for f in [&mentions, &replies] {
+        std::fs::File::create(f).map_err(|e| nip_le::Error::Io {
+            path: f.clone(),
+            source: e,
+        })?;
+    }
+    let exe = std::env::current_exe().map_err(|e| nip_le::Error::Io {
+        path: "<current exe>".into(),
+        source: e,
+    })?;
+    let mut opts = RunOptions::new(exe, &lock_dir, pubkey).timings(
+        cfg.refresh.as_millis() as u64,
+        cfg.stale.as_millis() as u64,
+        cfg.stand_down.as_millis() as u64,
+    );
+    opts.feed = Some((mentions.clone(), replies.clone()));
+
+    let mut d = Demo {
+        start: Instant::now(),
+        insts: Vec::new(),
+        lock_path: nip_le::lockfile::lock_path(&lock_dir, &pubkey),
+        mentions,
+        replies,
+        next_mention: 0,
+        sent: Vec::new(),
+        failures: Vec::new(),
+        timings: Vec::new(),
+        refresh: cfg.refresh,
+        stale: cfg.stale,
+        stand_down: cfg.stand_down,
+    };
+    d.say(&format!(
+        "NIP-LE demo: {} instances of agent {}… in {}",
+        a.instances,
+        &pubkey.as_str()[..12],
+        tmp.path().display()
+    ));
+    d.say(&format!(
+        "timings: refresh {:?}, stale {:?}, stand-down {:?}",
+        cfg.refresh, cfg.stale, cfg.stand_down
+    ));
+
+    // 1. Everyone starts at once.
+    for n in 0..a.instances {
+        let name = ((b'A' + (n % 26) as u8) as char).to_string();
+        let inst =
+            Instance::spawn(&name, opts.command(None), Duration::from_secs(10)).map_err(|e| {
+                nip_le::Error::Io {
+                    path: opts.exe.clone(),
+                    source: e,
+                }
+            })?;
+        d.say(&format!(
+            "started {name}: pid {}, election id {}",
+            inst.pid, inst.instance_id
+        ));
+        d.insts.push(inst);
+    }
+    let Some(leader) = d.wait_settled("launch") else {
+        return finish(d, tmp, a.keep);
+    };
+    d.mentions("steady", a.mentions_per_phase);
+
+    // 2. SIGKILL the leader: no release, the survivors must notice.
+    let cursors = d.cursors();
+    let t0 = unix_ms();
+    d.say(&format!(
+        "SIGKILL {} (the leader, pid {})",
+        d.insts[leader].name, d.insts[leader].pid
+    ));
+    if let Err(e) = d.insts[leader].kill_and_reap() {
+        d.fail(format!("cannot kill the leader: {e}"));
+    }
+    match d.wait_new_leader(&cursors, Some(leader), cfg.stale + cfg.refresh * 3) {
+        Some((i, at)) => {
+            let ms = at.saturating_sub(t0);
+            d.say(&format!(
+                "failover: {} leads {ms} ms after the kill",
+                d.insts[i].name
+            ));
+            d.timings.push(("failover after SIGKILL", Some(ms)));
+        }
+        None => {
+            d.fail("no survivor took over after the SIGKILL".into());
+            d.timings.push(("failover after SIGKILL", None));
+        }
+    }
+    let Some(leader) = d.wait_settled("failover") else {
+        return finish(d, tmp, a.keep);
+    };
+    d.mentions("after failover", a.mentions_per_phase);
+
+    // 3. Cooperative claim from an observer (the sidebar's "claim").
+    let Some(claimer) = (0..d.insts.len()).find(|&i| i != leader && !d.insts[i].exited()) else {
+        d.fail("no observer left to claim".into());
+        return finish(d, tmp, a.keep);
+    };
+    let cursors = d.cursors();
+    let t0 = unix_ms();
+    d.say(&format!("{} asks to lead (claim)", d.insts[claimer].name));
+    if let Err(e) = d.insts[claimer].send("claim") {
+        d.fail(format!("cannot send claim: {e}"));
+    }
+    let stood =
+        d.insts[leader].wait_after(cursors[leader], cfg.stand_down + cfg.refresh * 3, |r| {
+            r.reason() == "stood_down"
+        });
+    if let Some(r) = &stood {
+        d.say(&format!(
+            "{} stood down {} ms after the claim (hard-steal: cancel its in-flight turn)",
+            d.insts[leader].name,
+            r.at_ms().unwrap_or(t0).saturating_sub(t0)
+        ));
+    } else {
+        d.fail(format!("{} did not stand down", d.insts[leader].name));
+    }
+    match d.insts[claimer].wait_after(cursors[claimer], cfg.stand_down + cfg.refresh * 3, |r| {
+        r.is_leader() == Some(true)
+    }) {
+        Some(r) => {
+            let ms = r.at_ms().unwrap_or(t0).saturating_sub(t0);
+            d.say(&format!(
+                "{} leads {ms} ms after its claim ({})",
+                d.insts[claimer].name,
+                r.reason()
+            ));
+            d.timings.push(("cooperative claim", Some(ms)));
+        }
+        None => {
+            d.fail(format!("{} never took the lead", d.insts[claimer].name));
+            d.timings.push(("cooperative claim", None));
+        }
+    }
+    let Some(leader) = d.wait_settled("claim") else {
+        return finish(d, tmp, a.keep);
+    };
+    d.mentions("after claim", a.mentions_per_phase);
+
+    // 4. Graceful exit of the leader: it releases on SIGTERM.
+    let cursors = d.cursors();
+    let t0 = unix_ms();
+    d.say(&format!(
+        "SIGTERM {} (the leader): graceful exit releases the lock",
+        d.insts[leader].name
+    ));
+    #[cfg(unix)]
+    let _ = d.insts[leader].signal(libc::SIGTERM);
+    match d.insts[leader].wait_exit(Duration::from_secs(5)) {
+        Some(st) if st.success() => d.say(&format!("{} stopped cleanly", d.insts[leader].name)),
+        other => d.fail(format!(
+            "{} did not exit cleanly: {other:?}",
+            d.insts[leader].name
+        )),
+    }
+    match d.wait_new_leader(&cursors, Some(leader), cfg.stale + cfg.refresh * 3) {
+        Some((i, at)) => {
+            let ms = at.saturating_sub(t0);
+            d.say(&format!(
+                "handover: {} leads {ms} ms after the exit",
+                d.insts[i].name
+            ));
+            d.timings.push(("takeover after graceful exit", Some(ms)));
+        }
+        None => {
+            d.fail("nobody took over after the graceful exit".into());
+            d.timings.push(("takeover after graceful exit", None));
+        }
+    }
+    if d.wait_settled("graceful exit").is_some() {
+        d.mentions("after graceful exit", a.mentions_per_phase);
+    }
+    finish(d, tmp, a.keep)
+}
+
+fn finish(mut d: Demo, tmp: tempfile::TempDir, keep: bool) -> Result<ExitCode, nip_le::Error> {
+    for i in d.insts.iter_mut() {
+        let _ = i.kill_and_reap();
+    }
+    let counts = reply_counts(&d.replies);
+    let mut per_phase: BTreeMap<&str, (usize, usize, usize, usize)> = BTreeMap::new();
+    for (id, phase) in &d.sent {
+        let n = counts.get(id).map_or(0, Vec::len);
+        let e = per_phase.entry(phase).or_default();
+        e.0 += 1;
+        match n {
+            1 => e.1 += 1,
+            0 => e.3 += 1,
+            _ => e.2 += 1,
+        }
+    }
+    println!();
+    println!("summary");
+    println!(
+        "  {:<22} {:>8} {:>11} {:>10} {:>7}",
+        "phase", "mentions", "one reply", "duplicate", "missed"
+    );
+    let (mut dup, mut miss) = (0, 0);
+    for (phase, (n, one, dups, misses)) in &per_phase {
+        println!("  {phase:<22} {n:>8} {one:>11} {dups:>10} {misses:>7}");
+        dup += dups;
+        miss += misses;
+    }
+    for (what, ms) in &d.timings {
+        match ms {
+            Some(ms) => println!("  {what:<30} {ms:>6} ms"),
+            None => println!("  {what:<30}   none"),
+        }
+    }
+    if dup + miss > 0 {
+        d.failures
+            .push(format!("{dup} duplicate and {miss} missed replies"));
+    }
+    if keep {
+        let p = tmp.keep();
+        println!("  files kept in {}", p.display());
+    }
+    if d.failures.is_empty() {
+        println!("invariant held: every mention got exactly one reply");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("invariant FAILED: {}", d.failures.join("; "));
+        Ok(ExitCode::FAILURE)
+    }
+}

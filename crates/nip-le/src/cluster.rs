@@ -1,0 +1,346 @@
+//! Driving a set of `nip-le run` processes: spawn them, read their JSON-line
+//! reports, signal them, and wait (with deadlines) for conditions on what
+//! they said. Used by `nip-le demo`, the multi-process tests and benchmarks,
+//! so every one of them observes real processes through the same interface.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::pubkey::AgentPubkey;
+
+/// Options shared by the instances of one cluster.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The `nip-le` executable.
+    pub exe: PathBuf,
+    /// Lock directory shared by the instances.
+    pub lock_dir: PathBuf,
+    /// The agent key they elect for.
+    pub pubkey: AgentPubkey,
+    /// `--refresh-ms`, when set.
+    pub refresh_ms: Option<u64>,
+    /// `--stale-ms`, when set.
+    pub stale_ms: Option<u64>,
+    /// `--stand-down-ms`, when set.
+    pub stand_down_ms: Option<u64>,
+    /// `--mentions FILE --replies FILE`, when set.
+    pub feed: Option<(PathBuf, PathBuf)>,
+    /// Extra arguments appended to `run`.
+    pub extra_args: Vec<String>,
+}
+
+impl RunOptions {
+    /// Options with the NIP's default timings.
+    pub fn new(exe: impl Into<PathBuf>, lock_dir: impl Into<PathBuf>, pubkey: AgentPubkey) -> Self {
+        Self {
+            exe: exe.into(),
+            lock_dir: lock_dir.into(),
+            pubkey,
+            refresh_ms: None,
+            stale_ms: None,
+            stand_down_ms: None,
+            feed: None,
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// Sets refresh, stale and stand-down in milliseconds.
+    pub fn timings(mut self, refresh_ms: u64, stale_ms: u64, stand_down_ms: u64) -> Self {
+        self.refresh_ms = Some(refresh_ms);
+        self.stale_ms = Some(stale_ms);
+        self.stand_down_ms = Some(stand_down_ms);
+        self
+    }
+
+    /// The `run` command line for one instance.
+    pub fn command(&self, instance_id: Option<&str>) -> Command {
+        let mut c = Command::new(&self.exe);
+        c.arg("run")
+            .arg("--pubkey")
+            .arg(self.pubkey.as_str())
+            .arg("--lock-dir")
+            .arg(&self.lock_dir);
+        for (flag, v) in [
+            ("--refresh-ms", self.refresh_ms),
+            ("--stale-ms", self.stale_ms),
+            ("--stand-down-ms", self.stand_down_ms),
+        ] {
+            if let Some(v) = v {
+                c.arg(flag).arg(v.to_string());
+            }
+        }
+        if let Some((m, r)) = &self.feed {
+            c.arg("--mentions").arg(m).arg("--replies").arg(r);
+        }
+        if let Some(id) = instance_id {
+            c.arg("--instance-id").arg(id);
+        }
+        c.args(&self.extra_args);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        c
+    }
+}
+
+/// One line an instance printed, with when we read it.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The parsed JSON line.
+    pub json: Value,
+    /// When the line was read.
+    pub received: Instant,
+}
+
+impl Report {
+    /// The `event` field.
+    pub fn event(&self) -> &str {
+        self.json.get("event").and_then(Value::as_str).unwrap_or("")
+    }
+    /// `is_leader` of a leadership report.
+    pub fn is_leader(&self) -> Option<bool> {
+        self.json.get("is_leader").and_then(Value::as_bool)
+    }
+    /// `reason` of a leadership report.
+    pub fn reason(&self) -> &str {
+        self.json
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    }
+    /// `at_ms` of a leadership report.
+    pub fn at_ms(&self) -> Option<u64> {
+        self.json.get("at_ms").and_then(Value::as_u64)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    reports: Vec<Report>,
+    eof: bool,
+}
+
+/// A running `nip-le run` process. Dropping it SIGKILLs and reaps it.
+#[derive(Debug)]
+pub struct Instance {
+    /// A label for narration.
+    pub name: String,
+    /// Its election id (from its `started` line).
+    pub instance_id: String,
+    /// Its pid.
+    pub pid: u32,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    shared: Arc<Mutex<Shared>>,
+    reader: Option<JoinHandle<()>>,
+    reaped: bool,
+}
+
+/// Polls `f` every 2 ms until it holds or `deadline` passes; returns whether
+/// it held.
+pub fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+impl Instance {
+    /// Spawns `cmd` (see [`RunOptions::command`]) and waits up to `deadline`
+    /// for its `started` line.
+    pub fn spawn(
+        name: impl Into<String>,
+        mut cmd: Command,
+        deadline: Duration,
+    ) -> std::io::Result<Self> {
+        let mut child = cmd.spawn()?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stdin = child.stdin.take();
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let sh = Arc::clone(&shared);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(json) = serde_json::from_str::<Value>(&line) {
+                    sh.lock().unwrap().reports.push(Report {
+                        json,
+                        received: Instant::now(),
+                    });
+                }
+            }
+            sh.lock().unwrap().eof = true;
+        });
+        let mut inst = Self {
+            name: name.into(),
+            instance_id: String::new(),
+            pid: child.id(),
+            child,
+            stdin,
+            shared,
+            reader: Some(reader),
+            reaped: false,
+        };
+        let started = inst.wait_for(deadline, |r| {
+            r.iter().find(|r| r.event() == "started").cloned()
+        });
+        match started {
+            Some(r) => {
+                inst.instance_id = r.json["instance_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                Ok(inst)
+            }
+            None => Err(std::io::Error::other(format!(
+                "{}: no started line within {deadline:?}",
+                inst.name
+            ))),
+        }
+    }
+
+    /// Waits until `f` over all reports so far returns `Some`.
+    pub fn wait_for<T>(
+        &self,
+        deadline: Duration,
+        mut f: impl FnMut(&[Report]) -> Option<T>,
+    ) -> Option<T> {
+        let mut out = None;
+        wait_until(deadline, || {
+            out = f(&self.shared.lock().unwrap().reports);
+            out.is_some()
+        });
+        out
+    }
+
+    /// Every report so far.
+    pub fn reports(&self) -> Vec<Report> {
+        self.shared.lock().unwrap().reports.clone()
+    }
+
+    /// Reports of one `event` kind.
+    pub fn reports_of(&self, event: &str) -> Vec<Report> {
+        self.shared
+            .lock()
+            .unwrap()
+            .reports
+            .iter()
+            .filter(|r| r.event() == event)
+            .cloned()
+            .collect()
+    }
+
+    /// The latest leadership report's `is_leader`, if any.
+    pub fn is_leader(&self) -> Option<bool> {
+        self.shared
+            .lock()
+            .unwrap()
+            .reports
+            .iter()
+            .rev()
+            .find(|r| r.event() == "leadership")
+            .and_then(Report::is_leader)
+    }
+
+    /// Number of reports so far (a cursor for [`Instance::wait_after`]).
+    pub fn cursor(&self) -> usize {
+        self.shared.lock().unwrap().reports.len()
+    }
+
+    /// Waits for a report after `cursor` that satisfies `pred`.
+    pub fn wait_after(
+        &self,
+        cursor: usize,
+        deadline: Duration,
+        pred: impl Fn(&Report) -> bool,
+    ) -> Option<Report> {
+        self.wait_for(deadline, |r| {
+            r.iter().skip(cursor).find(|r| pred(r)).cloned()
+        })
+    }
+
+    /// Whether its stdout has closed.
+    pub fn exited(&self) -> bool {
+        self.shared.lock().unwrap().eof
+    }
+
+    /// Writes one line to its stdin.
+    pub fn send(&mut self, line: &str) -> std::io::Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("stdin closed"))?;
+        stdin.write_all(format!("{line}\n").as_bytes())?;
+        stdin.flush()
+    }
+
+    /// Closes its stdin (end of input is not a reason for it to exit).
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Sends a signal.
+    #[cfg(unix)]
+    pub fn signal(&self, sig: i32) -> std::io::Result<()> {
+        // SAFETY: plain kill(2) on our own child's pid.
+        if unsafe { libc::kill(self.pid as i32, sig) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    /// SIGKILL and reap at once, so the pid reads as dead (a zombie would
+    /// read as alive, as in the harness).
+    pub fn kill_and_reap(&mut self) -> std::io::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        self.reaped = true;
+        Ok(())
+    }
+
+    /// Waits (up to `deadline`) for the process to exit and reaps it.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + deadline;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.reaped = true;
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                return Some(st);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The holder named by the lock file at `path`, if it holds a record.
+pub fn lock_holder(path: &Path) -> Option<String> {
+    crate::lockfile::read_unguarded(path)
+        .ok()
+        .and_then(|c| c.record().map(|r| r.instance_id.clone()))
+}
