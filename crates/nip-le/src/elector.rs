@@ -15,9 +15,11 @@
 //!   in its own cache, even though the emptied file would read as "leader" —
 //!   otherwise the step-down would keep prompting.
 //! * While a fresh local claim request names another instance, we do not
-//!   take a free lock that is not already ours, so the intended target, not
-//!   a bystander, wins the released lock. The request expires after the
-//!   stand-down timeout, so this can never wedge an election.
+//!   take a free lock that is not already ours, and an emptied file does not
+//!   make us a fail-safe leader: the intended target, not a bystander, wins
+//!   the released lock, and nobody prompts twice meanwhile. The request
+//!   expires after the stand-down timeout, so this can never wedge an
+//!   election (worst case: no leader for that long, as the NIP allows).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -175,8 +177,9 @@ struct KeyState {
 #[derive(Debug, Default)]
 struct KeyMut {
     stand_down_until: Option<Instant>,
-    /// Our own outstanding claim: expiry, and the nonce of our local request.
-    pending: Option<(Instant, String)>,
+    /// Our own outstanding claim: expiry, and the nonce of our local
+    /// request once written.
+    pending: Option<(Instant, Option<String>)>,
     /// Nonce of the last local request we stood down for.
     honoured: Option<String>,
     /// Whether the last look showed a record naming us.
@@ -530,13 +533,22 @@ impl Inner {
 
     fn claim_locked(&self, ks: &KeyState, m: &mut KeyMut) -> Result<ClaimOutcome> {
         m.stand_down_until = None;
+        if m.holds_lock {
+            self.evaluate(ks, m, Eval::Tick);
+            if m.holds_lock {
+                return Ok(ClaimOutcome::AlreadyLeader);
+            }
+        }
+        // The lock may be free already (the holder stood down first).
+        let until = Instant::now() + self.config.stand_down;
+        m.pending = Some((until, None));
         self.evaluate(ks, m, Eval::Tick);
         if m.holds_lock {
-            return Ok(ClaimOutcome::AlreadyLeader);
+            return Ok(ClaimOutcome::Claimed);
         }
         let req = ClaimRequest::new(self.id.as_str());
         control::write_claim_request(&ks.claim_path, &req)?;
-        m.pending = Some((Instant::now() + self.config.stand_down, req.nonce));
+        m.pending = Some((until, Some(req.nonce)));
         self.evaluate(ks, m, Eval::Tick);
         Ok(if m.holds_lock {
             ClaimOutcome::Claimed
@@ -660,7 +672,7 @@ impl Inner {
 
         let claim_done = m.holds_lock && m.pending.is_some();
         if claim_done {
-            if let Some((_, nonce)) = m.pending.take() {
+            if let Some((_, Some(nonce))) = m.pending.take() {
                 control::remove_claim_request(&ks.claim_path, &nonce);
             }
         }

@@ -1,0 +1,566 @@
+//! Real processes, real flocks, real signals: `nip-le run` instances sharing
+//! one lock directory.
+#![cfg(unix)]
+
+mod support;
+
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant, SystemTime};
+
+use nip_le::cluster::{wait_until, Instance};
+use support::*;
+
+fn spawn_many(s: &Scratch, n: usize) -> Vec<Instance> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| scope.spawn(move || s.spawn(&format!("i{i}"))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn sixteen_started_at_once_elect_exactly_one_leader_repeatedly() {
+    for round in 0..3 {
+        let s = Scratch::new();
+        let insts = spawn_many(&s, 16);
+        assert!(
+            wait_until(Duration::from_secs(10), || insts
+                .iter()
+                .all(|i| i.is_leader().is_some())),
+            "round {round}: not every instance reported"
+        );
+        // Let a few refresh ticks pass: the answer must be stable.
+        std::thread::sleep(ms(REFRESH_MS * 3));
+        let l = leaders(&insts);
+        assert_eq!(l.len(), 1, "round {round}: leaders {l:?}");
+        assert_eq!(s.holder().as_deref(), Some(l[0].as_str()), "round {round}");
+        // Nobody else ever reported leading, not even for a moment.
+        let ever: Vec<_> = insts
+            .iter()
+            .filter(|i| ever_led_after(i, 0))
+            .map(|i| i.name.clone())
+            .collect();
+        assert_eq!(ever.len(), 1, "round {round}: ever led {ever:?}");
+    }
+}
+
+#[test]
+fn sigkill_of_the_leader_fails_over_within_refresh() {
+    let s = Scratch::new();
+    // A stale bound far above the refresh: only dead-pid detection can
+    // explain a takeover within refresh + margin.
+    let opts = s.opts().timings(REFRESH_MS, 30_000, STAND_DOWN_MS);
+    let mut insts: Vec<_> = (0..3)
+        .map(|i| s.spawn_with(&format!("i{i}"), opts.clone()))
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || leaders(&insts).len() == 1));
+    let leader = insts
+        .iter()
+        .position(|i| i.is_leader() == Some(true))
+        .unwrap();
+    let cursors: Vec<_> = insts.iter().map(Instance::cursor).collect();
+    let killed = Instant::now();
+    insts[leader].kill_and_reap().unwrap();
+    let survivor = wait_until(ms(REFRESH_MS) + MARGIN, || {
+        insts
+            .iter()
+            .enumerate()
+            .any(|(n, i)| n != leader && i.is_leader() == Some(true))
+    });
+    let took = killed.elapsed();
+    assert!(
+        survivor,
+        "no survivor led within {:?}",
+        ms(REFRESH_MS) + MARGIN
+    );
+    let new = insts
+        .iter()
+        .enumerate()
+        .find(|(n, i)| *n != leader && i.is_leader() == Some(true))
+        .unwrap();
+    let r = new
+        .1
+        .wait_after(cursors[new.0], ms(0), |r| r.is_leader() == Some(true))
+        .unwrap();
+    assert_eq!(r.reason(), "failover");
+    assert_eq!(s.holder().as_deref(), Some(new.1.instance_id.as_str()));
+    eprintln!("failover after SIGKILL took {took:?}");
+}
+
+#[test]
+fn live_unrelated_pid_with_a_stale_claim_is_taken_over() {
+    let unrelated = Unrelated::start();
+    for claimed_at in [
+        SystemTime::now() - Duration::from_secs(3600), // abandoned, pid recycled
+        SystemTime::now() + Duration::from_secs(3600), // far future: clock jumped back
+    ] {
+        let s = Scratch::new();
+        s.write_record("ghost", unrelated.pid(), claimed_at);
+        let a = s.spawn("a");
+        let r = a
+            .wait_for(Duration::from_secs(5), |r| {
+                r.iter().find(|r| r.event() == "leadership").cloned()
+            })
+            .unwrap();
+        assert_eq!((r.is_leader(), r.reason()), (Some(true), "failover"));
+        assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
+    }
+}
+
+#[test]
+fn live_fresh_foreign_claim_is_not_taken() {
+    let unrelated = Unrelated::start();
+    let s = Scratch::new();
+    s.write_record("foreign-leader", unrelated.pid(), SystemTime::now());
+    let before = s.raw();
+    let opts = s.opts().timings(REFRESH_MS, 30_000, STAND_DOWN_MS);
+    let a = s.spawn_with("a", opts);
+    let r = a
+        .wait_for(Duration::from_secs(5), |r| {
+            r.iter().find(|r| r.event() == "leadership").cloned()
+        })
+        .unwrap();
+    assert_eq!((r.is_leader(), r.reason()), (Some(false), "observer"));
+    assert_eq!(r.json["leader_instance_id"], "foreign-leader");
+    std::thread::sleep(ms(REFRESH_MS * 5));
+    assert!(!ever_led_after(&a, 0));
+    assert_eq!(s.raw(), before, "a live fresh claim was rewritten");
+}
+
+#[test]
+fn malformed_empty_absent_fail_safe_then_are_repaired_by_the_next_acquire() {
+    let unrelated = Unrelated::start();
+    let cases: [(&str, Option<Vec<u8>>); 6] = [
+        ("absent", None),
+        ("empty", Some(vec![])),
+        ("garbage", Some(b"{not json".to_vec())),
+        (
+            "truncated",
+            Some(br#"{"instance_id":"x","pid":1,"claimed_at":"2026-0"#.to_vec()),
+        ),
+        (
+            "wrong types",
+            Some(br#"{"instance_id":1,"pid":"x","claimed_at":[]}"#.to_vec()),
+        ),
+        ("oversized", Some(vec![b' '; 1 << 20])),
+    ];
+    for (what, bytes) in cases {
+        let s = Scratch::new();
+        let Some(bytes) = bytes else {
+            // Absent: no flock can be held on a missing file, so the first
+            // acquire creates it (fail-safe and repair in one step).
+            let a = s.spawn("a");
+            let r = a
+                .wait_for(Duration::from_secs(5), |r| {
+                    r.iter().find(|r| r.event() == "leadership").cloned()
+                })
+                .unwrap();
+            assert_eq!(
+                (r.is_leader(), r.reason()),
+                (Some(true), "acquired"),
+                "{what}"
+            );
+            assert_eq!(
+                s.holder().as_deref(),
+                Some(a.instance_id.as_str()),
+                "{what}"
+            );
+            continue;
+        };
+        // Start as an observer of a live fresh claim.
+        s.write_record("foreign-leader", unrelated.pid(), SystemTime::now());
+        let a = s.spawn_with("a", s.opts().timings(REFRESH_MS, 30_000, STAND_DOWN_MS));
+        assert!(
+            wait_until(Duration::from_secs(5), || a.is_leader() == Some(false)),
+            "{what}"
+        );
+        // Hold the exclusive lock so a's acquire times out: what it reports
+        // is the unguarded read side alone.
+        let mut held =
+            nip_le::lockfile::LockedFile::open_and_lock(&s.lock_path(), Duration::from_secs(1))
+                .unwrap();
+        held.write(&bytes).unwrap();
+        let cursor = a.cursor();
+        let r = a.wait_after(cursor, ms(REFRESH_MS) + MARGIN, |r| {
+            r.event() == "leadership"
+        });
+        let r = r.unwrap_or_else(|| panic!("{what}: no fail-safe report"));
+        assert_eq!(
+            (r.is_leader(), r.reason()),
+            (Some(true), "fail_safe"),
+            "{what}"
+        );
+        drop(held);
+        // The next acquire repairs the file with a's record.
+        assert!(
+            wait_until(ms(REFRESH_MS) + MARGIN, || s.holder().as_deref()
+                == Some(a.instance_id.as_str())),
+            "{what}: not repaired"
+        );
+        assert_eq!(a.is_leader(), Some(true), "{what}");
+    }
+}
+
+#[test]
+fn release_never_stomps_a_successor() {
+    let unrelated = Unrelated::start();
+    let s = Scratch::new();
+    let mut a = s.spawn("a");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    // Our own release: truncate in place, same inode.
+    let ino = std::fs::metadata(s.lock_path()).unwrap().ino();
+    let c = a.cursor();
+    a.send("release").unwrap();
+    let r = a
+        .wait_after(c, Duration::from_secs(2), |r| r.event() == "release")
+        .unwrap();
+    assert_eq!(r.json["released"], true);
+    assert_eq!(s.raw(), b"");
+    assert_eq!(
+        std::fs::metadata(s.lock_path()).unwrap().ino(),
+        ino,
+        "release replaced the file"
+    );
+    // A successor takes over (written by someone else), then a releases again
+    // and exits: the successor's claim must survive both.
+    s.write_record("successor", unrelated.pid(), SystemTime::now());
+    let successor = s.raw();
+    let c = a.cursor();
+    a.send("release").unwrap();
+    let r = a
+        .wait_after(c, Duration::from_secs(2), |r| r.event() == "release")
+        .unwrap();
+    assert_eq!(r.json["released"], false);
+    assert_eq!(s.raw(), successor);
+    a.signal(libc::SIGTERM).unwrap();
+    assert!(a.wait_exit(Duration::from_secs(5)).unwrap().success());
+    assert_eq!(a.reports().last().unwrap().event(), "stopped");
+    assert_eq!(s.raw(), successor);
+}
+
+#[test]
+fn graceful_exit_releases_and_a_sibling_takes_over() {
+    let s = Scratch::new();
+    let mut a = s.spawn("a");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let b = s.spawn("b");
+    assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
+    a.signal(libc::SIGTERM).unwrap();
+    assert!(a.wait_exit(Duration::from_secs(5)).unwrap().success());
+    let r = a.reports();
+    let n = r.len();
+    assert_eq!(r[n - 1].event(), "stopped");
+    assert_eq!(
+        (r[n - 2].is_leader(), r[n - 2].reason()),
+        (Some(false), "released")
+    );
+    assert!(wait_until(ms(REFRESH_MS) + MARGIN, || b.is_leader() == Some(true)));
+    assert_eq!(s.holder().as_deref(), Some(b.instance_id.as_str()));
+}
+
+#[test]
+fn cooperative_claim_moves_leadership_to_the_target_only() {
+    let s = Scratch::new();
+    let insts = spawn_many(&s, 3);
+    assert!(wait_until(Duration::from_secs(5), || leaders(&insts).len() == 1));
+    let old = insts
+        .iter()
+        .position(|i| i.is_leader() == Some(true))
+        .unwrap();
+    let target = (old + 1) % 3;
+    let bystander = (old + 2) % 3;
+    let mut insts = insts;
+    let cursors: Vec<_> = insts.iter().map(Instance::cursor).collect();
+    insts[target].send("claim").unwrap();
+    let bound = ms(STAND_DOWN_MS + REFRESH_MS * 2) + MARGIN;
+    let won = insts[target].wait_after(cursors[target], bound, |r| r.is_leader() == Some(true));
+    let won = won.expect("the target never led");
+    assert_eq!(won.reason(), "claimed");
+    let stood = insts[old]
+        .wait_after(cursors[old], bound, |r| r.event() == "leadership")
+        .unwrap();
+    assert_eq!(
+        (stood.is_leader(), stood.reason()),
+        (Some(false), "stood_down")
+    );
+    assert_eq!(
+        s.holder().as_deref(),
+        Some(insts[target].instance_id.as_str())
+    );
+    // The old leader does not take it back when its stand-down expires, and
+    // the bystander never led.
+    std::thread::sleep(ms(STAND_DOWN_MS + REFRESH_MS * 2));
+    assert_eq!(leaders(&insts), vec![insts[target].instance_id.clone()]);
+    assert!(!ever_led_after(&insts[bystander], cursors[bystander]));
+}
+
+#[test]
+fn claim_whose_target_never_acquires_lets_the_old_leader_resume() {
+    let s = Scratch::new();
+    let a = s.spawn("a");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let mut b = s.spawn("b");
+    assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
+    let c = b.cursor();
+    b.send("claim").unwrap();
+    let r = b
+        .wait_after(c, Duration::from_secs(2), |r| r.event() == "claim")
+        .unwrap();
+    assert_eq!(r.json["outcome"], "pending");
+    // The target hangs before it can acquire.
+    b.signal(libc::SIGSTOP).unwrap();
+    let ca = a.cursor();
+    let stood = a
+        .wait_after(ca, ms(REFRESH_MS) + MARGIN, |r| r.event() == "leadership")
+        .unwrap();
+    assert_eq!(
+        (stood.is_leader(), stood.reason()),
+        (Some(false), "stood_down")
+    );
+    let stood_at = Instant::now();
+    // The old leader resumes after the stand-down timeout, not before.
+    let back = a.wait_after(ca, ms(STAND_DOWN_MS + REFRESH_MS * 2) + MARGIN, |r| {
+        r.is_leader() == Some(true)
+    });
+    let back = back.expect("the old leader never resumed");
+    assert!(
+        stood_at.elapsed() >= ms(STAND_DOWN_MS) - ms(REFRESH_MS),
+        "resumed too early"
+    );
+    assert_eq!(back.reason(), "acquired");
+    assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
+    b.signal(libc::SIGCONT).unwrap();
+    std::thread::sleep(ms(REFRESH_MS * 3));
+    assert!(
+        !ever_led_after(&b, c),
+        "the stale claimant led after resuming"
+    );
+}
+
+#[test]
+fn relay_control_frames_drive_the_cooperative_steal() {
+    let s = Scratch::new();
+    let mut a = s.spawn("a");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let mut b = s.spawn("b");
+    let mut c = s.spawn("c");
+    assert!(wait_until(Duration::from_secs(5), || b.is_leader()
+        == Some(false)
+        && c.is_leader() == Some(false)));
+    let frame = format!(
+        r#"{{"type":"claim_leadership","targetInstanceId":"{}"}}"#,
+        b.instance_id
+    );
+    let cursors = [a.cursor(), b.cursor(), c.cursor()];
+    // Every co-located instance receives the broadcast.
+    for i in [&mut a, &mut b, &mut c] {
+        i.send(&frame).unwrap();
+    }
+    let stood = a
+        .wait_after(cursors[0], Duration::from_secs(2), |r| {
+            r.event() == "leadership"
+        })
+        .unwrap();
+    assert_eq!(stood.reason(), "stood_down");
+    let won = b.wait_after(cursors[1], ms(REFRESH_MS * 2) + MARGIN, |r| {
+        r.is_leader() == Some(true)
+    });
+    assert_eq!(won.expect("target never led").reason(), "claimed");
+    std::thread::sleep(ms(REFRESH_MS * 2));
+    assert!(!ever_led_after(&c, cursors[2]));
+    // An unknown frame type is ignored.
+    let cb = b.cursor();
+    b.send(r#"{"type":"cancel_turn","channelId":"x"}"#).unwrap();
+    let r = b
+        .wait_after(cb, Duration::from_secs(2), |r| {
+            r.event() == "control_result"
+        })
+        .unwrap();
+    assert!(r.json["result"].is_null());
+    assert_eq!(b.is_leader(), Some(true));
+}
+
+#[test]
+fn sigstopped_leader_past_the_stale_bound_is_replaced_and_reports_observer_after_sigcont() {
+    let s = Scratch::new();
+    let a = s.spawn("a");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let b = s.spawn("b");
+    assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
+    let cb = b.cursor();
+    a.signal(libc::SIGSTOP).unwrap();
+    let stopped = Instant::now();
+    let took = b.wait_after(cb, ms(STALE_MS + REFRESH_MS) + MARGIN, |r| {
+        r.is_leader() == Some(true)
+    });
+    let took = took.expect("b never replaced the hung leader");
+    assert_eq!(took.reason(), "failover");
+    assert!(
+        stopped.elapsed() >= ms(STALE_MS) - ms(REFRESH_MS),
+        "replaced a live leader early"
+    );
+    let ca = a.cursor();
+    a.signal(libc::SIGCONT).unwrap();
+    let r = a.wait_after(ca, ms(REFRESH_MS) + MARGIN, |r| r.event() == "leadership");
+    let r = r.expect("a did not report after SIGCONT");
+    assert_eq!((r.is_leader(), r.reason()), (Some(false), "lost"));
+    assert_eq!(s.holder().as_deref(), Some(b.instance_id.as_str()));
+}
+
+#[test]
+fn mentions_are_answered_once_by_the_leader_only() {
+    let s = Scratch::new();
+    let mentions = s.tmp.path().join("mentions.jsonl");
+    let replies = s.tmp.path().join("replies.jsonl");
+    std::fs::write(&mentions, b"{\"id\":\"before-start\"}\n").unwrap();
+    let mut opts = s.opts();
+    opts.feed = Some((mentions.clone(), replies.clone()));
+    let insts: Vec<_> = (0..3)
+        .map(|i| s.spawn_with(&format!("i{i}"), opts.clone()))
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || leaders(&insts).len() == 1));
+    let leader = leaders(&insts)[0].clone();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&mentions)
+        .unwrap();
+    for n in 0..10 {
+        std::io::Write::write_all(&mut f, format!("{{\"id\":{n}}}\n").as_bytes()).unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(5), || insts
+        .iter()
+        .all(|i| i.reports_of("mention").len() == 10)));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&replies)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 10, "{lines:?}");
+    for (n, l) in lines.iter().enumerate() {
+        assert_eq!(l["mention"], n);
+        assert_eq!(l["instance_id"], leader.as_str());
+    }
+}
+
+#[test]
+fn inherited_election_id_is_honoured() {
+    let s = Scratch::new();
+    let mut cmd = s.opts().command(None);
+    cmd.env(nip_le::identity::ELECTION_ID_ENV, "window-42");
+    let a = Instance::spawn("a", cmd, Duration::from_secs(10)).unwrap();
+    assert_eq!(a.instance_id, "window-42");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    assert_eq!(s.holder().as_deref(), Some("window-42"));
+}
+
+#[test]
+fn bad_pubkey_or_option_exits_non_zero_and_writes_nothing() {
+    let s = Scratch::new();
+    let bad: &[&[&str]] = &[
+        &["run", "--pubkey", "../../etc/passwd"],
+        &["run", "--pubkey", ""],
+        &["run", "--pubkey", &"g".repeat(64)],
+        &["run", "--pubkey", &"a".repeat(63)],
+        &[
+            "run",
+            "--pubkey",
+            &"a".repeat(64),
+            "--refresh-ms",
+            "500",
+            "--stale-ms",
+            "500",
+        ],
+        &["run", "--pubkey", &"a".repeat(64), "--refresh-ms", "0"],
+        &["run", "--pubkey", &"a".repeat(64), "--instance-id", ""],
+        &["run", "--pubkey", &"a".repeat(64), "--mentions", "/tmp/x"],
+    ];
+    for args in bad {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nip-le"))
+            .args(*args)
+            .arg("--lock-dir")
+            .arg(&s.lock_dir)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?} printed {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.trim().is_empty(), "{args:?}: no error message");
+        assert!(!s.lock_dir.exists(), "{args:?} created the lock dir");
+    }
+}
+
+#[test]
+fn status_lists_hostile_files_without_crashing() {
+    let unrelated = Unrelated::start();
+    let s = Scratch::new();
+    std::fs::create_dir_all(&s.lock_dir).unwrap();
+    let d = &s.lock_dir;
+    let k = |c: char| c.to_string().repeat(64);
+    std::fs::write(
+        d.join(format!("{}.lock", k('a'))),
+        nip_le::record::encode_record("live", unrelated.pid(), SystemTime::now()),
+    )
+    .unwrap();
+    std::fs::write(d.join(format!("{}.lock", k('b'))), b"").unwrap();
+    std::fs::write(d.join(format!("{}.lock", k('c'))), b"{oops").unwrap();
+    std::fs::write(d.join(format!("{}.lock", k('d'))), vec![b'x'; 100_000]).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", d.join(format!("{}.lock", k('e')))).unwrap();
+    std::fs::create_dir(d.join(format!("{}.lock", k('f')))).unwrap();
+    std::fs::write(d.join("not-a-key.lock"), b"").unwrap();
+    std::fs::write(
+        d.join(format!("{}.lock", k('1'))),
+        nip_le::record::encode_record("dead", 0, SystemTime::now()),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nip-le"))
+        .args(["status", "--json", "--lock-dir"])
+        .arg(d)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let state = |c: &str| {
+        rows.iter()
+            .find(|r| r["file"].as_str().unwrap().starts_with(c))
+            .unwrap()
+            .clone()
+    };
+    let live = state(&k('a'));
+    assert_eq!(
+        (
+            live["state"].as_str(),
+            live["holder"].as_str(),
+            live["pid_alive"].as_bool()
+        ),
+        (Some("record"), Some("live"), Some(true))
+    );
+    assert_eq!(live["takeable"], false);
+    assert_eq!(state(&k('b'))["state"], "empty");
+    assert_eq!(state(&k('c'))["state"], "malformed");
+    assert_eq!(state(&k('d'))["state"], "oversized");
+    assert_eq!(state(&k('e'))["state"], "symlink");
+    assert_eq!(state(&k('f'))["state"], "directory");
+    assert_eq!(state("not-a-key")["valid_pubkey"], false);
+    let dead = state(&k('1'));
+    assert_eq!(
+        (dead["pid_alive"].as_bool(), dead["takeable"].as_bool()),
+        (Some(false), Some(true))
+    );
+    // The table form works too.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nip-le"))
+        .args(["status", "--lock-dir"])
+        .arg(d)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("symlink"));
+}

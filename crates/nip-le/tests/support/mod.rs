@@ -1,0 +1,144 @@
+//! Shared helpers for the multi-process tests: a scratch lock directory, the
+//! `nip-le run` command with short timings from the same validated flags,
+//! an independent foreign writer (Python, see `foreign_harness.py`), and
+//! records written by hand.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use nip_le::cluster::{Instance, RunOptions};
+use nip_le::AgentPubkey;
+
+/// Test timings: short, and through the same `--*-ms` flags as production.
+pub const REFRESH_MS: u64 = 200;
+pub const STALE_MS: u64 = 1_000;
+pub const STAND_DOWN_MS: u64 = 1_000;
+/// Slack for scheduling on a loaded 2-core CI machine.
+pub const MARGIN: Duration = Duration::from_millis(700);
+
+pub fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+pub struct Scratch {
+    pub tmp: tempfile::TempDir,
+    pub lock_dir: PathBuf,
+    pub pubkey: AgentPubkey,
+}
+
+impl Scratch {
+    pub fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let lock_dir = tmp.path().join("locks");
+        let hex = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        Self {
+            tmp,
+            lock_dir,
+            pubkey: AgentPubkey::parse(&hex).unwrap(),
+        }
+    }
+
+    pub fn lock_path(&self) -> PathBuf {
+        nip_le::lockfile::lock_path(&self.lock_dir, &self.pubkey)
+    }
+
+    pub fn opts(&self) -> RunOptions {
+        RunOptions::new(env!("CARGO_BIN_EXE_nip-le"), &self.lock_dir, self.pubkey).timings(
+            REFRESH_MS,
+            STALE_MS,
+            STAND_DOWN_MS,
+        )
+    }
+
+    pub fn spawn(&self, name: &str) -> Instance {
+        self.spawn_with(name, self.opts())
+    }
+
+    pub fn spawn_with(&self, name: &str, opts: RunOptions) -> Instance {
+        Instance::spawn(name, opts.command(None), Duration::from_secs(10))
+            .expect("nip-le run starts")
+    }
+
+    /// The independent Python writer, with its own id.
+    pub fn spawn_foreign(&self, name: &str, id: &str) -> Instance {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/foreign_harness.py");
+        let mut c = Command::new("python3");
+        c.arg(script)
+            .arg("--lock-dir")
+            .arg(&self.lock_dir)
+            .arg("--pubkey")
+            .arg(self.pubkey.as_str())
+            .arg("--instance-id")
+            .arg(id)
+            .arg("--refresh-ms")
+            .arg(REFRESH_MS.to_string())
+            .arg("--stale-ms")
+            .arg(STALE_MS.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        Instance::spawn(name, c, Duration::from_secs(10)).expect("python3 foreign harness starts")
+    }
+
+    /// Writes raw bytes at the lock path (creating the directory).
+    pub fn write_raw(&self, bytes: &[u8]) {
+        std::fs::create_dir_all(&self.lock_dir).unwrap();
+        std::fs::write(self.lock_path(), bytes).unwrap();
+    }
+
+    /// Writes a record in the harness's exact format.
+    pub fn write_record(&self, id: &str, pid: u32, claimed_at: SystemTime) {
+        self.write_raw(&nip_le::record::encode_record(id, pid, claimed_at));
+    }
+
+    pub fn holder(&self) -> Option<String> {
+        nip_le::cluster::lock_holder(&self.lock_path())
+    }
+
+    pub fn raw(&self) -> Vec<u8> {
+        std::fs::read(self.lock_path()).unwrap_or_default()
+    }
+}
+
+/// A live process unrelated to the election (for recycled-pid cases). Killed
+/// on drop.
+pub struct Unrelated(pub Child);
+
+impl Unrelated {
+    pub fn start() -> Self {
+        Self(Command::new("sleep").arg("120").spawn().unwrap())
+    }
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Unrelated {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Names of the instances whose latest report says they lead.
+pub fn leaders(insts: &[Instance]) -> Vec<String> {
+    insts
+        .iter()
+        .filter(|i| !i.exited() && i.is_leader() == Some(true))
+        .map(|i| i.instance_id.clone())
+        .collect()
+}
+
+/// Whether any report after `cursor` of `inst` says it leads.
+pub fn ever_led_after(inst: &Instance, cursor: usize) -> bool {
+    inst.reports()
+        .iter()
+        .skip(cursor)
+        .any(|r| r.event() == "leadership" && r.is_leader() == Some(true))
+}
