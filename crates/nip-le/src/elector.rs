@@ -666,8 +666,21 @@ impl Inner {
 
         m.holds_lock =
             matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == self.id.as_str());
+        // While another instance's claim is pending and we do not hold the
+        // lock, an emptied file means a handoff in progress, not "no
+        // coordination": the fail-safe does not make us a leader then.
         let leader = m.stand_down_until.is_none()
+            && !(other_wants_it && !m.holds_lock)
             && election::reads_as_leader(content.as_ref(), self.id.as_str());
+        tracing::debug!(
+            pubkey = %ks.pubkey,
+            request = ?request.as_ref().map(|r| &r.target_instance_id),
+            other_wants_it,
+            holds = m.holds_lock,
+            content = ?content.as_ref().map(LockContent::kind),
+            leader,
+            "evaluated"
+        );
         m.observed = Some(content.map_err(|e| e.to_string()));
 
         let claim_done = m.holds_lock && m.pending.is_some();

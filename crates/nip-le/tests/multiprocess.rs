@@ -292,7 +292,13 @@ fn cooperative_claim_moves_leadership_to_the_target_only() {
     // the bystander never led.
     std::thread::sleep(ms(STAND_DOWN_MS + REFRESH_MS * 2));
     assert_eq!(leaders(&insts), vec![insts[target].instance_id.clone()]);
-    assert!(!ever_led_after(&insts[bystander], cursors[bystander]));
+    assert!(
+        !ever_led_after(&insts[bystander], cursors[bystander]),
+        "bystander: {:?}\nold: {:?}\ntarget: {:?}",
+        insts[bystander].reports(),
+        insts[old].reports(),
+        insts[target].reports()
+    );
 }
 
 #[test]

@@ -158,6 +158,12 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
         });
     }
 
+    // The feed is followed from its end as of now, before the first
+    // leadership report, so a mention appended after that report is seen.
+    let feed_start = a
+        .mentions
+        .as_ref()
+        .map(|m| std::fs::metadata(m).map(|m| m.len()).unwrap_or(0));
     emit(
         json!({"event":"started","instance_id":id.as_str(),"pid":std::process::id(),"pubkey":pubkey.as_str()}),
     );
@@ -182,7 +188,8 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
         let flag = elector.leader_flag(&pubkey)?;
         let tx = tx.clone();
         let id = id.clone();
-        std::thread::spawn(move || follow_mentions(&m, &r, &flag, &id, &tx));
+        let offset = feed_start.unwrap_or(0);
+        std::thread::spawn(move || follow_mentions(&m, &r, offset, &flag, &id, &tx));
     }
     drop(tx);
 
@@ -273,11 +280,11 @@ fn status_line(e: &Elector, seen: u64, replied: u64) -> Value {
 fn follow_mentions(
     mentions: &Path,
     replies: &Path,
+    mut offset: u64,
     flag: &LeaderFlag,
     id: &InstanceId,
     tx: &mpsc::Sender<Msg>,
 ) {
-    let mut offset = std::fs::metadata(mentions).map(|m| m.len()).unwrap_or(0);
     let mut pending = Vec::new();
     loop {
         std::thread::sleep(Duration::from_millis(5));

@@ -1,0 +1,127 @@
+//! Interop with an independent writer that follows INTEROP.md's format
+//! (`support/foreign_harness.py`, Python: none of our code on its side).
+//! Each side must respect the other's live claims, releases and deaths.
+#![cfg(unix)]
+
+mod support;
+
+use std::time::Duration;
+
+use nip_le::cluster::wait_until;
+use support::*;
+
+fn settle() -> Duration {
+    ms(REFRESH_MS * 3)
+}
+
+#[test]
+fn ours_respects_a_live_foreign_claim_and_takes_over_after_its_release() {
+    let s = Scratch::new();
+    let mut f = s.spawn_foreign("foreign", "harness-1");
+    assert!(wait_until(Duration::from_secs(5), || f.is_leader() == Some(true)));
+    let a = s.spawn("ours");
+    let r = a
+        .wait_for(Duration::from_secs(5), |r| {
+            r.iter().find(|r| r.event() == "leadership").cloned()
+        })
+        .unwrap();
+    assert_eq!((r.is_leader(), r.reason()), (Some(false), "observer"));
+    // The foreign leader keeps refreshing: we never take it, for many ticks
+    // and past the stale bound.
+    std::thread::sleep(ms(STALE_MS * 2));
+    assert!(!ever_led_after(&a, 0));
+    assert_eq!(s.holder().as_deref(), Some("harness-1"));
+    // Its graceful release (truncation) lets us take over on our next tick.
+    f.signal(libc::SIGTERM).unwrap();
+    assert!(f.wait_exit(Duration::from_secs(5)).unwrap().success());
+    assert!(wait_until(ms(REFRESH_MS) + MARGIN, || a.is_leader() == Some(true)));
+    assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
+}
+
+#[test]
+fn foreign_respects_our_live_claim_and_takes_over_after_our_release() {
+    let s = Scratch::new();
+    let mut a = s.spawn("ours");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let f = s.spawn_foreign("foreign", "harness-1");
+    // The foreign reader parses our record strictly and sees it is not the
+    // leader; it stays so past the stale bound because we refresh.
+    assert!(wait_until(Duration::from_secs(5), || f.is_leader() == Some(false)));
+    std::thread::sleep(ms(STALE_MS * 2));
+    assert!(
+        !ever_led_after(&f, 0),
+        "the foreign writer took our live claim"
+    );
+    assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
+    a.signal(libc::SIGTERM).unwrap();
+    assert!(a.wait_exit(Duration::from_secs(5)).unwrap().success());
+    assert!(wait_until(ms(REFRESH_MS) + MARGIN, || f.is_leader() == Some(true)));
+    assert_eq!(s.holder().as_deref(), Some("harness-1"));
+}
+
+#[test]
+fn each_side_takes_over_after_the_other_dies() {
+    // Foreign dies → ours takes over by dead pid.
+    let s = Scratch::new();
+    let mut f = s.spawn_foreign("foreign", "harness-1");
+    assert!(wait_until(Duration::from_secs(5), || f.is_leader() == Some(true)));
+    let a = s.spawn_with("ours", s.opts().timings(REFRESH_MS, 30_000, STAND_DOWN_MS));
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(false)));
+    let c = a.cursor();
+    f.kill_and_reap().unwrap();
+    let r = a.wait_after(c, ms(REFRESH_MS) + MARGIN, |r| r.is_leader() == Some(true));
+    assert_eq!(
+        r.expect("no takeover after the foreign leader died")
+            .reason(),
+        "failover"
+    );
+
+    // Ours dies → foreign takes over by dead pid.
+    let s = Scratch::new();
+    let mut a = s.spawn("ours");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let f = s.spawn_foreign("foreign", "harness-2");
+    assert!(wait_until(Duration::from_secs(5), || f.is_leader() == Some(false)));
+    a.kill_and_reap().unwrap();
+    assert!(wait_until(ms(REFRESH_MS) + MARGIN, || f.is_leader() == Some(true)));
+    assert_eq!(s.holder().as_deref(), Some("harness-2"));
+}
+
+#[test]
+fn mixed_crowd_elects_exactly_one_leader() {
+    let s = Scratch::new();
+    let insts: Vec<_> = (0..6)
+        .map(|i| {
+            if i % 2 == 0 {
+                s.spawn(&format!("ours{i}"))
+            } else {
+                s.spawn_foreign(&format!("foreign{i}"), &format!("harness-{i}"))
+            }
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || insts
+        .iter()
+        .all(|i| i.is_leader().is_some())));
+    std::thread::sleep(settle());
+    let l = leaders(&insts);
+    assert_eq!(l.len(), 1, "{l:?}");
+    assert_eq!(s.holder(), Some(l[0].clone()));
+}
+
+#[test]
+fn our_bytes_match_the_harness_format_exactly() {
+    let s = Scratch::new();
+    let a = s.spawn("ours");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let raw = String::from_utf8(s.raw()).unwrap();
+    let prefix = format!(
+        r#"{{"instance_id":"{}","pid":{},"claimed_at":""#,
+        a.instance_id, a.pid
+    );
+    assert!(raw.starts_with(&prefix), "{raw}");
+    let ts = raw[prefix.len()..]
+        .strip_suffix("\"}")
+        .expect("ends with the claimed_at string");
+    assert!(chrono::DateTime::parse_from_rfc3339(ts).is_ok(), "{ts}");
+    assert!(ts.ends_with('Z'), "{ts}");
+}
