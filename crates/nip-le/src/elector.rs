@@ -310,7 +310,7 @@ impl Elector {
         let mut m = lock(&ks.m);
         self.inner.release_file(&ks, &mut m);
         self.inner
-            .set_view(&ks, &mut m, false, ChangeReason::Released, true);
+            .set_view(&ks, &m, false, ChangeReason::Released, true);
         Ok(())
     }
 
@@ -437,7 +437,7 @@ impl Elector {
             .iter()
             .map(|ks| self.inner.status_of(ks, now))
             .collect();
-        out.sort_by(|a, b| a.pubkey.cmp(&b.pubkey));
+        out.sort_by_key(|s| s.pubkey);
         out
     }
 
@@ -463,7 +463,7 @@ impl Elector {
             let mut m = lock(&ks.m);
             self.inner.release_file(&ks, &mut m);
             self.inner
-                .set_view(&ks, &mut m, false, ChangeReason::Released, false);
+                .set_view(&ks, &m, false, ChangeReason::Released, false);
         }
     }
 }
@@ -661,7 +661,16 @@ impl Inner {
                 }
             }
         } else {
-            lockfile::read_unguarded(&ks.lock_path)
+            let c = lockfile::read_unguarded(&ks.lock_path);
+            // The stand-down exists so that we do not re-grab the lock before
+            // someone else takes it. Once another instance holds it, the
+            // handoff is done and the acquire rules protect its claim: end the
+            // stand-down so we can fail over to a dead or departed successor
+            // without waiting out the timeout.
+            if matches!(&c, Ok(LockContent::Record(r)) if r.instance_id != self.id.as_str()) {
+                m.stand_down_until = None;
+            }
+            c
         };
 
         m.holds_lock =
@@ -670,7 +679,7 @@ impl Inner {
         // lock, an emptied file means a handoff in progress, not "no
         // coordination": the fail-safe does not make us a leader then.
         let leader = m.stand_down_until.is_none()
-            && !(other_wants_it && !m.holds_lock)
+            && (m.holds_lock || !other_wants_it)
             && election::reads_as_leader(content.as_ref(), self.id.as_str());
         tracing::debug!(
             pubkey = %ks.pubkey,

@@ -299,6 +299,20 @@ fn cooperative_claim_moves_leadership_to_the_target_only() {
         insts[old].reports(),
         insts[target].reports()
     );
+    // The new leader exits gracefully: a sibling takes over on its next
+    // tick, the old leader's finished stand-down does not delay it.
+    let cursors: Vec<_> = insts.iter().map(Instance::cursor).collect();
+    insts[target].signal(libc::SIGTERM).unwrap();
+    assert!(insts[target]
+        .wait_exit(Duration::from_secs(5))
+        .unwrap()
+        .success());
+    assert!(
+        wait_until(ms(REFRESH_MS) + MARGIN, || [old, bystander]
+            .iter()
+            .any(|&i| ever_led_after(&insts[i], cursors[i]))),
+        "nobody took over from the departed claimant within a refresh"
+    );
 }
 
 #[test]

@@ -120,13 +120,7 @@ impl Demo {
                     } else {
                         observers.join(", ")
                     },
-                    if observers.len() == 1 {
-                        "s"
-                    } else if observers.is_empty() {
-                        "s"
-                    } else {
-                        ""
-                    },
+                    if observers.len() <= 1 { "s" } else { "" },
                 ));
             }
             None => self.fail(format!(

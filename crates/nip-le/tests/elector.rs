@@ -1,0 +1,192 @@
+//! The elector's API in one process: two electors with distinct ids share a
+//! lock directory (flock works between separate open file descriptions, so
+//! this is a real contest), driven with `refresh_now` instead of waiting.
+
+use std::time::Duration;
+
+use nip_le::{
+    AgentPubkey, ChangeReason, ClaimOutcome, Config, ControlResult, Elector, Error, InstanceId,
+};
+
+fn config(dir: &std::path::Path) -> Config {
+    let mut c = Config::new(dir);
+    // Long refresh: the tests tick by hand.
+    c.refresh = Duration::from_secs(60);
+    c.stale = Duration::from_secs(120);
+    c.stand_down = Duration::from_secs(60);
+    c
+}
+
+fn pk(c: char) -> AgentPubkey {
+    AgentPubkey::parse(&c.to_string().repeat(64)).unwrap()
+}
+
+fn pair() -> (tempfile::TempDir, Elector, Elector) {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    (tmp, a, b)
+}
+
+fn drain(
+    rx: &mut tokio::sync::broadcast::Receiver<nip_le::LeadershipChange>,
+) -> Vec<(bool, ChangeReason)> {
+    let mut v = Vec::new();
+    while let Ok(c) = rx.try_recv() {
+        v.push((c.is_leader, c.reason));
+    }
+    v
+}
+
+#[test]
+fn first_joiner_leads_and_many_keys_are_independent() {
+    let (_t, a, b) = pair();
+    let mut ra = a.subscribe();
+    assert!(a.join(&pk('1')).unwrap());
+    assert!(!b.join(&pk('1')).unwrap());
+    assert!(b.join(&pk('2')).unwrap());
+    assert!(!a.join(&pk('2')).unwrap());
+    assert!(a.is_leader(&pk('1')) && !a.is_leader(&pk('2')));
+    assert!(!a.is_leader(&pk('3')), "unknown keys are never led");
+    assert_eq!(
+        drain(&mut ra),
+        vec![
+            (true, ChangeReason::Acquired),
+            (false, ChangeReason::Observer)
+        ]
+    );
+    // Joining twice is a no-op.
+    assert!(a.join(&pk('1')).unwrap());
+    assert_eq!(a.joined().len(), 2);
+    let flag = b.leader_flag(&pk('2')).unwrap();
+    assert!(flag.is_leader());
+}
+
+#[test]
+fn unknown_key_calls_are_typed_errors() {
+    let (_t, a, _b) = pair();
+    assert!(matches!(a.claim(&pk('9')), Err(Error::NotJoined(_))));
+    assert!(matches!(a.release(&pk('9')), Err(Error::NotJoined(_))));
+    assert!(matches!(a.leave(&pk('9')), Err(Error::NotJoined(_))));
+    assert!(matches!(a.leader_flag(&pk('9')), Err(Error::NotJoined(_))));
+    a.join(&pk('1')).unwrap();
+    assert!(matches!(
+        a.handle_control_frame(&pk('1'), "not json"),
+        Err(Error::ControlFrame(_))
+    ));
+    assert!(matches!(
+        a.handle_control_frame(&pk('1'), r#"{"type":"claim_leadership"}"#),
+        Err(Error::ControlFrame(_))
+    ));
+    assert_eq!(
+        a.handle_control_frame(&pk('1'), r#"{"type":"something_new"}"#)
+            .unwrap(),
+        None
+    );
+}
+
+#[test]
+fn local_claim_hands_over_without_a_relay() {
+    let (_t, a, b) = pair();
+    let k = pk('1');
+    a.join(&k).unwrap();
+    b.join(&k).unwrap();
+    let (mut ra, mut rb) = (a.subscribe(), b.subscribe());
+    assert_eq!(b.claim(&k).unwrap(), ClaimOutcome::Pending);
+    assert!(b.status()[0].claim_pending);
+    a.refresh_now(); // the holder sees the request and stands down
+    assert_eq!(drain(&mut ra), vec![(false, ChangeReason::StoodDown)]);
+    assert!(ChangeReason::StoodDown.must_cancel_turn());
+    assert!(a.status()[0].standing_down);
+    b.refresh_now(); // the target takes the released lock
+    assert_eq!(drain(&mut rb), vec![(true, ChangeReason::Claimed)]);
+    assert!(b.is_leader(&k) && !a.is_leader(&k));
+    assert_eq!(b.status()[0].holder.as_ref().unwrap().instance_id, "b");
+    assert_eq!(b.claim(&k).unwrap(), ClaimOutcome::AlreadyLeader);
+    // The request was consumed: a does not stand down again after resuming.
+    a.resume(&k).unwrap();
+    assert!(!a.is_leader(&k));
+    b.refresh_now();
+    assert!(b.is_leader(&k));
+}
+
+#[test]
+fn relay_frame_target_returns_the_control_result_once_it_holds_the_lock() {
+    let (_t, a, b) = pair();
+    let k = pk('1');
+    a.join(&k).unwrap();
+    b.join(&k).unwrap();
+    let frame = r#"{"type":"claim_leadership","targetInstanceId":"b"}"#;
+    // The leader processes the broadcast first: stands down and releases.
+    assert_eq!(a.handle_control_frame(&k, frame).unwrap(), None);
+    assert!(!a.is_leader(&k));
+    // The target then holds the lock at once.
+    assert_eq!(
+        b.handle_control_frame(&k, frame).unwrap(),
+        Some(ControlResult::claimed())
+    );
+    assert!(b.is_leader(&k));
+    // An observer that is not the target ignores it.
+    let c = Elector::start(config(_t.path()), InstanceId::new("c").unwrap()).unwrap();
+    c.join(&k).unwrap();
+    assert_eq!(c.handle_control_frame(&k, frame).unwrap(), None);
+    assert!(!c.is_leader(&k) && b.is_leader(&k));
+}
+
+#[test]
+fn release_steps_down_and_leave_and_shutdown_release() {
+    let (t, a, b) = pair();
+    let k = pk('1');
+    a.join(&k).unwrap();
+    b.join(&k).unwrap();
+    let path = nip_le::lockfile::lock_path(t.path(), &k);
+    let mut ra = a.subscribe();
+    assert!(a.release(&k).unwrap());
+    assert_eq!(std::fs::read(&path).unwrap(), b"");
+    assert_eq!(drain(&mut ra), vec![(false, ChangeReason::Released)]);
+    a.refresh_now(); // standing down: does not take it straight back
+    assert!(!a.is_leader(&k));
+    b.refresh_now();
+    assert!(b.is_leader(&k));
+    assert!(!a.release(&k).unwrap(), "released a successor's claim");
+    // leave releases b's claim; shutdown is idempotent and ends the API.
+    b.leave(&k).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"");
+    a.resume(&k).unwrap();
+    assert!(a.is_leader(&k));
+    a.shutdown();
+    a.shutdown();
+    assert_eq!(std::fs::read(&path).unwrap(), b"");
+    assert!(matches!(a.join(&pk('2')), Err(Error::ShutDown)));
+    assert!(!a.is_leader(&k));
+}
+
+#[test]
+fn invalid_config_is_rejected_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = config(tmp.path());
+    c.stale = c.refresh;
+    assert!(matches!(
+        Elector::start(c, InstanceId::random()),
+        Err(Error::Config(_))
+    ));
+}
+
+#[cfg(unix)]
+#[test]
+fn lock_dir_is_created_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("new/leader-locks");
+    let a = Elector::start(config(&dir), InstanceId::random()).unwrap();
+    a.join(&pk('1')).unwrap();
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let f = nip_le::lockfile::lock_path(&dir, &pk('1'));
+    assert_eq!(
+        std::fs::metadata(f).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
