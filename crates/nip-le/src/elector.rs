@@ -182,6 +182,8 @@ struct KeyMut {
     pending: Option<(Instant, Option<String>)>,
     /// Nonce of the last local request we stood down for.
     honoured: Option<String>,
+    /// The nonce of the request the current stand-down serves, if any.
+    stood_down_for: Option<String>,
     /// Whether the last look showed a record naming us.
     holds_lock: bool,
     observed: Option<std::result::Result<LockContent, String>>,
@@ -561,6 +563,7 @@ impl Inner {
     /// if it names us. Returns whether a claim of ours was truncated.
     fn step_down(&self, ks: &KeyState, m: &mut KeyMut, reason: ChangeReason) -> bool {
         m.stand_down_until = Some(Instant::now() + self.config.stand_down);
+        m.stood_down_for = None;
         m.pending = None;
         let released = self.release_file(ks, m);
         self.set_view(ks, m, false, reason, false);
@@ -643,7 +646,22 @@ impl Inner {
                 m.honoured = Some(r.nonce.clone());
                 tracing::info!(pubkey = %ks.pubkey, target = %r.target_instance_id, "standing down for a local claim");
                 self.step_down(ks, m, ChangeReason::StoodDown);
+                m.stood_down_for = Some(r.nonce.clone());
             }
+        }
+
+        // The stand-down exists so that we do not re-grab the lock before
+        // someone else takes it. Once the request we stood down for is gone
+        // (its target took the lock and removed it, or it expired) or another
+        // instance holds the lock, the handoff is over and the acquire rules
+        // protect any new claim: end the stand-down, so we can take over from
+        // a departed successor without waiting out the timeout.
+        if m.stood_down_for
+            .as_ref()
+            .is_some_and(|n| request.as_ref().map(|r| &r.nonce) != Some(n))
+        {
+            m.stand_down_until = None;
+            m.stood_down_for = None;
         }
 
         let mut took = None;
@@ -662,13 +680,9 @@ impl Inner {
             }
         } else {
             let c = lockfile::read_unguarded(&ks.lock_path);
-            // The stand-down exists so that we do not re-grab the lock before
-            // someone else takes it. Once another instance holds it, the
-            // handoff is done and the acquire rules protect its claim: end the
-            // stand-down so we can fail over to a dead or departed successor
-            // without waiting out the timeout.
             if matches!(&c, Ok(LockContent::Record(r)) if r.instance_id != self.id.as_str()) {
                 m.stand_down_until = None;
+                m.stood_down_for = None;
             }
             c
         };

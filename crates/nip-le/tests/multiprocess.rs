@@ -584,3 +584,29 @@ fn status_lists_hostile_files_without_crashing() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("symlink"));
 }
+
+#[test]
+fn old_leader_takes_over_at_once_when_the_claimant_leaves_right_after_winning() {
+    let s = Scratch::new();
+    // A long stand-down: only the end-of-handoff rule can explain a takeover
+    // within a refresh.
+    let opts = s.opts().timings(REFRESH_MS, STALE_MS, 5_000);
+    let a = s.spawn_with("a", opts.clone());
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let mut b = s.spawn_with("b", opts);
+    assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
+    let cb = b.cursor();
+    b.send("claim").unwrap();
+    assert!(b
+        .wait_after(cb, ms(REFRESH_MS * 2) + MARGIN, |r| r.reason() == "claimed")
+        .is_some());
+    let ca = a.cursor();
+    b.signal(libc::SIGTERM).unwrap();
+    assert!(b.wait_exit(Duration::from_secs(5)).unwrap().success());
+    let back = a.wait_after(ca, ms(REFRESH_MS) + MARGIN, |r| r.is_leader() == Some(true));
+    assert!(
+        back.is_some(),
+        "the old leader waited out its stand-down: {:?}",
+        a.reports()
+    );
+}

@@ -343,7 +343,16 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
     };
     d.mentions("steady", a.mentions_per_phase);
 
-    // 2. SIGKILL the leader: no release, the survivors must notice.
+    // 2. SIGKILL the leader: no release, the survivors must notice. A crash
+    // lands at a random moment of the refresh cycle, so the kill does too.
+    let phase = Duration::from_millis(
+        (uuid::Uuid::new_v4().as_u128() % cfg.refresh.as_millis().max(1)) as u64,
+    );
+    d.say(&format!(
+        "waiting a random {} ms of the refresh cycle before the crash",
+        phase.as_millis()
+    ));
+    std::thread::sleep(phase);
     let cursors = d.cursors();
     let t0 = unix_ms();
     d.say(&format!(
