@@ -13,8 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use clap::Args;
 use nip_le::cluster::{lock_holder, Instance, RunOptions};
-use nip_le::config::{DEFAULT_REFRESH, DEFAULT_STALE, DEFAULT_STAND_DOWN};
-use nip_le::{AgentPubkey, Config};
+use nip_le::AgentPubkey;
 use serde_json::Value;
 
 /// Options of `nip-le demo`.
@@ -23,15 +22,8 @@ pub struct DemoArgs {
     /// Number of instances (at least 3).
     #[arg(long, default_value_t = 3)]
     instances: usize,
-    /// Refresh interval in milliseconds [default: the NIP's 5000].
-    #[arg(long)]
-    refresh_ms: Option<u64>,
-    /// Stale bound in milliseconds [default: the NIP's 10000].
-    #[arg(long)]
-    stale_ms: Option<u64>,
-    /// Stand-down timeout in milliseconds [default: the NIP's 10000].
-    #[arg(long)]
-    stand_down_ms: Option<u64>,
+    #[command(flatten)]
+    timings: crate::run::TimingArgs,
     /// Mentions sent in each settled phase.
     #[arg(long, default_value_t = 5)]
     mentions_per_phase: usize,
@@ -218,6 +210,32 @@ impl Demo {
         out
     }
 
+    /// Waits for a survivor of `gone` to lead and records how long after
+    /// `t0` (unix ms) it did.
+    fn measure_takeover(
+        &mut self,
+        cursors: &[usize],
+        gone: usize,
+        t0: u64,
+        deadline: Duration,
+        label: &'static str,
+        after: &str,
+    ) {
+        match self.wait_new_leader(cursors, Some(gone), deadline) {
+            Some((i, at)) => {
+                let ms = at.saturating_sub(t0);
+                self.say(&format!("{} leads {ms} ms {after}", self.insts[i].name));
+                self.timings.push((label, Some(ms)));
+            }
+            None => {
+                self.fail(format!(
+                    "{label}: no survivor took over within {deadline:?}"
+                ));
+                self.timings.push((label, None));
+            }
+        }
+    }
+
     fn cursors(&self) -> Vec<usize> {
         self.insts.iter().map(Instance::cursor).collect()
     }
@@ -268,14 +286,14 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
             source: e,
         })?;
     let lock_dir = tmp.path().join("leader-locks");
-    // Same validation as every instance will apply.
-    let ms = |v: Option<u64>, d: Duration| v.map(Duration::from_millis).unwrap_or(d);
-    let mut cfg = Config::new(&lock_dir);
-    cfg.refresh = ms(a.refresh_ms, DEFAULT_REFRESH);
-    cfg.stale = ms(a.stale_ms, DEFAULT_STALE);
-    cfg.stand_down = ms(a.stand_down_ms, DEFAULT_STAND_DOWN);
-    cfg.lock_wait = cfg.lock_wait.min(cfg.refresh / 2);
-    cfg.validate()?;
+    // Same flags and validation as every instance will apply.
+    let cfg = crate::run::config_from(
+        Some(lock_dir.clone()),
+        a.timings.refresh_ms,
+        a.timings.stale_ms,
+        a.timings.stand_down_ms,
+        None,
+    )?;
 
     let pubkey = random_pubkey();
     let mentions = tmp.path().join("mentions.jsonl");
@@ -362,20 +380,14 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
     if let Err(e) = d.insts[leader].kill_and_reap() {
         d.fail(format!("cannot kill the leader: {e}"));
     }
-    match d.wait_new_leader(&cursors, Some(leader), cfg.stale + cfg.refresh * 3) {
-        Some((i, at)) => {
-            let ms = at.saturating_sub(t0);
-            d.say(&format!(
-                "failover: {} leads {ms} ms after the kill",
-                d.insts[i].name
-            ));
-            d.timings.push(("failover after SIGKILL", Some(ms)));
-        }
-        None => {
-            d.fail("no survivor took over after the SIGKILL".into());
-            d.timings.push(("failover after SIGKILL", None));
-        }
-    }
+    d.measure_takeover(
+        &cursors,
+        leader,
+        t0,
+        cfg.stale + cfg.refresh * 3,
+        "failover after SIGKILL",
+        "after the kill",
+    );
     let Some(leader) = d.wait_settled("failover") else {
         return finish(d, tmp, a.keep);
     };
@@ -443,20 +455,14 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
             d.insts[leader].name
         )),
     }
-    match d.wait_new_leader(&cursors, Some(leader), cfg.stale + cfg.refresh * 3) {
-        Some((i, at)) => {
-            let ms = at.saturating_sub(t0);
-            d.say(&format!(
-                "handover: {} leads {ms} ms after the exit",
-                d.insts[i].name
-            ));
-            d.timings.push(("takeover after graceful exit", Some(ms)));
-        }
-        None => {
-            d.fail("nobody took over after the graceful exit".into());
-            d.timings.push(("takeover after graceful exit", None));
-        }
-    }
+    d.measure_takeover(
+        &cursors,
+        leader,
+        t0,
+        cfg.stale + cfg.refresh * 3,
+        "takeover after graceful exit",
+        "after the exit",
+    );
     if d.wait_settled("graceful exit").is_some() {
         d.mentions("after graceful exit", a.mentions_per_phase);
     }

@@ -29,15 +29,8 @@ pub struct RunArgs {
     /// Election id [default: $BUZZ_INSTANCE_ELECTION_ID or a UUID v4].
     #[arg(long)]
     instance_id: Option<String>,
-    /// Refresh interval in milliseconds [default: 5000].
-    #[arg(long)]
-    refresh_ms: Option<u64>,
-    /// Stale bound for claimed_at in milliseconds [default: 10000].
-    #[arg(long)]
-    stale_ms: Option<u64>,
-    /// Stand-down timeout in milliseconds [default: 10000].
-    #[arg(long)]
-    stand_down_ms: Option<u64>,
+    #[command(flatten)]
+    timings: TimingArgs,
     /// Longest wait for the exclusive file lock in milliseconds [default: 250].
     #[arg(long)]
     lock_wait_ms: Option<u64>,
@@ -47,6 +40,20 @@ pub struct RunArgs {
     /// Append one reply line per mention here, when leading.
     #[arg(long, requires = "mentions")]
     replies: Option<PathBuf>,
+}
+
+/// The NIP timings as flags, shared by `run` and `demo`.
+#[derive(Args, Debug)]
+pub struct TimingArgs {
+    /// Refresh interval in milliseconds [default: 5000].
+    #[arg(long)]
+    pub refresh_ms: Option<u64>,
+    /// Stale bound for claimed_at in milliseconds [default: 10000].
+    #[arg(long)]
+    pub stale_ms: Option<u64>,
+    /// Stand-down timeout in milliseconds [default: 10000].
+    #[arg(long)]
+    pub stand_down_ms: Option<u64>,
 }
 
 /// Builds the validated config from the flags (shared with other commands).
@@ -112,9 +119,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     let pubkey = AgentPubkey::parse(&a.pubkey)?;
     let config = config_from(
         a.lock_dir,
-        a.refresh_ms,
-        a.stale_ms,
-        a.stand_down_ms,
+        a.timings.refresh_ms,
+        a.timings.stale_ms,
+        a.timings.stand_down_ms,
         a.lock_wait_ms,
     )?;
     let id = match a.instance_id {
