@@ -17,7 +17,8 @@
 //! * [`liveness`] — is a holder's pid running;
 //! * [`election`] — the read-side and acquire-side decisions;
 //! * [`control`] — `claim_leadership` frames and local claim requests;
-//! * [`elector`] — many keys, the refresh thread, the cache and the changes.
+//! * [`elector`] — many keys, the refresh thread, the cache and the changes;
+//! * [`cluster`] — driving `nip-le run` processes (demo, tests, benchmarks).
 //!
 //! ```no_run
 //! use nip_le::{AgentPubkey, Config, Elector, InstanceId};
