@@ -3,7 +3,8 @@
 //! Unix: `kill(pid, 0)`; only `ESRCH` means dead (`EPERM` is another user's
 //! live process). A zombie answers as alive, exactly like the harness. A pid
 //! of 0 or above `i32::MAX` would address a process group, so it is never
-//! probed and counts as dead (no real leader has it).
+//! probed and counts as dead (no real leader has it). Windows uses the
+//! process API (see [`probe`]).
 
 /// The answer of a liveness probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,9 +35,45 @@ pub fn probe(pid: u32) -> Liveness {
     }
 }
 
-/// Without a portable probe we never call a pid dead; the `claimed_at`
-/// staleness rule still recovers abandoned claims.
-#[cfg(not(unix))]
+/// Windows: open the process for a limited query. `ERROR_INVALID_PARAMETER`
+/// means no such process; a handle whose exit code is not `STILL_ACTIVE`
+/// belongs to a process that has exited (kept alive only by open handles).
+/// Any other failure (e.g. access denied) proves the process exists.
+#[cfg(windows)]
+pub fn probe(pid: u32) -> Liveness {
+    use windows_sys::Win32::Foundation::{
+        CloseHandle, GetLastError, ERROR_INVALID_PARAMETER, STILL_ACTIVE,
+    };
+    use windows_sys::Win32::System::Threading::{
+        GetExitCodeProcess, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
+    };
+    if pid == 0 {
+        return Liveness::Dead;
+    }
+    // SAFETY: plain Win32 calls; the handle is closed before returning.
+    unsafe {
+        let h = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, 0, pid);
+        if h.is_null() {
+            return if GetLastError() == ERROR_INVALID_PARAMETER {
+                Liveness::Dead
+            } else {
+                Liveness::Alive
+            };
+        }
+        let mut code: u32 = 0;
+        let ok = GetExitCodeProcess(h, &mut code);
+        CloseHandle(h);
+        if ok != 0 && code != STILL_ACTIVE as u32 {
+            Liveness::Dead
+        } else {
+            Liveness::Alive
+        }
+    }
+}
+
+/// Without a probe for this platform we never call a pid dead; the
+/// `claimed_at` staleness rule still recovers abandoned claims.
+#[cfg(not(any(unix, windows)))]
 pub fn probe(pid: u32) -> Liveness {
     let _ = pid;
     Liveness::Alive

@@ -130,22 +130,16 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     };
 
     let (tx, rx) = mpsc::channel::<Msg>();
-    #[cfg(unix)]
     {
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-        ])
-        .map_err(|e| nip_le::Error::Io {
-            path: "<signals>".into(),
-            source: e,
-        })?;
+        // SIGTERM/SIGINT (SIGHUP too) on Unix, Ctrl-C/close on Windows.
         let tx = tx.clone();
-        std::thread::spawn(move || {
-            if signals.forever().next().is_some() {
-                let _ = tx.send(Msg::Signal);
-            }
-        });
+        ctrlc::set_handler(move || {
+            let _ = tx.send(Msg::Signal);
+        })
+        .map_err(|e| nip_le::Error::Io {
+            path: "<signal handler>".into(),
+            source: std::io::Error::other(e),
+        })?;
     }
 
     let elector = Elector::start(config, id.clone())?;
