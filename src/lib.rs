@@ -1,7 +1,234 @@
-//! Tauri v2 plugin for NIP-LE leader election.
+//! # tauri-plugin-leader-election
 //!
-//! The plugin itself (Builder, commands, events, permissions) is not written
-//! yet; until then this package only re-exports the election engine so the
-//! workspace layout is the one the plugin will live in.
+//! NIP-LE for Tauri v2: several windows of an app signed in with the same
+//! agent identity elect one prompter per agent key through a local lock file,
+//! so a mention fanned out to every window is answered once. The election
+//! engine is the Tauri-free [`nip_le`] crate; this plugin adds the per-window
+//! election id, commands, the `leader-election://changed` event and release
+//! of every lock on exit.
+//!
+//! ```no_run
+//! use tauri_plugin_leader_election::LeaderElectionExt;
+//!
+//! tauri::Builder::default()
+//!     .plugin(
+//!         tauri_plugin_leader_election::Builder::new()
+//!             .agent("a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90")
+//!             .build(),
+//!     )
+//!     .setup(|app| {
+//!         let le = app.leader_election();
+//!         println!("this window's election id: {}", le.instance_id());
+//!         Ok(())
+//!     })
+//!     .run(tauri::generate_context!())
+//!     .expect("error while running tauri application");
+//! ```
 
-pub use nip_le as core;
+#![warn(missing_docs)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tauri::plugin::{Builder as PluginBuilder, TauriPlugin};
+use tauri::{Emitter, Manager, RunEvent, Runtime};
+
+mod commands;
+mod error;
+mod leader_election;
+mod models;
+
+pub use error::{Error, ErrorKind, LeaderElectionError, Result};
+pub use leader_election::LeaderElection;
+pub use models::{
+    AgentStatus, ChangeReason, ClaimOutcome, ControlResult, Holder, LeadershipChanged, Status,
+};
+pub use nip_le;
+
+/// The event emitted to every webview on each leadership change, with a
+/// [`LeadershipChanged`] payload.
+pub const CHANGED_EVENT: &str = "leader-election://changed";
+
+/// Extension trait: `app.leader_election()` on the app, its handle, windows
+/// and webviews.
+pub trait LeaderElectionExt<R: Runtime> {
+    /// This window's [`LeaderElection`]. Panics if the plugin is not
+    /// registered (as every official plugin's `Ext` does).
+    fn leader_election(&self) -> &LeaderElection;
+}
+
+impl<R: Runtime, T: Manager<R>> LeaderElectionExt<R> for T {
+    fn leader_election(&self) -> &LeaderElection {
+        self.state::<LeaderElection>().inner()
+    }
+}
+
+/// Configures the plugin. Unset timings keep the NIP's defaults (refresh 5 s,
+/// stale 10 s, stand-down 10 s); the result is validated at setup.
+#[derive(Debug, Default, Clone)]
+pub struct Builder {
+    lock_dir: Option<PathBuf>,
+    refresh: Option<Duration>,
+    stale: Option<Duration>,
+    stand_down: Option<Duration>,
+    lock_wait: Option<Duration>,
+    agents: Vec<String>,
+    election_id: Option<String>,
+}
+
+impl Builder {
+    /// Defaults: lock dir `$BUZZ_LEADER_LOCK_DIR` or `~/.buzz/leader-locks`,
+    /// election id `$BUZZ_INSTANCE_ELECTION_ID` or a fresh UUID v4.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Overrides the lock directory (must be absolute).
+    pub fn lock_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.lock_dir = Some(dir.into());
+        self
+    }
+
+    /// Refresh interval (re-claim and re-read).
+    pub fn refresh(mut self, d: Duration) -> Self {
+        self.refresh = Some(d);
+        self
+    }
+
+    /// Staleness bound for a holder's `claimed_at`; must exceed the refresh.
+    pub fn stale(mut self, d: Duration) -> Self {
+        self.stale = Some(d);
+        self
+    }
+
+    /// Stand-down auto-expiry.
+    pub fn stand_down(mut self, d: Duration) -> Self {
+        self.stand_down = Some(d);
+        self
+    }
+
+    /// Longest wait for a peer's exclusive file lock; below the refresh.
+    pub fn lock_wait(mut self, d: Duration) -> Self {
+        self.lock_wait = Some(d);
+        self
+    }
+
+    /// An agent to join at launch (auto-claim). Validated at setup.
+    pub fn agent(mut self, pubkey: impl Into<String>) -> Self {
+        self.agents.push(pubkey.into());
+        self
+    }
+
+    /// Agents to join at launch.
+    pub fn agents<I: IntoIterator<Item = S>, S: Into<String>>(mut self, pubkeys: I) -> Self {
+        self.agents.extend(pubkeys.into_iter().map(Into::into));
+        self
+    }
+
+    /// Overrides the election id (otherwise `$BUZZ_INSTANCE_ELECTION_ID` or a
+    /// fresh UUID v4). It must be unique per running window.
+    pub fn election_id(mut self, id: impl Into<String>) -> Self {
+        self.election_id = Some(id.into());
+        self
+    }
+
+    /// The validated engine configuration this builder describes.
+    pub fn config(&self) -> Result<nip_le::Config> {
+        let mut c = match &self.lock_dir {
+            Some(d) => nip_le::Config::new(d),
+            None => nip_le::Config::default_from_env().map_err(nip_le::Error::from)?,
+        };
+        if let Some(d) = self.refresh {
+            c.refresh = d;
+            c.lock_wait = c.lock_wait.min(d / 2);
+        }
+        if let Some(d) = self.stale {
+            c.stale = d;
+        }
+        if let Some(d) = self.stand_down {
+            c.stand_down = d;
+        }
+        if let Some(d) = self.lock_wait {
+            c.lock_wait = d;
+        }
+        c.validate().map_err(nip_le::Error::from)?;
+        Ok(c)
+    }
+
+    fn start(&self) -> Result<LeaderElection> {
+        let config = self.config()?;
+        let id = match &self.election_id {
+            Some(id) => nip_le::InstanceId::new(id.clone()).map_err(nip_le::Error::from)?,
+            None => nip_le::InstanceId::from_env_or_random(),
+        };
+        // Validate every key before joining any, so a typo fails the launch
+        // without touching files.
+        for a in &self.agents {
+            nip_le::AgentPubkey::parse(a).map_err(nip_le::Error::from)?;
+        }
+        Ok(LeaderElection::new(nip_le::Elector::start(config, id)?))
+    }
+
+    /// Builds the plugin.
+    pub fn build<R: Runtime>(self) -> TauriPlugin<R> {
+        PluginBuilder::new("leader-election")
+            .invoke_handler(tauri::generate_handler![
+                commands::is_leader,
+                commands::claim,
+                commands::release,
+                commands::status,
+                commands::instance_id,
+                commands::join,
+                commands::leave,
+                commands::handle_control_frame,
+            ])
+            .setup(move |app, _api| {
+                let le = self.start()?;
+                forward_changes(app.clone(), le.subscribe());
+                for a in &self.agents {
+                    le.join(a)?;
+                }
+                app.manage(le);
+                Ok(())
+            })
+            .on_event(|app, event| {
+                if let RunEvent::Exit = event {
+                    if let Some(le) = app.try_state::<LeaderElection>() {
+                        le.shutdown();
+                    }
+                }
+            })
+            .build()
+    }
+}
+
+/// The plugin with every default.
+pub fn init<R: Runtime>() -> TauriPlugin<R> {
+    Builder::new().build()
+}
+
+/// Emits every engine change to every webview as [`CHANGED_EVENT`].
+fn forward_changes<R: Runtime>(
+    app: tauri::AppHandle<R>,
+    mut rx: tokio::sync::broadcast::Receiver<nip_le::LeadershipChange>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let spawned = std::thread::Builder::new()
+        .name("leader-election-events".into())
+        .spawn(move || loop {
+            match rx.blocking_recv() {
+                Ok(c) => {
+                    if let Err(e) = app.emit(CHANGED_EVENT, LeadershipChanged::from(c)) {
+                        tracing::warn!("cannot emit {CHANGED_EVENT}: {e}");
+                    }
+                }
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!("{n} leadership changes dropped; status() has the current view")
+                }
+                Err(RecvError::Closed) => return,
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the leadership event thread: {e}");
+    }
+}

@@ -1,0 +1,63 @@
+//! Thin IPC commands over [`LeaderElection`]. Anything that touches the lock
+//! files runs on the blocking pool, so no command ever blocks the main thread
+//! (each file operation is bounded by the configured lock wait).
+
+use tauri::{command, AppHandle, Runtime};
+
+use crate::error::{Error, Result};
+use crate::models::{ClaimOutcome, ControlResult, Status};
+use crate::{LeaderElection, LeaderElectionExt};
+
+async fn blocking<R: Runtime, T: Send + 'static>(
+    app: &AppHandle<R>,
+    f: impl FnOnce(LeaderElection) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let le = app.leader_election().clone();
+    tauri::async_runtime::spawn_blocking(move || f(le))
+        .await
+        .map_err(|e| Error::Task(e.to_string()))?
+}
+
+#[command]
+pub(crate) fn is_leader<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<bool> {
+    app.leader_election().is_leader(&pubkey)
+}
+
+#[command]
+pub(crate) fn instance_id<R: Runtime>(app: AppHandle<R>) -> String {
+    app.leader_election().instance_id().to_owned()
+}
+
+#[command]
+pub(crate) fn status<R: Runtime>(app: AppHandle<R>) -> Status {
+    app.leader_election().status()
+}
+
+#[command]
+pub(crate) async fn join<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<bool> {
+    blocking(&app, move |le| le.join(&pubkey)).await
+}
+
+#[command]
+pub(crate) async fn leave<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<()> {
+    blocking(&app, move |le| le.leave(&pubkey)).await
+}
+
+#[command]
+pub(crate) async fn claim<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<ClaimOutcome> {
+    blocking(&app, move |le| le.claim(&pubkey)).await
+}
+
+#[command]
+pub(crate) async fn release<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<bool> {
+    blocking(&app, move |le| le.release(&pubkey)).await
+}
+
+#[command]
+pub(crate) async fn handle_control_frame<R: Runtime>(
+    app: AppHandle<R>,
+    pubkey: String,
+    frame: String,
+) -> Result<Option<ControlResult>> {
+    blocking(&app, move |le| le.handle_control_frame(&pubkey, &frame)).await
+}

@@ -1,0 +1,85 @@
+//! The plugin's error: typed on the Rust side, and serialised for IPC as
+//! `{"kind": "...", "message": "..."}` so the frontend can branch on `kind`
+//! instead of parsing strings.
+
+use serde::{Serialize, Serializer};
+use ts_rs::TS;
+
+/// What went wrong, as the frontend sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, TS)]
+#[serde(rename_all = "camelCase")]
+#[ts(export_to = "ErrorKind.ts")]
+pub enum ErrorKind {
+    /// The agent pubkey is not 64 hex characters.
+    InvalidPubkey,
+    /// The election id is unusable.
+    InvalidElectionId,
+    /// The plugin configuration was rejected.
+    InvalidConfig,
+    /// The agent has not been joined by this window.
+    NotJoined,
+    /// A `claim_leadership` frame is malformed.
+    InvalidControlFrame,
+    /// A peer held the lock file longer than the configured wait.
+    LockTimeout,
+    /// The lock path is a symlink, a directory or another non-file.
+    UnsafeLockPath,
+    /// Another filesystem error.
+    Io,
+    /// The plugin has shut down (the app is exiting).
+    ShutDown,
+}
+
+/// The wire form of [`Error`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, TS)]
+#[ts(export_to = "LeaderElectionError.ts")]
+pub struct LeaderElectionError {
+    /// Machine-readable kind.
+    pub kind: ErrorKind,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+/// Errors of the plugin's Rust API and commands.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An error from the election engine.
+    #[error(transparent)]
+    Engine(#[from] nip_le::Error),
+    /// A blocking task could not be joined (it panicked or was cancelled).
+    #[error("background task failed: {0}")]
+    Task(String),
+}
+
+impl Error {
+    /// The kind reported to the frontend.
+    pub fn kind(&self) -> ErrorKind {
+        use nip_le::Error as E;
+        match self {
+            Error::Engine(E::Pubkey(_)) => ErrorKind::InvalidPubkey,
+            Error::Engine(E::InstanceId(_)) => ErrorKind::InvalidElectionId,
+            Error::Engine(E::Config(_)) => ErrorKind::InvalidConfig,
+            Error::Engine(E::NotJoined(_)) => ErrorKind::NotJoined,
+            Error::Engine(E::ControlFrame(_)) => ErrorKind::InvalidControlFrame,
+            Error::Engine(E::LockTimeout { .. }) => ErrorKind::LockTimeout,
+            Error::Engine(
+                E::Symlink { .. } | E::NotRegularFile { .. } | E::NotADirectory { .. },
+            ) => ErrorKind::UnsafeLockPath,
+            Error::Engine(E::ShutDown) => ErrorKind::ShutDown,
+            Error::Engine(E::Io { .. }) | Error::Task(_) => ErrorKind::Io,
+        }
+    }
+}
+
+impl Serialize for Error {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        LeaderElectionError {
+            kind: self.kind(),
+            message: self.to_string(),
+        }
+        .serialize(s)
+    }
+}
+
+/// Result alias for the plugin.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,341 @@
+//! The plugin through IPC, on Tauri's mock runtime: commands invoked the way
+//! a webview invokes them (ACL included), events observed as the app sees
+//! them, and the exit hook releasing the locks.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tauri::ipc::{CallbackFn, InvokeBody};
+use tauri::test::{
+    get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY,
+};
+use tauri::utils::acl::ExecutionContext;
+use tauri::webview::InvokeRequest;
+use tauri::{App, Listener, WebviewWindow};
+use tauri_plugin_leader_election::{Builder, LeaderElectionExt, CHANGED_EVENT};
+
+const KEY: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
+
+/// The commands `permissions/default.toml` grants (allow-foo-bar → foo_bar).
+fn granted_by_default() -> Vec<String> {
+    let toml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/permissions/default.toml"
+    ))
+    .unwrap();
+    toml.split('"')
+        .filter_map(|s| s.strip_prefix("allow-"))
+        .map(|s| s.replace('-', "_"))
+        .collect()
+}
+
+struct Window {
+    app: App<MockRuntime>,
+    webview: WebviewWindow<MockRuntime>,
+    events: mpsc::Receiver<Value>,
+}
+
+fn window(dir: &std::path::Path, id: &str, agents: &[&str]) -> Window {
+    let mut ctx = mock_context(noop_assets());
+    // The mock context has no capabilities: grant exactly what the default
+    // permission set grants, so a command missing from it fails here.
+    for cmd in granted_by_default() {
+        ctx.runtime_authority_mut().__allow_command(
+            format!("plugin:leader-election|{cmd}"),
+            ExecutionContext::Local,
+        );
+    }
+    let app = mock_builder()
+        .plugin(
+            Builder::new()
+                .lock_dir(dir)
+                .election_id(id)
+                .agents(agents.iter().copied())
+                // Long timings: the tests drive refreshes by hand.
+                .refresh(Duration::from_secs(60))
+                .stale(Duration::from_secs(120))
+                .stand_down(Duration::from_secs(60))
+                .build(),
+        )
+        .build(ctx)
+        .unwrap();
+    let webview = tauri::WebviewWindowBuilder::new(&app, "main", Default::default())
+        .build()
+        .unwrap();
+    let (tx, events) = mpsc::channel();
+    app.listen_any(CHANGED_EVENT, move |e| {
+        let _ = tx.send(serde_json::from_str(e.payload()).unwrap());
+    });
+    Window {
+        app,
+        webview,
+        events,
+    }
+}
+
+impl Window {
+    fn invoke(&self, cmd: &str, args: Value) -> Result<Value, Value> {
+        get_ipc_response(
+            &self.webview,
+            InvokeRequest {
+                cmd: format!("plugin:leader-election|{cmd}"),
+                callback: CallbackFn(0),
+                error: CallbackFn(1),
+                url: if cfg!(windows) {
+                    "http://tauri.localhost"
+                } else {
+                    "tauri://localhost"
+                }
+                .parse()
+                .unwrap(),
+                body: InvokeBody::Json(args),
+                headers: Default::default(),
+                invoke_key: INVOKE_KEY.to_string(),
+            },
+        )
+        .map(|b| b.deserialize::<Value>().unwrap())
+    }
+
+    /// The first event with this reason (the launch-time events may or may
+    /// not arrive, depending on when the listener was registered).
+    fn event_with_reason(&self, reason: &str) -> Value {
+        loop {
+            let e = self
+                .events
+                .recv_timeout(Duration::from_secs(5))
+                .expect("a leadership event");
+            if e["reason"] == reason {
+                return e;
+            }
+        }
+    }
+
+    fn refresh(&self) {
+        self.app.leader_election().engine().refresh_now();
+    }
+}
+
+#[test]
+fn default_permissions_grant_every_command() {
+    let mut granted = granted_by_default();
+    granted.sort();
+    let mut all = vec![
+        "claim",
+        "handle_control_frame",
+        "instance_id",
+        "is_leader",
+        "join",
+        "leave",
+        "release",
+        "status",
+    ];
+    all.sort();
+    assert_eq!(granted, all);
+}
+
+#[test]
+fn commands_answer_through_ipc() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = window(tmp.path(), "window-1", &[KEY]);
+    assert_eq!(w.invoke("instance_id", json!({})).unwrap(), "window-1");
+    assert_eq!(w.invoke("is_leader", json!({"pubkey": KEY})).unwrap(), true);
+    let status = w.invoke("status", json!({})).unwrap();
+    assert_eq!(status["instanceId"], "window-1");
+    assert_eq!(status["agents"][0]["pubkey"], KEY);
+    assert_eq!(status["agents"][0]["isLeader"], true);
+    assert_eq!(status["agents"][0]["lockState"], "record");
+    assert_eq!(status["agents"][0]["holder"]["instanceId"], "window-1");
+    assert_eq!(status["agents"][0]["holder"]["isUs"], true);
+    assert_eq!(
+        w.invoke("claim", json!({"pubkey": KEY})).unwrap(),
+        "already_leader"
+    );
+    // Upper-case keys are normalised.
+    assert_eq!(
+        w.invoke("is_leader", json!({"pubkey": KEY.to_uppercase()}))
+            .unwrap(),
+        true
+    );
+    // Join and leave at runtime.
+    let other = "b".repeat(64);
+    assert_eq!(w.invoke("join", json!({"pubkey": other})).unwrap(), true);
+    assert_eq!(
+        w.invoke("status", json!({})).unwrap()["agents"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        w.invoke("leave", json!({"pubkey": other})).unwrap(),
+        Value::Null
+    );
+    let err = w.invoke("is_leader", json!({"pubkey": other})).unwrap_err();
+    assert_eq!(err["kind"], "notJoined");
+    // Release empties the file and reports it.
+    assert_eq!(w.invoke("release", json!({"pubkey": KEY})).unwrap(), true);
+    assert_eq!(
+        w.invoke("is_leader", json!({"pubkey": KEY})).unwrap(),
+        false
+    );
+    assert_eq!(
+        std::fs::read(tmp.path().join(format!("{KEY}.lock"))).unwrap(),
+        b""
+    );
+}
+
+#[test]
+fn errors_are_typed_never_panics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = window(tmp.path(), "window-1", &[KEY]);
+    for bad in ["", "../../etc/passwd", "zz", &"g".repeat(64)] {
+        let e = w.invoke("is_leader", json!({"pubkey": bad})).unwrap_err();
+        assert_eq!(e["kind"], "invalidPubkey", "{bad}");
+        assert!(e["message"].as_str().unwrap().contains("pubkey"), "{e}");
+        let e = w.invoke("join", json!({"pubkey": bad})).unwrap_err();
+        assert_eq!(e["kind"], "invalidPubkey", "{bad}");
+    }
+    let e = w
+        .invoke(
+            "handle_control_frame",
+            json!({"pubkey": KEY, "frame": "{nope"}),
+        )
+        .unwrap_err();
+    assert_eq!(e["kind"], "invalidControlFrame");
+    let e = w
+        .invoke("claim", json!({"pubkey": "c".repeat(64)}))
+        .unwrap_err();
+    assert_eq!(e["kind"], "notJoined");
+    // A missing argument is Tauri's own error, still not a panic.
+    assert!(w.invoke("is_leader", json!({})).is_err());
+    // Nothing but our lock file and claim requests in the lock dir.
+    for entry in std::fs::read_dir(tmp.path()).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(name == format!("{KEY}.lock"), "unexpected file {name}");
+    }
+}
+
+#[test]
+fn events_follow_a_cooperative_claim_between_two_windows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = window(tmp.path(), "window-a", &[KEY]);
+    let b = window(tmp.path(), "window-b", &[KEY]);
+    assert_eq!(
+        b.invoke("is_leader", json!({"pubkey": KEY})).unwrap(),
+        false
+    );
+    // The views at launch were emitted during setup, possibly before any
+    // listener: a frontend listens, then reads status() once.
+    let b_status = b.invoke("status", json!({})).unwrap();
+    assert_eq!(b_status["agents"][0]["holder"]["instanceId"], "window-a");
+
+    assert_eq!(
+        b.invoke("claim", json!({"pubkey": KEY})).unwrap(),
+        "pending"
+    );
+    a.refresh(); // a sees the local claim request and stands down
+    let lost = a.event_with_reason("stood_down");
+    assert_eq!(lost["pubkey"], KEY);
+    assert_eq!(lost["isLeader"], false);
+    assert_eq!(lost["reason"], "stood_down");
+    assert_eq!(lost["mustCancelTurn"], true);
+    assert!(lost["atMs"].as_u64().unwrap() > 0);
+    assert!(lost.as_object().unwrap().contains_key("epoch"));
+    b.refresh(); // b takes the released lock
+    let won = b.event_with_reason("claimed");
+    assert_eq!(
+        (won["isLeader"].as_bool(), won["reason"].as_str()),
+        (Some(true), Some("claimed"))
+    );
+    assert_eq!(won["mustCancelTurn"], false);
+    assert_eq!(won["leaderInstanceId"], "window-b");
+}
+
+#[test]
+fn relay_frame_returns_the_control_result_to_send() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = window(tmp.path(), "window-a", &[KEY]);
+    let b = window(tmp.path(), "window-b", &[KEY]);
+    let frame = json!({"type": "claim_leadership", "targetInstanceId": "window-b"});
+    // As a string (what the relay decrypts to) for the leader …
+    assert_eq!(
+        a.invoke(
+            "handle_control_frame",
+            json!({"pubkey": KEY, "frame": frame.to_string()})
+        )
+        .unwrap(),
+        Value::Null
+    );
+    // … and the target gets the result to send back.
+    assert_eq!(
+        b.invoke(
+            "handle_control_frame",
+            json!({"pubkey": KEY, "frame": frame.to_string()})
+        )
+        .unwrap(),
+        json!({"type": "claim_leadership", "status": "claimed"})
+    );
+    assert_eq!(b.invoke("is_leader", json!({"pubkey": KEY})).unwrap(), true);
+    assert_eq!(
+        a.invoke("is_leader", json!({"pubkey": KEY})).unwrap(),
+        false
+    );
+    // Unknown frame types are ignored.
+    assert_eq!(
+        a.invoke(
+            "handle_control_frame",
+            json!({"pubkey": KEY, "frame": r#"{"type":"cancel_turn"}"#})
+        )
+        .unwrap(),
+        Value::Null
+    );
+}
+
+#[test]
+fn bad_builder_config_fails_setup_with_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = mock_builder()
+        .plugin(
+            Builder::new()
+                .lock_dir(tmp.path())
+                .agent("../../etc/passwd")
+                .build(),
+        )
+        .build(mock_context(noop_assets()));
+    let msg = format!("{}", r.err().expect("setup must fail"));
+    assert!(msg.contains("pubkey"), "{msg}");
+    let r = mock_builder()
+        .plugin(
+            Builder::new()
+                .lock_dir(tmp.path())
+                .refresh(Duration::from_secs(5))
+                .stale(Duration::from_secs(5))
+                .build(),
+        )
+        .build(mock_context(noop_assets()));
+    assert!(format!("{}", r.err().expect("setup must fail")).contains("stale"));
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        0,
+        "a failed setup wrote files"
+    );
+}
+
+#[test]
+fn exit_releases_every_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let other = "d".repeat(64);
+    let w = window(tmp.path(), "window-1", &[KEY, &other]);
+    let lock = |k: &str| tmp.path().join(format!("{k}.lock"));
+    assert!(!std::fs::read(lock(KEY)).unwrap().is_empty());
+    let webview = w.webview.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        webview.close().unwrap();
+    });
+    let app = w.app;
+    app.run(|_, _| {});
+    assert_eq!(std::fs::read(lock(KEY)).unwrap(), b"");
+    assert_eq!(std::fs::read(lock(&other)).unwrap(), b"");
+}
