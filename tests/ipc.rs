@@ -303,7 +303,7 @@ fn bad_builder_config_fails_setup_with_a_clear_error() {
                 .build(),
         )
         .build(mock_context(noop_assets()));
-    let msg = format!("{}", r.err().expect("setup must fail"));
+    let msg = format!("{}", r.expect_err("setup must fail"));
     assert!(msg.contains("pubkey"), "{msg}");
     let r = mock_builder()
         .plugin(
@@ -314,7 +314,7 @@ fn bad_builder_config_fails_setup_with_a_clear_error() {
                 .build(),
         )
         .build(mock_context(noop_assets()));
-    assert!(format!("{}", r.err().expect("setup must fail")).contains("stale"));
+    assert!(format!("{}", r.expect_err("setup must fail")).contains("stale"));
     assert_eq!(
         std::fs::read_dir(tmp.path()).unwrap().count(),
         0,

@@ -1,0 +1,214 @@
+/**
+ * TypeScript bindings for tauri-plugin-leader-election (NIP-LE).
+ *
+ * Several windows of an app signed in with the same agent identity elect one
+ * prompter per agent. Gate the three leader-only paths (NIP-LE (a)–(c)):
+ * prompt dispatch, the 👀 acknowledgement reaction and the heartbeat
+ * self-prompt, with a {@link LeaderGate}, which answers from events without an
+ * IPC round trip. Rendering and the message queue are never gated.
+ *
+ * @module
+ */
+
+import { invoke } from '@tauri-apps/api/core'
+import { listen, type UnlistenFn } from '@tauri-apps/api/event'
+
+import type { AgentStatus } from './bindings/AgentStatus'
+import type { ChangeReason } from './bindings/ChangeReason'
+import type { ClaimOutcome } from './bindings/ClaimOutcome'
+import type { ControlResult } from './bindings/ControlResult'
+import type { ErrorKind } from './bindings/ErrorKind'
+import type { Holder } from './bindings/Holder'
+import type { LeaderElectionError } from './bindings/LeaderElectionError'
+import type { LeadershipChanged } from './bindings/LeadershipChanged'
+import type { Status } from './bindings/Status'
+
+export type {
+  AgentStatus,
+  ChangeReason,
+  ClaimOutcome,
+  ControlResult,
+  ErrorKind,
+  Holder,
+  LeaderElectionError,
+  LeadershipChanged,
+  Status
+}
+
+/** The event emitted to every webview on each leadership change. */
+export const CHANGED_EVENT = 'leader-election://changed'
+
+const cmd = (name: string): string => `plugin:leader-election|${name}`
+
+/** Whether this window is the prompter for `pubkey` (one IPC round trip; use a {@link LeaderGate} on hot paths). Rejects with a {@link LeaderElectionError}. */
+export async function isLeader(pubkey: string): Promise<boolean> {
+  return await invoke<boolean>(cmd('is_leader'), { pubkey })
+}
+
+/** "This window wants to lead" (the sidebar's claim). Co-located windows hand over without a relay. */
+export async function claim(pubkey: string): Promise<ClaimOutcome> {
+  return await invoke<ClaimOutcome>(cmd('claim'), { pubkey })
+}
+
+/** Releases this window's lock (if it holds it) and stands down for the stand-down timeout. Resolves to whether a claim was released. */
+export async function release(pubkey: string): Promise<boolean> {
+  return await invoke<boolean>(cmd('release'), { pubkey })
+}
+
+/** This window's view of every agent it has joined. */
+export async function status(): Promise<Status> {
+  return await invoke<Status>(cmd('status'))
+}
+
+/** This window's election id: hand it to spawned agent processes as `BUZZ_INSTANCE_ELECTION_ID`. */
+export async function instanceId(): Promise<string> {
+  return await invoke<string>(cmd('instance_id'))
+}
+
+/** Joins an agent's election (claims at once). Resolves to whether this window leads it. */
+export async function join(pubkey: string): Promise<boolean> {
+  return await invoke<boolean>(cmd('join'), { pubkey })
+}
+
+/** Leaves an agent's election, releasing its lock if this window holds it. */
+export async function leave(pubkey: string): Promise<void> {
+  await invoke<null>(cmd('leave'), { pubkey })
+}
+
+/**
+ * Hands a relay-delivered control frame (kind 24200, decrypted content) to
+ * the engine. Check NIP-AO authorisation first: only the agent's owner may
+ * send control frames. Resolves to the `control_result` to send back, or
+ * `null` when there is nothing to send yet (a later `claimed` change says
+ * when the claim completed).
+ */
+export async function handleControlFrame(
+  pubkey: string,
+  frame: string | Record<string, unknown>
+): Promise<ControlResult | null> {
+  return await invoke<ControlResult | null>(cmd('handle_control_frame'), {
+    pubkey,
+    frame: typeof frame === 'string' ? frame : JSON.stringify(frame)
+  })
+}
+
+/** Calls `cb` on every leadership change of this window. Resolves to the function that stops listening. */
+export async function onLeadershipChanged(
+  cb: (change: LeadershipChanged) => void
+): Promise<UnlistenFn> {
+  return await listen<LeadershipChanged>(CHANGED_EVENT, (e) => {
+    cb(e.payload)
+  })
+}
+
+/**
+ * Keeps the current answer per agent from events, so the leader-only paths
+ * cost no IPC round trip:
+ *
+ * ```ts
+ * const gate = await LeaderGate.create()
+ * gate.onCancelTurn((pubkey) => cancelInFlightTurn(pubkey)) // hard-steal
+ * if (gate.mayDispatch(agent)) dispatchPrompt(event)
+ * if (gate.mayReact(agent)) addEyesReaction(event)
+ * if (gate.mayHeartbeat(agent)) runHeartbeat()
+ * ```
+ *
+ * An agent this window has not joined answers `false`: join it first.
+ */
+export class LeaderGate {
+  private readonly leaders = new Map<string, boolean>()
+  private readonly holders = new Map<string, string | null>()
+  private readonly subscribers = new Set<(change: LeadershipChanged) => void>()
+  private readonly cancelSubscribers = new Set<(pubkey: string) => void>()
+  private unlisten: UnlistenFn | null = null
+
+  private constructor() {}
+
+  /** Starts listening, then reads the current status once. */
+  static async create(): Promise<LeaderGate> {
+    const gate = new LeaderGate()
+    gate.unlisten = await onLeadershipChanged((c) => {
+      gate.apply(c)
+    })
+    await gate.refresh()
+    return gate
+  }
+
+  /**
+   * Re-reads `status()` (e.g. after a lagging event stream). Agents that
+   * changed while the read was in flight keep the newer answer from events.
+   */
+  async refresh(): Promise<void> {
+    const seen = new Set<string>()
+    const track = (c: LeadershipChanged): void => {
+      seen.add(c.pubkey)
+    }
+    this.subscribers.add(track)
+    try {
+      const s = await status()
+      for (const a of s.agents) {
+        if (!seen.has(a.pubkey)) {
+          this.leaders.set(a.pubkey, a.isLeader)
+          this.holders.set(a.pubkey, a.holder?.instanceId ?? null)
+        }
+      }
+    } finally {
+      this.subscribers.delete(track)
+    }
+  }
+
+  /** The cached answer for `pubkey` (no IPC). */
+  isLeader(pubkey: string): boolean {
+    return this.leaders.get(pubkey.toLowerCase()) ?? false
+  }
+
+  /** NIP-LE (a): may this window promote queued events to agent prompts? */
+  mayDispatch(pubkey: string): boolean {
+    return this.isLeader(pubkey)
+  }
+
+  /** NIP-LE (b): may this window add the 👀 reaction at queue acceptance? */
+  mayReact(pubkey: string): boolean {
+    return this.isLeader(pubkey)
+  }
+
+  /** NIP-LE (c): may this window fire the autonomous heartbeat prompt? */
+  mayHeartbeat(pubkey: string): boolean {
+    return this.isLeader(pubkey)
+  }
+
+  /** Whether this gate has an answer for `pubkey` (i.e. the agent is joined). */
+  knows(pubkey: string): boolean {
+    return this.leaders.has(pubkey.toLowerCase())
+  }
+
+  /** The election id of the window that holds `pubkey`'s lock, when known. */
+  holder(pubkey: string): string | null {
+    return this.holders.get(pubkey.toLowerCase()) ?? null
+  }
+
+  /** Every change, after the gate has applied it. Returns an unsubscribe function. */
+  subscribe(cb: (change: LeadershipChanged) => void): () => void {
+    this.subscribers.add(cb)
+    return () => this.subscribers.delete(cb)
+  }
+
+  /** Called when this window stood down and must cancel its in-flight turn (hard-steal). */
+  onCancelTurn(cb: (pubkey: string) => void): () => void {
+    this.cancelSubscribers.add(cb)
+    return () => this.cancelSubscribers.delete(cb)
+  }
+
+  /** Stops listening. */
+  dispose(): void {
+    this.unlisten?.()
+    this.unlisten = null
+  }
+
+  private apply(c: LeadershipChanged): void {
+    this.leaders.set(c.pubkey, c.isLeader)
+    this.holders.set(c.pubkey, c.leaderInstanceId)
+    for (const s of [...this.subscribers]) s(c)
+    if (c.mustCancelTurn) for (const s of [...this.cancelSubscribers]) s(c.pubkey)
+  }
+}
