@@ -1,0 +1,302 @@
+//! A Buzz-like window for trying tauri-plugin-leader-election by hand (and
+//! for the end-to-end tests): a sidebar of agents with a crown on the ones
+//! this window leads and a claim menu, a status panel, a mention feed shared
+//! by every instance on the machine through a local file (only the leader
+//! replies, gated in the frontend by `LeaderGate`), and a child process that
+//! inherits this window's election id.
+//!
+//! Environment (all optional):
+//! * `BUZZ_DEMO_AGENTS`: comma-separated agent pubkeys (two fixed keys by default);
+//! * `BUZZ_DEMO_FEED_DIR`: where `mentions.jsonl` and `replies.jsonl` live
+//!   (default `<temp>/buzz-leader-election-demo`);
+//! * `BUZZ_DEMO_REFRESH_MS`, `BUZZ_DEMO_STALE_MS`, `BUZZ_DEMO_STAND_DOWN_MS`: timings;
+//! * `BUZZ_LEADER_LOCK_DIR`: the lock directory (default `~/.buzz/leader-locks`).
+
+#![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
+
+use std::fs::OpenOptions;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use tauri::{AppHandle, Emitter, Manager, State};
+use tauri_plugin_leader_election::nip_le;
+use tauri_plugin_leader_election::LeaderElectionExt;
+
+const DEFAULT_AGENTS: [(&str, &str); 2] = [
+    (
+        "Scout",
+        "5c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c00",
+    ),
+    (
+        "Scribe",
+        "5c41be5c41be5c41be5c41be5c41be5c41be5c41be5c41be5c41be5c41be5c41",
+    ),
+];
+
+#[derive(Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Agent {
+    name: String,
+    pubkey: String,
+}
+
+struct Demo {
+    agents: Vec<Agent>,
+    feed_dir: PathBuf,
+    stale_ms: u64,
+    refresh_ms: u64,
+    counter: AtomicU64,
+}
+
+fn env_ms(name: &str) -> Option<Duration> {
+    std::env::var(name)
+        .ok()?
+        .parse()
+        .ok()
+        .map(Duration::from_millis)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn append_line(path: &Path, v: &Value) -> Result<(), String> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    // One write of a short line on an O_APPEND file: never interleaved.
+    f.write_all(format!("{v}\n").as_bytes())
+        .map_err(|e| e.to_string())
+}
+
+/// The last `max` JSON lines of a file (capped read).
+fn tail_lines(path: &Path, max: usize) -> Vec<Value> {
+    let mut buf = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(1 << 20)));
+        let _ = f.take(1 << 20).read_to_end(&mut buf);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    lines[lines.len().saturating_sub(max)..].to_vec()
+}
+
+#[tauri::command]
+fn demo_config(app: AppHandle, demo: State<'_, Demo>) -> Value {
+    json!({
+        "agents": demo.agents,
+        "feedDir": demo.feed_dir,
+        "staleMs": demo.stale_ms,
+        "refreshMs": demo.refresh_ms,
+        "instanceId": app.leader_election().instance_id(),
+        "pid": std::process::id(),
+    })
+}
+
+#[tauri::command]
+fn send_mention(
+    app: AppHandle,
+    demo: State<'_, Demo>,
+    agent: String,
+    text: String,
+) -> Result<String, String> {
+    let n = demo.counter.fetch_add(1, Ordering::Relaxed);
+    let id = format!("{}-{}-{n}", unix_ms(), std::process::id());
+    let from = app.leader_election().instance_id().to_owned();
+    append_line(
+        &demo.feed_dir.join("mentions.jsonl"),
+        &json!({"id": id, "agent": agent, "text": text, "from": from, "atMs": unix_ms()}),
+    )?;
+    Ok(id)
+}
+
+/// Called by the frontend only when its `LeaderGate` says this window may
+/// dispatch: the "agent reply" of the simulation.
+#[tauri::command]
+fn reply(
+    app: AppHandle,
+    demo: State<'_, Demo>,
+    mention: String,
+    agent: String,
+) -> Result<(), String> {
+    append_line(
+        &demo.feed_dir.join("replies.jsonl"),
+        &json!({"mention": mention, "agent": agent, "instanceId": app.leader_election().instance_id(), "atMs": unix_ms()}),
+    )
+}
+
+#[tauri::command]
+fn feed_snapshot(demo: State<'_, Demo>) -> Value {
+    json!({
+        "mentions": tail_lines(&demo.feed_dir.join("mentions.jsonl"), 50),
+        "replies": tail_lines(&demo.feed_dir.join("replies.jsonl"), 500),
+    })
+}
+
+/// Spawns this executable as an "agent process" with the window's election
+/// id in `BUZZ_INSTANCE_ELECTION_ID`; it reports what it sees.
+#[tauri::command]
+async fn spawn_child(app: AppHandle, pubkey: String) -> Result<Value, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let id = app.leader_election().instance_id().to_owned();
+    tauri::async_runtime::spawn_blocking(move || {
+        let out = std::process::Command::new(exe)
+            .arg("--agent-child")
+            .arg(&pubkey)
+            .env(nip_le::identity::ELECTION_ID_ENV, id)
+            .output()
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice::<Value>(&out.stdout)
+            .map_err(|e| format!("child said {:?}: {e}", String::from_utf8_lossy(&out.stdout)))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Child mode: act as the window (same election id) and report the read
+/// side's answer. It only reads: a child that joined and then shut down
+/// would release the window's lock, since it *is* the same instance.
+fn child(pubkey: &str) -> i32 {
+    let report = (|| -> Result<Value, String> {
+        let pk = nip_le::AgentPubkey::parse(pubkey).map_err(|e| e.to_string())?;
+        let id = nip_le::InstanceId::from_env_or_random();
+        let dir = nip_le::config::default_lock_dir().map_err(|e| e.to_string())?;
+        let content = nip_le::lockfile::read_unguarded(&nip_le::lockfile::lock_path(&dir, &pk));
+        Ok(json!({
+            "pid": std::process::id(),
+            "instanceId": id.as_str(),
+            "inherited": std::env::var(nip_le::identity::ELECTION_ID_ENV).is_ok(),
+            "isLeader": nip_le::election::reads_as_leader(content.as_ref(), id.as_str()),
+        }))
+    })();
+    match report {
+        Ok(v) => {
+            println!("{v}");
+            0
+        }
+        Err(e) => {
+            eprintln!("agent child: {e}");
+            2
+        }
+    }
+}
+
+/// Follows the shared mention file from its current end and emits each new
+/// mention to this window's webview (the relay's fan-out).
+fn follow_feed(app: AppHandle, path: PathBuf) {
+    let mut offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let mut pending = Vec::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let Ok(mut f) = std::fs::File::open(&path) else {
+            continue;
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < offset {
+            offset = 0;
+            pending.clear();
+        }
+        if len == offset || f.seek(SeekFrom::Start(offset)).is_err() {
+            continue;
+        }
+        let mut buf = Vec::new();
+        if (&mut f).take(1 << 20).read_to_end(&mut buf).is_err() {
+            continue;
+        }
+        offset += buf.len() as u64;
+        pending.extend_from_slice(&buf);
+        while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=nl).collect();
+            if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+                let _ = app.emit("demo://mention", v);
+            }
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--agent-child") {
+        std::process::exit(child(args.get(2).map(String::as_str).unwrap_or("")));
+    }
+
+    let agents: Vec<Agent> = match std::env::var("BUZZ_DEMO_AGENTS") {
+        Ok(list) if !list.trim().is_empty() => list
+            .split(',')
+            .enumerate()
+            .map(|(i, pk)| Agent {
+                name: format!("Agent {}", i + 1),
+                pubkey: pk.trim().to_lowercase(),
+            })
+            .collect(),
+        _ => DEFAULT_AGENTS
+            .iter()
+            .map(|(n, pk)| Agent {
+                name: (*n).into(),
+                pubkey: (*pk).into(),
+            })
+            .collect(),
+    };
+    let feed_dir = std::env::var_os("BUZZ_DEMO_FEED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("buzz-leader-election-demo"));
+    std::fs::create_dir_all(&feed_dir).expect("cannot create the demo feed directory");
+
+    let mut plugin = tauri_plugin_leader_election::Builder::new()
+        .agents(agents.iter().map(|a| a.pubkey.clone()));
+    let mut refresh_ms = 5_000;
+    let mut stale_ms = 10_000;
+    if let Some(d) = env_ms("BUZZ_DEMO_REFRESH_MS") {
+        plugin = plugin.refresh(d);
+        refresh_ms = d.as_millis() as u64;
+    }
+    if let Some(d) = env_ms("BUZZ_DEMO_STALE_MS") {
+        plugin = plugin.stale(d);
+        stale_ms = d.as_millis() as u64;
+    }
+    if let Some(d) = env_ms("BUZZ_DEMO_STAND_DOWN_MS") {
+        plugin = plugin.stand_down(d);
+    }
+
+    let mentions = feed_dir.join("mentions.jsonl");
+    tauri::Builder::default()
+        .plugin(plugin.build())
+        .manage(Demo {
+            agents,
+            feed_dir,
+            stale_ms,
+            refresh_ms,
+            counter: AtomicU64::new(0),
+        })
+        .invoke_handler(tauri::generate_handler![
+            demo_config,
+            send_mention,
+            reply,
+            feed_snapshot,
+            spawn_child
+        ])
+        .setup(move |app| {
+            let id = app.leader_election().instance_id().to_owned();
+            if let Some(w) = app.get_webview_window("main") {
+                let _ = w.set_title(&format!("Buzz — window {}", &id[..id.len().min(8)]));
+            }
+            let handle = app.handle().clone();
+            std::thread::spawn(move || follow_feed(handle, mentions));
+            Ok(())
+        })
+        .run(tauri::generate_context!())
+        .expect("error while running the demo");
+}
