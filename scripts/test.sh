@@ -1,25 +1,47 @@
 #!/usr/bin/env bash
 # Runs every test of the project. The README's test command and .ci/run call
-# exactly this script. It needs Rust (cargo) and python3 (the interop tests'
-# independent foreign writer); it installs missing system packages itself
-# when it can (root + apt-get) and otherwise says exactly which are missing.
+# exactly this script. Prerequisites: Rust (cargo) and Node (npm). Missing
+# system packages (Tauri's GTK/WebKit dev libraries, python3 for the interop
+# tests) are installed when running as root with apt-get; otherwise the
+# script names them and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_pkgs=()
-command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
-# The Tauri plugin (not written yet) will add its GTK/WebKit dev packages here.
-if ((${#need_pkgs[@]})); then
+# --- system packages -------------------------------------------------------
+# Tauri v2 on Linux needs the WebKitGTK 4.1 / GTK 3 / libsoup 3 dev packages,
+# even for the mock-runtime tests; python3 runs the independent foreign
+# writer of the interop tests.
+pkgs=(pkg-config libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev librsvg2-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing missing system packages: ${need_pkgs[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
+    echo "== installing missing system packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
-    echo "missing system packages: ${need_pkgs[*]} (install them, e.g. sudo apt-get install ${need_pkgs[*]})" >&2
+    echo "missing system packages: ${missing[*]}" >&2
+    echo "install them with: sudo apt-get install ${missing[*]}" >&2
     exit 1
   fi
 fi
-command -v cargo >/dev/null 2>&1 || { echo "missing: cargo (install Rust with rustup)" >&2; exit 1; }
+for tool in cargo npm node; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "missing: $tool (install Rust with rustup, Node 20+ with npm)" >&2; exit 1; }
+done
 
+# --- TypeScript: guest-js bindings and the example's frontend ---------------
+echo "== npm ci"
+npm ci --no-audit --no-fund
+echo "== guest-js: typecheck, build (ESM, CJS, .d.ts), vitest"
+npm run typecheck
+npm run build
+npm test
+echo "== example app frontend (vite)"
+npm run build:example
+
+# --- Rust --------------------------------------------------------------------
 echo "== cargo fmt --check"
 if cargo fmt --version >/dev/null 2>&1; then
   cargo fmt --all -- --check
@@ -34,8 +56,11 @@ else
   echo "clippy not installed; skipping lints"
 fi
 
-echo "== cargo test (unit, in-process, multi-process with real signals, interop)"
+echo "== cargo test (engine unit/in-process/multi-process/interop, plugin IPC, bindings freshness)"
 cargo test --workspace
+
+echo "== cargo build of the example app"
+cargo build -p leader-election-example
 
 echo "== nip-le demo (the main job, short timings)"
 cargo run -q -p nip-le -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500

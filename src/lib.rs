@@ -7,22 +7,23 @@
 //! election id, commands, the `leader-election://changed` event and release
 //! of every lock on exit.
 //!
-//! ```no_run
+//! ```
 //! use tauri_plugin_leader_election::LeaderElectionExt;
 //!
-//! tauri::Builder::default()
-//!     .plugin(
-//!         tauri_plugin_leader_election::Builder::new()
-//!             .agent("a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90")
-//!             .build(),
-//!     )
-//!     .setup(|app| {
-//!         let le = app.leader_election();
-//!         println!("this window's election id: {}", le.instance_id());
-//!         Ok(())
-//!     })
-//!     .run(tauri::generate_context!())
-//!     .expect("error while running tauri application");
+//! fn with_leader_election<R: tauri::Runtime>(builder: tauri::Builder<R>) -> tauri::Builder<R> {
+//!     builder
+//!         .plugin(
+//!             tauri_plugin_leader_election::Builder::new()
+//!                 .agent("a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90")
+//!                 .build(),
+//!         )
+//!         .setup(|app| {
+//!             let le = app.leader_election();
+//!             // Hand this to spawned agent processes as BUZZ_INSTANCE_ELECTION_ID.
+//!             println!("this window's election id: {}", le.instance_id());
+//!             Ok(())
+//!         })
+//! }
 //! ```
 
 #![warn(missing_docs)]

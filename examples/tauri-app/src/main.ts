@@ -39,7 +39,7 @@ function renderSidebar(): void {
     li.className = `agent ${leads ? 'leader' : 'observer'}`
     li.dataset.testid = `agent-${a.pubkey}`
     li.dataset.leader = String(leads)
-    li.innerHTML = `<span class="crown" data-testid="crown-${a.pubkey}">${leads ? '👑' : ''}</span><span class="name">${a.name}</span>`
+    li.innerHTML = `<span class="crown" data-testid="crown-${a.pubkey}">${leads ? '♛' : ''}</span><span class="name">${a.name}</span>`
     const more = document.createElement('button')
     more.className = 'more'
     more.textContent = '…'

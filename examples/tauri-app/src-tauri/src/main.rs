@@ -10,7 +10,8 @@
 //! * `BUZZ_DEMO_FEED_DIR`: where `mentions.jsonl` and `replies.jsonl` live
 //!   (default `<temp>/buzz-leader-election-demo`);
 //! * `BUZZ_DEMO_REFRESH_MS`, `BUZZ_DEMO_STALE_MS`, `BUZZ_DEMO_STAND_DOWN_MS`: timings;
-//! * `BUZZ_LEADER_LOCK_DIR`: the lock directory (default `~/.buzz/leader-locks`).
+//! * `BUZZ_LEADER_LOCK_DIR`: the lock directory (default `~/.buzz/leader-locks`);
+//! * `BUZZ_DEMO_WINDOW_X`: the window's x position, to lay several side by side.
 
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
@@ -291,7 +292,14 @@ fn main() {
         .setup(move |app| {
             let id = app.leader_election().instance_id().to_owned();
             if let Some(w) = app.get_webview_window("main") {
-                let _ = w.set_title(&format!("Buzz — window {}", &id[..id.len().min(8)]));
+                let short: String = id.chars().take(8).collect();
+                let _ = w.set_title(&format!("Buzz — window {short}"));
+                if let Some(x) = std::env::var("BUZZ_DEMO_WINDOW_X")
+                    .ok()
+                    .and_then(|x| x.parse::<i32>().ok())
+                {
+                    let _ = w.set_position(tauri::PhysicalPosition::new(x, 0));
+                }
             }
             let handle = app.handle().clone();
             std::thread::spawn(move || follow_feed(handle, mentions));
