@@ -18,7 +18,8 @@
 //! * [`election`] — the read-side and acquire-side decisions;
 //! * [`control`] — `claim_leadership` frames and local claim requests;
 //! * [`elector`] — many keys, the refresh thread, the cache and the changes;
-//! * [`cluster`] — driving `nip-le run` processes (demo, tests, benchmarks).
+//! * [`cluster`] — driving `nip-le run` processes (demo, tests, benchmarks);
+//! * [`feed`] — following an appended JSON-lines file (the simulated relay).
 //!
 //! ```no_run
 //! use nip_le::{AgentPubkey, Config, Elector, InstanceId};
@@ -40,6 +41,7 @@ pub mod control;
 pub mod election;
 pub mod elector;
 pub mod error;
+pub mod feed;
 pub mod identity;
 pub mod liveness;
 pub mod lockfile;

@@ -25,6 +25,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tauri::{AppHandle, Emitter, Manager, State};
 use tauri_plugin_leader_election::nip_le;
+use tauri_plugin_leader_election::nip_le::feed::FeedFollower;
 use tauri_plugin_leader_election::LeaderElectionExt;
 
 const DEFAULT_AGENTS: [(&str, &str); 2] = [
@@ -198,32 +199,11 @@ fn child(pubkey: &str) -> i32 {
 /// Follows the shared mention file from its current end and emits each new
 /// mention to this window's webview (the relay's fan-out).
 fn follow_feed(app: AppHandle, path: PathBuf) {
-    let mut offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    let mut pending = Vec::new();
+    let mut feed = FeedFollower::from_end(path);
     loop {
         std::thread::sleep(Duration::from_millis(50));
-        let Ok(mut f) = std::fs::File::open(&path) else {
-            continue;
-        };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        if len < offset {
-            offset = 0;
-            pending.clear();
-        }
-        if len == offset || f.seek(SeekFrom::Start(offset)).is_err() {
-            continue;
-        }
-        let mut buf = Vec::new();
-        if (&mut f).take(1 << 20).read_to_end(&mut buf).is_err() {
-            continue;
-        }
-        offset += buf.len() as u64;
-        pending.extend_from_slice(&buf);
-        while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=nl).collect();
-            if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                let _ = app.emit("demo://mention", v);
-            }
+        for mention in feed.poll() {
+            let _ = app.emit("demo://mention", mention);
         }
     }
 }

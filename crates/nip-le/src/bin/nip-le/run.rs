@@ -6,7 +6,7 @@
 //! release caused, then `{"event":"stopped"}`, in that order.
 
 use std::fs::OpenOptions;
-use std::io::{BufRead, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::Args;
 use nip_le::elector::LeaderFlag;
+use nip_le::feed::FeedFollower;
 use nip_le::{AgentPubkey, Config, Elector, InstanceId, LeadershipChange};
 use serde_json::{json, Value};
 
@@ -281,41 +282,15 @@ fn status_line(e: &Elector, seen: u64, replied: u64) -> Value {
 fn follow_mentions(
     mentions: &Path,
     replies: &Path,
-    mut offset: u64,
+    offset: u64,
     flag: &LeaderFlag,
     id: &InstanceId,
     tx: &mpsc::Sender<Msg>,
 ) {
-    let mut pending = Vec::new();
+    let mut feed = FeedFollower::from_offset(mentions, offset);
     loop {
         std::thread::sleep(Duration::from_millis(5));
-        let Ok(mut f) = std::fs::File::open(mentions) else {
-            continue;
-        };
-        let Ok(len) = f.metadata().map(|m| m.len()) else {
-            continue;
-        };
-        if len < offset {
-            offset = 0; // truncated or replaced: start over
-            pending.clear();
-        }
-        if len == offset || f.seek(SeekFrom::Start(offset)).is_err() {
-            continue;
-        }
-        let mut buf = Vec::new();
-        if (&mut f).take(1 << 20).read_to_end(&mut buf).is_err() {
-            continue;
-        }
-        offset += buf.len() as u64;
-        pending.extend_from_slice(&buf);
-        while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=nl).collect();
-            let Some(mid) = serde_json::from_slice::<Value>(&line)
-                .ok()
-                .and_then(|v| v.get("id").cloned())
-            else {
-                continue;
-            };
+        for mid in feed.poll().into_iter().filter_map(|v| v.get("id").cloned()) {
             let leading = flag.is_leader();
             let error = if leading {
                 append_reply(replies, &mid, id).err().map(|e| e.to_string())
