@@ -310,9 +310,8 @@ impl Elector {
             .remove(pubkey)
             .ok_or(Error::NotJoined(*pubkey))?;
         let mut m = lock(&ks.m);
-        self.inner.release_file(&ks, &mut m);
         self.inner
-            .set_view(&ks, &m, false, ChangeReason::Released, true);
+            .stop_and_release(&ks, &mut m, ChangeReason::Released, true);
         Ok(())
     }
 
@@ -463,9 +462,8 @@ impl Elector {
             .collect();
         for ks in keys {
             let mut m = lock(&ks.m);
-            self.inner.release_file(&ks, &mut m);
             self.inner
-                .set_view(&ks, &m, false, ChangeReason::Released, false);
+                .stop_and_release(&ks, &mut m, ChangeReason::Released, false);
         }
     }
 }
@@ -565,9 +563,7 @@ impl Inner {
         m.stand_down_until = Some(Instant::now() + self.config.stand_down);
         m.stood_down_for = None;
         m.pending = None;
-        let released = self.release_file(ks, m);
-        self.set_view(ks, m, false, reason, false);
-        released
+        self.stop_and_release(ks, m, reason, false)
     }
 
     /// Truncates the lock file iff it names us, under the exclusive lock.
@@ -740,6 +736,34 @@ impl Inner {
         always: bool,
     ) {
         let was = ks.leader.swap(leader, Ordering::AcqRel);
+        self.notify(ks, m, was, leader, reason, always);
+    }
+
+    /// Stops acting as leader *before* the file is released, so that no
+    /// moment exists where a successor and we both lead; then releases and
+    /// reports. Returns whether a claim of ours was released.
+    fn stop_and_release(
+        &self,
+        ks: &KeyState,
+        m: &mut KeyMut,
+        reason: ChangeReason,
+        always: bool,
+    ) -> bool {
+        let was = ks.leader.swap(false, Ordering::AcqRel);
+        let released = self.release_file(ks, m);
+        self.notify(ks, m, was, false, reason, always);
+        released
+    }
+
+    fn notify(
+        &self,
+        ks: &KeyState,
+        m: &KeyMut,
+        was: bool,
+        leader: bool,
+        reason: ChangeReason,
+        always: bool,
+    ) {
         if was == leader && !always {
             return;
         }
