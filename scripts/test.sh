@@ -62,5 +62,8 @@ cargo test --workspace
 echo "== cargo build of the example app"
 cargo build -p leader-election-example
 
+echo "== end-to-end in real webviews"
+bash scripts/e2e.sh
+
 echo "== nip-le demo (the main job, short timings)"
 cargo run -q -p nip-le -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500

@@ -1,6 +1,7 @@
 // The demo window's frontend: plain TypeScript, no framework.
 import { invoke } from '@tauri-apps/api/core'
 import { listen } from '@tauri-apps/api/event'
+import { getCurrentWindow } from '@tauri-apps/api/window'
 import {
   LeaderGate,
   claim,
@@ -135,7 +136,11 @@ async function main(): Promise<void> {
   $('instance-id').textContent = config.instanceId
   $('pid').textContent = String(config.pid)
   gate = await LeaderGate.create()
+  // Every change this window saw, for the end-to-end tests.
+  const log: LeadershipChanged[] = []
+  ;(window as unknown as { __leaderLog: LeadershipChanged[] }).__leaderLog = log
   gate.subscribe((c: LeadershipChanged) => {
+    log.push(c)
     if (c.reason === 'claimed') toast(`This window now leads ${config.agents.find((a) => a.pubkey === c.pubkey)?.name}`)
     renderSidebar()
     void refreshStatus()
@@ -163,6 +168,9 @@ async function main(): Promise<void> {
       `child pid ${r.pid}: election id ${r.instanceId} (${r.instanceId === config.instanceId ? 'same as this window' : 'DIFFERENT'}), ` +
       `${r.isLeader ? 'leads' : 'observes'} ${a.name} (window: ${gate.isLeader(a.pubkey) ? 'leads' : 'observes'})`
   }
+
+  // A normal close: the app exits and the plugin releases this window's locks.
+  $('close-window').onclick = () => void getCurrentWindow().close()
 
   renderSidebar()
   await refreshStatus()
