@@ -73,6 +73,7 @@ pub struct Builder {
     stale: Option<Duration>,
     stand_down: Option<Duration>,
     lock_wait: Option<Duration>,
+    mode: Option<nip_le::Mode>,
     agents: Vec<String>,
     election_id: Option<String>,
 }
@@ -114,6 +115,13 @@ impl Builder {
         self
     }
 
+    /// `Mode::Spec` turns every extension off (plain NIP behaviour);
+    /// the default, `Mode::Extended`, keeps them on.
+    pub fn mode(mut self, mode: nip_le::Mode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
     /// An agent to join at launch (auto-claim). Validated at setup.
     pub fn agent(mut self, pubkey: impl Into<String>) -> Self {
         self.agents.push(pubkey.into());
@@ -151,6 +159,9 @@ impl Builder {
         }
         if let Some(d) = self.lock_wait {
             c.lock_wait = d;
+        }
+        if let Some(m) = self.mode {
+            c.mode = m;
         }
         c.validate().map_err(nip_le::Error::from)?;
         Ok(c)

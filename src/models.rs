@@ -26,6 +26,8 @@ pub enum ChangeReason {
     StoodDown,
     /// Released the lock (explicitly, on leave, or on exit).
     Released,
+    /// The previous leader handed the lock straight to this window.
+    HandedOver,
 }
 
 impl From<nip_le::ChangeReason> for ChangeReason {
@@ -40,6 +42,7 @@ impl From<nip_le::ChangeReason> for ChangeReason {
             R::Lost => Self::Lost,
             R::StoodDown => Self::StoodDown,
             R::Released => Self::Released,
+            R::HandedOver => Self::HandedOver,
         }
     }
 }
@@ -60,9 +63,11 @@ pub struct LeadershipChanged {
     /// True when this window must abort its in-flight agent turn now
     /// (hard-steal: NIP-AO `cancel_turn`).
     pub must_cancel_turn: bool,
-    /// Fencing epoch of the claim, when the lock record carries one
-    /// (reserved for the epoch extension; `null` until then).
-    pub epoch: Option<u32>,
+    /// Fencing epoch of the holder's claim, when the lock record carries one
+    /// (extended mode). It grows with every change of holder: tag work
+    /// started as leader with it and check it before acting on the result.
+    #[ts(type = "number | null")]
+    pub epoch: Option<u64>,
     /// Unix milliseconds of the change.
     #[ts(type = "number")]
     pub at_ms: u64,
@@ -76,7 +81,7 @@ impl From<nip_le::LeadershipChange> for LeadershipChanged {
             leader_instance_id: c.leader_instance_id,
             reason: c.reason.into(),
             must_cancel_turn: c.reason.must_cancel_turn(),
-            epoch: None,
+            epoch: c.epoch,
             at_ms: c.at_ms,
         }
     }

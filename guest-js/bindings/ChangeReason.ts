@@ -4,4 +4,4 @@
  * Why a window's view of an agent's leadership changed (mirrors
  * [`nip_le::ChangeReason`]).
  */
-export type ChangeReason = "acquired" | "failover" | "claimed" | "fail_safe" | "observer" | "lost" | "stood_down" | "released";
+export type ChangeReason = "acquired" | "failover" | "claimed" | "fail_safe" | "observer" | "lost" | "stood_down" | "released" | "handed_over";

@@ -27,8 +27,9 @@ reason: ChangeReason,
  */
 mustCancelTurn: boolean, 
 /**
- * Fencing epoch of the claim, when the lock record carries one
- * (reserved for the epoch extension; `null` until then).
+ * Fencing epoch of the holder's claim, when the lock record carries one
+ * (extended mode). It grows with every change of holder: tag work
+ * started as leader with it and check it before acting on the result.
  */
 epoch: number | null, 
 /**

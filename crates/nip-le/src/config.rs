@@ -20,6 +20,40 @@ pub const DEFAULT_STAND_DOWN: Duration = Duration::from_secs(10);
 /// hang us.
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_millis(250);
 
+/// Which behaviour the elector follows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Every extension on (presence locks, directory watch, direct handoff,
+    /// fencing epoch, self-fencing), byte-compatible with spec instances.
+    #[default]
+    Extended,
+    /// Exactly the NIP: the refresh tick is the only clock, release truncates,
+    /// records carry the three NIP fields only. For comparison and for
+    /// environments where the extensions cannot run.
+    Spec,
+}
+
+impl Mode {
+    /// `extended` or `spec`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Extended => "extended",
+            Mode::Spec => "spec",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "extended" => Ok(Mode::Extended),
+            "spec" => Ok(Mode::Spec),
+            other => Err(format!("unknown mode {other:?} (extended or spec)")),
+        }
+    }
+}
+
 /// Why a configuration was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -67,6 +101,8 @@ pub struct Config {
     pub stand_down: Duration,
     /// Upper bound on waiting for the exclusive file lock.
     pub lock_wait: Duration,
+    /// Extensions on (default) or the plain NIP.
+    pub mode: Mode,
 }
 
 impl Config {
@@ -78,6 +114,7 @@ impl Config {
             stale: DEFAULT_STALE,
             stand_down: DEFAULT_STAND_DOWN,
             lock_wait: DEFAULT_LOCK_WAIT,
+            mode: Mode::default(),
         }
     }
 

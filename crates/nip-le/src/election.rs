@@ -36,6 +36,11 @@ pub enum TakeReason {
     FutureDated,
     /// `claimed_at` cannot be parsed.
     UnparseableClaimedAt,
+    /// Extension: the holder's presence lock is free (it died or left).
+    HolderGone,
+    /// Extension: the holder lives but its record has not changed for longer
+    /// than the stale bound by our monotonic clock (it hangs).
+    Hung,
 }
 
 impl TakeReason {
@@ -47,6 +52,8 @@ impl TakeReason {
                 | TakeReason::Stale
                 | TakeReason::FutureDated
                 | TakeReason::UnparseableClaimedAt
+                | TakeReason::HolderGone
+                | TakeReason::Hung
         )
     }
 }
@@ -85,6 +92,40 @@ pub fn takeable(
         ClaimAge::Future(ahead) if ahead > stale => Takeable::Yes(TakeReason::FutureDated),
         _ => Takeable::No,
     }
+}
+
+/// The extended acquire decision. A record carrying a presence token
+/// (written by our extended instances) is judged by the holder's presence
+/// lock: gone → take at once; alive → only when the record has stayed
+/// unchanged for longer than `stale` by our monotonic clock
+/// (`unchanged_for`), never by the wall clock, so a machine that slept does
+/// not move leadership. Records without a token, and tokens we cannot judge,
+/// keep the NIP's rules ([`takeable`]).
+pub fn takeable_extended(
+    content: &LockContent,
+    our_id: &str,
+    now: SystemTime,
+    stale: Duration,
+    unchanged_for: Duration,
+    probe_pid: impl FnOnce(u32) -> Liveness,
+    probe_presence: impl FnOnce(&str) -> crate::presence::PeerPresence,
+) -> Takeable {
+    use crate::presence::PeerPresence;
+    if let LockContent::Record(r) = content {
+        if r.instance_id != our_id {
+            if let Some(token) = &r.live {
+                match probe_presence(token) {
+                    PeerPresence::Gone => return Takeable::Yes(TakeReason::HolderGone),
+                    PeerPresence::Alive if unchanged_for > stale => {
+                        return Takeable::Yes(TakeReason::Hung)
+                    }
+                    PeerPresence::Alive => return Takeable::No,
+                    PeerPresence::Unknown => {}
+                }
+            }
+        }
+    }
+    takeable(content, our_id, now, stale, probe_pid)
 }
 
 /// How far `claimed_at` is from `now`.
@@ -134,6 +175,8 @@ mod tests {
             instance_id: id.into(),
             pid: 4242,
             claimed_at,
+            epoch: None,
+            live: None,
         })
     }
 
@@ -213,6 +256,52 @@ mod tests {
             ),
             Takeable::Yes(TakeReason::UnparseableClaimedAt)
         );
+    }
+
+    #[test]
+    fn extended_rules_judge_tokens_by_presence_and_monotonic_age() {
+        use crate::presence::PeerPresence;
+        let now = SystemTime::now();
+        let mut rec = record("other", at(now, -3600)); // wall-clock ancient: a slept machine
+        if let LockContent::Record(r) = &mut rec {
+            r.live = Some("1-0123456789abcdef".into());
+        }
+        let t = |unchanged: u64, p: PeerPresence| {
+            takeable_extended(
+                &rec,
+                "me",
+                now,
+                STALE,
+                Duration::from_secs(unchanged),
+                alive,
+                |_| p,
+            )
+        };
+        // Alive and recently changed: never evicted by the wall clock.
+        assert_eq!(t(1, PeerPresence::Alive), Takeable::No);
+        // Alive but frozen longer than stale by our clock: hung.
+        assert_eq!(t(11, PeerPresence::Alive), Takeable::Yes(TakeReason::Hung));
+        assert_eq!(
+            t(1, PeerPresence::Gone),
+            Takeable::Yes(TakeReason::HolderGone)
+        );
+        // Unknown presence: the NIP's rules (here: stale by the wall clock).
+        assert_eq!(
+            t(1, PeerPresence::Unknown),
+            Takeable::Yes(TakeReason::Stale)
+        );
+        // Records without a token: the NIP's rules, presence never probed.
+        let foreign = record("other", at(now, -1));
+        let r = takeable_extended(
+            &foreign,
+            "me",
+            now,
+            STALE,
+            Duration::from_secs(99),
+            alive,
+            |_| panic!("probed"),
+        );
+        assert_eq!(r, Takeable::No);
     }
 
     #[test]

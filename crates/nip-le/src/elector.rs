@@ -21,25 +21,26 @@
 //!   expires after the stand-down timeout, so this can never wedge an
 //!   election (worst case: no leader for that long, as the NIP allows).
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::thread::JoinHandle;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::control::{self, ClaimRequest, ControlFrame, ControlResult};
 use crate::election::{self, claim_age, ClaimAge, TakeReason, Takeable};
 use crate::error::{Error, Result};
 use crate::identity::InstanceId;
 use crate::liveness;
 use crate::lockfile::{self, LockedFile};
+use crate::presence::{self, Presence};
 use crate::pubkey::AgentPubkey;
-use crate::record::{encode_record, format_claimed_at, LockContent};
+use crate::record::{encode_record, format_claimed_at, LockContent, LockRecord, RecordExt};
 
 /// Why this instance's view of a key's leadership changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -64,6 +65,9 @@ pub enum ChangeReason {
     StoodDown,
     /// We released the lock (explicitly, on leave or on shutdown).
     Released,
+    /// Extension: the previous leader handed the lock straight to us
+    /// (graceful exit, or its stand-down for a claim that named us).
+    HandedOver,
 }
 
 impl ChangeReason {
@@ -78,6 +82,7 @@ impl ChangeReason {
             ChangeReason::Lost => "lost",
             ChangeReason::StoodDown => "stood_down",
             ChangeReason::Released => "released",
+            ChangeReason::HandedOver => "handed_over",
         }
     }
 
@@ -99,6 +104,10 @@ pub struct LeadershipChange {
     pub reason: ChangeReason,
     /// The holder named by the lock file, when it names one.
     pub leader_instance_id: Option<String>,
+    /// Extension: the holder's fencing epoch, when its record carries one.
+    /// It grows with every change of holder: tag work started as leader with
+    /// it and check it before acting on the work's result.
+    pub epoch: Option<u64>,
     /// Wall-clock time of the change, unix milliseconds.
     pub at_ms: u64,
 }
@@ -158,12 +167,23 @@ pub struct ElectionStatus {
 pub struct LeaderFlag(Arc<KeyState>);
 
 impl LeaderFlag {
-    /// The cached answer: one atomic load, no syscall, no allocation.
+    /// The cached answer: atomic loads and, in extended mode, a monotonic
+    /// clock read (vDSO, no syscall); no allocation.
     #[inline]
     pub fn is_leader(&self) -> bool {
-        self.0.leader.load(Ordering::Acquire)
+        self.0.is_leader()
     }
 }
+
+/// Monotonic nanoseconds since the first call in this process. Like the
+/// kernel's CLOCK_MONOTONIC it stands still while the machine sleeps.
+fn mono_nanos() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// `valid_until` value meaning "no self-fencing" (spec mode).
+const ALWAYS_VALID: u64 = u64::MAX;
 
 #[derive(Debug)]
 struct KeyState {
@@ -171,7 +191,31 @@ struct KeyState {
     lock_path: PathBuf,
     claim_path: PathBuf,
     leader: AtomicBool,
+    /// Extension (self-fencing): the cache counts only until this monotonic
+    /// instant, pushed forward by every successful refresh. A leader that
+    /// went longer than the stale bound without one (it was stopped, or its
+    /// disk hung) acts on nothing until it re-validates.
+    valid_until: AtomicU64,
+    /// Extension: our presence lock in this election.
+    presence: Mutex<Option<Presence>>,
+    /// Presence tokens of holders a thread is waiting on (death signal).
+    watched: Mutex<HashSet<String>>,
     m: Mutex<KeyMut>,
+}
+
+impl KeyState {
+    #[inline]
+    fn is_leader(&self) -> bool {
+        if !self.leader.load(Ordering::Acquire) {
+            return false;
+        }
+        let until = self.valid_until.load(Ordering::Acquire);
+        until == ALWAYS_VALID || mono_nanos() < until
+    }
+
+    fn token(&self) -> Option<String> {
+        lock(&self.presence).as_ref().map(|p| p.token().to_owned())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -188,6 +232,11 @@ struct KeyMut {
     holds_lock: bool,
     observed: Option<std::result::Result<LockContent, String>>,
     last_error: Option<String>,
+    /// Extension: the last record seen and since when (our monotonic clock)
+    /// it has not changed, to tell a hung holder from a slept machine.
+    seen: Option<(LockRecord, Instant)>,
+    /// Highest fencing epoch seen for this key.
+    epoch: u64,
 }
 
 struct Inner {
@@ -197,6 +246,9 @@ struct Inner {
     keys: RwLock<HashMap<AgentPubkey, Arc<KeyState>>>,
     events: broadcast::Sender<LeadershipChange>,
     shut: AtomicBool,
+    /// Wakes the refresh thread: `Some(key)` re-reads one key now, `None`
+    /// just checks for shutdown.
+    wake: mpsc::Sender<Option<AgentPubkey>>,
 }
 
 /// Participation of this process in the elections of many agent keys.
@@ -205,8 +257,9 @@ struct Inner {
 /// holds.
 pub struct Elector {
     inner: Arc<Inner>,
-    wake: Mutex<Option<mpsc::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Extension: the lock directory watch (dropped at shutdown).
+    watcher: Mutex<Option<notify::RecommendedWatcher>>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -235,6 +288,11 @@ impl Elector {
     pub fn start(config: Config, id: InstanceId) -> Result<Self> {
         config.validate()?;
         let (events, _) = broadcast::channel(1024);
+        let (tx, rx) = mpsc::channel::<Option<AgentPubkey>>();
+        let watcher = match config.mode {
+            Mode::Extended => watch_lock_dir(&config.lock_dir, tx.clone()),
+            Mode::Spec => None,
+        };
         let inner = Arc::new(Inner {
             config,
             id,
@@ -242,8 +300,8 @@ impl Elector {
             keys: RwLock::new(HashMap::new()),
             events,
             shut: AtomicBool::new(false),
+            wake: tx,
         });
-        let (tx, rx) = mpsc::channel::<()>();
         let worker = Arc::clone(&inner);
         let thread = std::thread::Builder::new()
             .name("nip-le-refresh".into())
@@ -251,8 +309,8 @@ impl Elector {
             .map_err(|e| Error::io("<refresh thread>", e))?;
         Ok(Self {
             inner,
-            wake: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+            watcher: Mutex::new(watcher),
         })
     }
 
@@ -283,13 +341,23 @@ impl Elector {
         let ks = {
             let mut keys = self.inner.keys.write().unwrap_or_else(|p| p.into_inner());
             if let Some(k) = keys.get(pubkey) {
-                return Ok(k.leader.load(Ordering::Acquire));
+                return Ok(k.is_leader());
             }
+            let presence = match self.inner.config.mode {
+                Mode::Extended => Some(Presence::create(dir, pubkey, self.inner.id.as_str())?),
+                Mode::Spec => None,
+            };
             let ks = Arc::new(KeyState {
                 pubkey: *pubkey,
                 lock_path: lockfile::lock_path(dir, pubkey),
                 claim_path: control::claim_request_path(dir, pubkey),
                 leader: AtomicBool::new(false),
+                valid_until: AtomicU64::new(match self.inner.config.mode {
+                    Mode::Extended => 0,
+                    Mode::Spec => ALWAYS_VALID,
+                }),
+                presence: Mutex::new(presence),
+                watched: Mutex::new(HashSet::new()),
                 m: Mutex::new(KeyMut::default()),
             });
             keys.insert(*pubkey, Arc::clone(&ks));
@@ -297,7 +365,7 @@ impl Elector {
         };
         let mut m = lock(&ks.m);
         self.inner.evaluate(&ks, &mut m, Eval::Initial);
-        Ok(ks.leader.load(Ordering::Acquire))
+        Ok(ks.is_leader())
     }
 
     /// Leaves the election for `pubkey`, releasing the lock if we hold it.
@@ -311,7 +379,8 @@ impl Elector {
             .ok_or(Error::NotJoined(*pubkey))?;
         let mut m = lock(&ks.m);
         self.inner
-            .stop_and_release(&ks, &mut m, ChangeReason::Released, true);
+            .stop_and_release(&ks, &mut m, ChangeReason::Released, true, None);
+        lock(&ks.presence).take();
         Ok(())
     }
 
@@ -334,10 +403,7 @@ impl Elector {
         self.inner
             .keys
             .read()
-            .map(|k| {
-                k.get(pubkey)
-                    .is_some_and(|k| k.leader.load(Ordering::Acquire))
-            })
+            .map(|k| k.get(pubkey).is_some_and(|k| k.is_leader()))
             .unwrap_or(false)
     }
 
@@ -364,7 +430,9 @@ impl Elector {
     pub fn release(&self, pubkey: &AgentPubkey) -> Result<bool> {
         let ks = self.inner.key(pubkey)?;
         let mut m = lock(&ks.m);
-        Ok(self.inner.step_down(&ks, &mut m, ChangeReason::Released))
+        Ok(self
+            .inner
+            .step_down(&ks, &mut m, ChangeReason::Released, None))
     }
 
     /// NIP-LE `stand_down()` + `release()`: stop leading now (hard-steal:
@@ -373,7 +441,8 @@ impl Elector {
     pub fn stand_down(&self, pubkey: &AgentPubkey) -> Result<()> {
         let ks = self.inner.key(pubkey)?;
         let mut m = lock(&ks.m);
-        self.inner.step_down(&ks, &mut m, ChangeReason::StoodDown);
+        self.inner
+            .step_down(&ks, &mut m, ChangeReason::StoodDown, None);
         Ok(())
     }
 
@@ -384,7 +453,7 @@ impl Elector {
         let mut m = lock(&ks.m);
         m.stand_down_until = None;
         self.inner.evaluate(&ks, &mut m, Eval::Tick);
-        Ok(ks.leader.load(Ordering::Acquire))
+        Ok(ks.is_leader())
     }
 
     /// Handles a relay-delivered control frame (decrypted JSON content) for
@@ -413,7 +482,8 @@ impl Elector {
             return Ok((outcome != ClaimOutcome::Pending).then(ControlResult::claimed));
         }
         if m.holds_lock {
-            self.inner.step_down(&ks, &mut m, ChangeReason::StoodDown);
+            self.inner
+                .step_down(&ks, &mut m, ChangeReason::StoodDown, Some(&target));
         }
         Ok(None)
     }
@@ -448,7 +518,8 @@ impl Elector {
         if self.inner.shut.swap(true, Ordering::SeqCst) {
             return;
         }
-        drop(lock(&self.wake).take());
+        drop(lock(&self.watcher).take());
+        let _ = self.inner.wake.send(None);
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
@@ -463,7 +534,8 @@ impl Elector {
         for ks in keys {
             let mut m = lock(&ks.m);
             self.inner
-                .stop_and_release(&ks, &mut m, ChangeReason::Released, false);
+                .stop_and_release(&ks, &mut m, ChangeReason::Released, false, None);
+            lock(&ks.presence).take();
         }
     }
 }
@@ -480,6 +552,9 @@ enum Eval {
     Initial,
     /// A refresh.
     Tick,
+    /// A look prompted by a file event or a holder's death: never rewrites
+    /// our own record.
+    Wake,
 }
 
 impl Inner {
@@ -500,11 +575,21 @@ impl Inner {
             .ok_or(Error::NotJoined(*pubkey))
     }
 
-    fn refresh_loop(&self, wake: mpsc::Receiver<()>) {
+    /// Ticks every refresh interval; in between, re-reads a key at once when
+    /// the directory watch or a holder-death waiter says it changed.
+    fn refresh_loop(&self, wake: mpsc::Receiver<Option<AgentPubkey>>) {
         let mut next = Instant::now() + self.config.refresh;
         loop {
+            let mut woken: Vec<AgentPubkey> = Vec::new();
             match wake.recv_timeout(next.saturating_duration_since(Instant::now())) {
-                Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Ok(k) => {
+                    woken.extend(k);
+                    // Coalesce a burst of file events into one look per key.
+                    while let Ok(k) = wake.try_recv() {
+                        woken.extend(k);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
             if self.shut.load(Ordering::SeqCst) {
@@ -513,6 +598,15 @@ impl Inner {
             if Instant::now() >= next {
                 self.tick_all();
                 next = Instant::now() + self.config.refresh;
+                continue;
+            }
+            woken.sort();
+            woken.dedup();
+            for k in woken {
+                if let Ok(ks) = self.key(&k) {
+                    let mut m = lock(&ks.m);
+                    self.evaluate(&ks, &mut m, Eval::Wake);
+                }
             }
         }
     }
@@ -531,7 +625,7 @@ impl Inner {
         }
     }
 
-    fn claim_locked(&self, ks: &KeyState, m: &mut KeyMut) -> Result<ClaimOutcome> {
+    fn claim_locked(&self, ks: &Arc<KeyState>, m: &mut KeyMut) -> Result<ClaimOutcome> {
         m.stand_down_until = None;
         if m.holds_lock {
             self.evaluate(ks, m, Eval::Tick);
@@ -559,29 +653,65 @@ impl Inner {
 
     /// Stand down (suppress acquire until the timeout) and release the file
     /// if it names us. Returns whether a claim of ours was truncated.
-    fn step_down(&self, ks: &KeyState, m: &mut KeyMut, reason: ChangeReason) -> bool {
+    fn step_down(
+        &self,
+        ks: &KeyState,
+        m: &mut KeyMut,
+        reason: ChangeReason,
+        target: Option<&str>,
+    ) -> bool {
         m.stand_down_until = Some(Instant::now() + self.config.stand_down);
         m.stood_down_for = None;
         m.pending = None;
-        self.stop_and_release(ks, m, reason, false)
+        self.stop_and_release(ks, m, reason, false, target)
     }
 
-    /// Truncates the lock file iff it names us, under the exclusive lock.
-    fn release_file(&self, ks: &KeyState, m: &mut KeyMut) -> bool {
-        let result =
-            LockedFile::open_and_lock(&ks.lock_path, self.config.lock_wait).and_then(|mut f| {
-                let content = f.read()?;
-                let ours = content
-                    .record()
-                    .is_some_and(|r| r.instance_id == self.id.as_str());
-                if ours {
+    /// Gives up the lock iff the file names us, under the exclusive lock. In
+    /// extended mode the lock goes straight to a live sibling (`target` when
+    /// it has a presence, else any live participant when `target` is None),
+    /// so the file is never empty while a sibling lives; otherwise it is
+    /// truncated as the NIP says. Returns whether a claim of ours was given
+    /// up.
+    fn release_file(&self, ks: &KeyState, m: &mut KeyMut, target: Option<&str>) -> bool {
+        let heir = match (self.config.mode, ks.token()) {
+            (Mode::Extended, Some(token)) => {
+                let siblings = presence::live_siblings(&self.config.lock_dir, &ks.pubkey, &token);
+                match target {
+                    Some(t) => siblings.into_iter().find(|s| s.instance_id == t),
+                    None => siblings
+                        .into_iter()
+                        .find(|s| s.instance_id != self.id.as_str()),
+                }
+            }
+            _ => None,
+        };
+        let result = LockedFile::open_and_lock(&ks.lock_path, self.config.lock_wait).and_then(|mut f| {
+            let content = f.read()?;
+            let ours = content.record().is_some_and(|r| r.instance_id == self.id.as_str());
+            if !ours {
+                m.observed = Some(Ok(content));
+                return Ok(false);
+            }
+            match &heir {
+                Some(h) => {
+                    let epoch = self.next_epoch(m, &content);
+                    let bytes = encode_record(
+                        &h.instance_id,
+                        h.pid,
+                        SystemTime::now(),
+                        Some(RecordExt { epoch, live: &h.token }),
+                    );
+                    f.write(&bytes)?;
+                    tracing::info!(pubkey = %ks.pubkey, heir = %h.instance_id, epoch, "handed the lock over");
+                    m.observed = Some(Ok(LockContent::parse(&bytes)));
+                }
+                None => {
                     f.truncate()?;
                     m.observed = Some(Ok(LockContent::Empty));
-                } else {
-                    m.observed = Some(Ok(content));
                 }
-                Ok(ours)
-            });
+            }
+            Ok(true)
+        });
         m.holds_lock = false;
         match result {
             Ok(released) => released,
@@ -593,26 +723,95 @@ impl Inner {
         }
     }
 
+    /// The epoch for a new holder: one above every epoch seen for this key.
+    fn next_epoch(&self, m: &mut KeyMut, content: &LockContent) -> u64 {
+        let seen = content
+            .record()
+            .and_then(|r| r.epoch)
+            .unwrap_or(0)
+            .max(m.epoch);
+        m.epoch = seen + 1;
+        m.epoch
+    }
+
+    /// How long (our monotonic clock) the record in `content` has stayed
+    /// exactly as it is now.
+    fn unchanged_for(&self, m: &mut KeyMut, content: &LockContent) -> Duration {
+        match content.record() {
+            Some(r) => match &m.seen {
+                Some((prev, since)) if prev == r => since.elapsed(),
+                _ => {
+                    m.seen = Some((r.clone(), Instant::now()));
+                    Duration::ZERO
+                }
+            },
+            None => {
+                m.seen = None;
+                Duration::ZERO
+            }
+        }
+    }
+
     /// Read-decide-write under the exclusive lock. Returns what the file
-    /// holds afterwards and why we wrote, if we did.
+    /// holds afterwards and why we wrote, if we did. `write_own` is false for
+    /// looks prompted by file events: rewriting our own record then would
+    /// only cause more events.
     fn acquire(
         &self,
         ks: &KeyState,
+        m: &mut KeyMut,
         may_take_others: bool,
+        write_own: bool,
     ) -> Result<(LockContent, Option<TakeReason>)> {
         lockfile::ensure_dir(&self.config.lock_dir)?;
         let mut f = LockedFile::open_and_lock(&ks.lock_path, self.config.lock_wait)?;
         let content = f.read()?;
         let now = SystemTime::now();
-        match election::takeable(
-            &content,
-            self.id.as_str(),
-            now,
-            self.config.stale,
-            liveness::probe,
-        ) {
+        if let Some(e) = content.record().and_then(|r| r.epoch) {
+            m.epoch = m.epoch.max(e);
+        }
+        let decision = match self.config.mode {
+            Mode::Spec => election::takeable(
+                &content,
+                self.id.as_str(),
+                now,
+                self.config.stale,
+                liveness::probe,
+            ),
+            Mode::Extended => {
+                let unchanged = self.unchanged_for(m, &content);
+                election::takeable_extended(
+                    &content,
+                    self.id.as_str(),
+                    now,
+                    self.config.stale,
+                    unchanged,
+                    liveness::probe,
+                    |t| presence::probe(&self.config.lock_dir, &ks.pubkey, t),
+                )
+            }
+        };
+        let ext_token = ks.token();
+        match decision {
+            Takeable::Yes(TakeReason::Ours) if !write_own => Ok((content, None)),
             Takeable::Yes(reason) if reason == TakeReason::Ours || may_take_others => {
-                let bytes = encode_record(self.id.as_str(), self.pid, now);
+                let ext = match (self.config.mode, ext_token.as_deref()) {
+                    (Mode::Extended, Some(live)) => {
+                        let epoch = if reason == TakeReason::Ours {
+                            content.record().and_then(|r| r.epoch).unwrap_or(m.epoch)
+                        } else {
+                            self.next_epoch(m, &content)
+                        };
+                        Some((epoch, live))
+                    }
+                    _ => None,
+                };
+                let bytes = encode_record(
+                    self.id.as_str(),
+                    self.pid,
+                    now,
+                    ext.map(|(epoch, live)| RecordExt { epoch, live }),
+                );
                 f.write(&bytes)?;
                 Ok((LockContent::parse(&bytes), Some(reason)))
             }
@@ -620,7 +819,45 @@ impl Inner {
         }
     }
 
-    fn evaluate(&self, ks: &KeyState, m: &mut KeyMut, eval: Eval) {
+    /// Extension: once the lock names another live holder with a presence
+    /// token, a thread waits on that holder's presence lock and wakes us the
+    /// moment it dies.
+    fn watch_holder(&self, ks: &Arc<KeyState>, content: &LockContent) {
+        if self.config.mode != Mode::Extended {
+            return;
+        }
+        let Some(token) = content
+            .record()
+            .filter(|r| r.instance_id != self.id.as_str())
+            .and_then(|r| r.live.clone())
+        else {
+            return;
+        };
+        if !lock(&ks.watched).insert(token.clone()) {
+            return;
+        }
+        let (dir, pk, tx, ks2) = (
+            self.config.lock_dir.clone(),
+            ks.pubkey,
+            self.wake.clone(),
+            Arc::clone(ks),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("nip-le-holder".into())
+            .spawn(move || {
+                presence::wait_gone(&dir, &pk, &token);
+                lock(&ks2.watched).remove(&token);
+                let _ = tx.send(Some(pk));
+            });
+        if spawned.is_err() {
+            tracing::warn!(
+                "cannot start a holder watch thread; the refresh tick remains the bound"
+            );
+        }
+    }
+
+    fn evaluate(&self, ks: &Arc<KeyState>, m: &mut KeyMut, eval: Eval) {
+        let held_before = m.holds_lock;
         let now_i = Instant::now();
         let now = SystemTime::now();
         if m.stand_down_until.is_some_and(|u| now_i >= u) {
@@ -641,7 +878,7 @@ impl Inner {
             if m.holds_lock && m.honoured.as_deref() != Some(r.nonce.as_str()) {
                 m.honoured = Some(r.nonce.clone());
                 tracing::info!(pubkey = %ks.pubkey, target = %r.target_instance_id, "standing down for a local claim");
-                self.step_down(ks, m, ChangeReason::StoodDown);
+                self.step_down(ks, m, ChangeReason::StoodDown, Some(&r.target_instance_id));
                 m.stood_down_for = Some(r.nonce.clone());
             }
         }
@@ -661,10 +898,12 @@ impl Inner {
         }
 
         let mut took = None;
+        let mut validated = false;
         let content = if m.stand_down_until.is_none() {
-            match self.acquire(ks, !other_wants_it || m.holds_lock) {
+            match self.acquire(ks, m, !other_wants_it || m.holds_lock, eval != Eval::Wake) {
                 Ok((c, t)) => {
                     took = t;
+                    validated = true;
                     m.last_error = None;
                     Ok(c)
                 }
@@ -676,7 +915,9 @@ impl Inner {
             }
         } else {
             let c = lockfile::read_unguarded(&ks.lock_path);
-            if matches!(&c, Ok(LockContent::Record(r)) if r.instance_id != self.id.as_str()) {
+            // Another holder, or a holder that handed the lock to us: the
+            // handoff is over either way.
+            if matches!(&c, Ok(LockContent::Record(_))) {
                 m.stand_down_until = None;
                 m.stood_down_for = None;
             }
@@ -685,6 +926,15 @@ impl Inner {
 
         m.holds_lock =
             matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == self.id.as_str());
+        if m.holds_lock && validated && self.config.mode == Mode::Extended {
+            // A successful refresh (or a locked read naming us): the cache
+            // counts for another stale bound.
+            let until = mono_nanos().saturating_add(self.config.stale.as_nanos() as u64);
+            ks.valid_until.store(until, Ordering::Release);
+        }
+        if let Ok(c) = &content {
+            self.watch_holder(ks, c);
+        }
         // While another instance's claim is pending and we do not hold the
         // lock, an emptied file means a handoff in progress, not "no
         // coordination": the fail-safe does not make us a leader then.
@@ -714,6 +964,7 @@ impl Inner {
             match took {
                 Some(r) if r.is_takeover() => ChangeReason::Failover,
                 Some(_) => ChangeReason::Acquired,
+                None if m.holds_lock && !held_before => ChangeReason::HandedOver,
                 None if m.holds_lock => ChangeReason::Acquired,
                 None => ChangeReason::FailSafe,
             }
@@ -748,9 +999,10 @@ impl Inner {
         m: &mut KeyMut,
         reason: ChangeReason,
         always: bool,
+        target: Option<&str>,
     ) -> bool {
         let was = ks.leader.swap(false, Ordering::AcqRel);
-        let released = self.release_file(ks, m);
+        let released = self.release_file(ks, m, target);
         self.notify(ks, m, was, false, reason, always);
         released
     }
@@ -772,6 +1024,10 @@ impl Inner {
             is_leader: leader,
             reason,
             leader_instance_id: holder_id(m),
+            epoch: match &m.observed {
+                Some(Ok(LockContent::Record(r))) => r.epoch,
+                _ => None,
+            },
             at_ms: unix_ms(SystemTime::now()),
         };
         tracing::debug!(?change, "leadership change");
@@ -817,4 +1073,52 @@ fn holder_id(m: &KeyMut) -> Option<String> {
         Some(Ok(LockContent::Record(r))) => Some(r.instance_id.clone()),
         _ => None,
     }
+}
+
+/// Extension: watches the lock directory and wakes the refresh thread for
+/// the key of every lock file or claim request that changes, so a foreign
+/// write, a release or a claim is seen at once. `None` when watching is not
+/// available (the refresh tick stays the bound).
+fn watch_lock_dir(
+    dir: &Path,
+    wake: mpsc::Sender<Option<AgentPubkey>>,
+) -> Option<notify::RecommendedWatcher> {
+    use notify::{EventKind, RecursiveMode, Watcher};
+    if let Err(e) = lockfile::ensure_dir(dir) {
+        tracing::warn!("not watching {}: {e}", dir.display());
+        return None;
+    }
+    let handler = move |res: notify::Result<notify::Event>| {
+        let Ok(ev) = res else { return };
+        // Reads (ours included) must not wake anyone: only changes count.
+        if matches!(ev.kind, EventKind::Access(_)) {
+            return;
+        }
+        for p in &ev.paths {
+            if let Some(k) = key_of_path(p) {
+                let _ = wake.send(Some(k));
+            }
+        }
+    };
+    let mut w = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!("directory watch unavailable: {e}");
+            return None;
+        }
+    };
+    if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
+        tracing::warn!("cannot watch {}: {e}", dir.display());
+        return None;
+    }
+    Some(w)
+}
+
+/// The agent key of `<pubkey>.lock` or `<pubkey>.claim`.
+fn key_of_path(p: &Path) -> Option<AgentPubkey> {
+    let name = p.file_name()?.to_str()?;
+    let stem = name
+        .strip_suffix(".lock")
+        .or_else(|| name.strip_suffix(".claim"))?;
+    AgentPubkey::parse(stem).ok()
 }

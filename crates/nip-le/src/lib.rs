@@ -16,6 +16,7 @@
 //! * [`lockfile`] — lock file I/O (no symlinks, capped reads, bounded waits);
 //! * [`liveness`] — is a holder's pid running;
 //! * [`election`] — the read-side and acquire-side decisions;
+//! * [`presence`] — extension: per-participant liveness locks;
 //! * [`control`] — `claim_leadership` frames and local claim requests;
 //! * [`elector`] — many keys, the refresh thread, the cache and the changes;
 //! * [`cluster`] — driving `nip-le run` processes (demo, tests, benchmarks);
@@ -45,10 +46,11 @@ pub mod feed;
 pub mod identity;
 pub mod liveness;
 pub mod lockfile;
+pub mod presence;
 pub mod pubkey;
 pub mod record;
 
-pub use config::Config;
+pub use config::{Config, Mode};
 pub use control::{ControlFrame, ControlResult};
 pub use elector::{
     ChangeReason, ClaimOutcome, ElectionStatus, Elector, HolderStatus, LeaderFlag, LeadershipChange,

@@ -83,6 +83,13 @@ pub struct LockRecord {
     pub pid: u32,
     /// When the holder last claimed or refreshed.
     pub claimed_at: ClaimedAt,
+    /// Extension: fencing epoch, incremented on every change of holder.
+    /// Absent in records written by the harness or in spec mode.
+    pub epoch: Option<u64>,
+    /// Extension: the holder's liveness token (see [`crate::presence`]).
+    /// Absent in records written by the harness or in spec mode; ignored
+    /// unless it is a well-formed token.
+    pub live: Option<String>,
 }
 
 /// What a lock file holds, classified.
@@ -115,6 +122,12 @@ impl LockContent {
             instance_id: String,
             pid: u32,
             claimed_at: serde_json::Value,
+            // Extension fields: a wrong type is ignored, never malformed
+            // (foreign readers ignore them too).
+            #[serde(default)]
+            epoch: serde_json::Value,
+            #[serde(default)]
+            live: serde_json::Value,
         }
         // The NIP says "a JSON object"; serde would also accept an array.
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -125,6 +138,12 @@ impl LockContent {
                 instance_id: raw.instance_id,
                 pid: raw.pid,
                 claimed_at: ClaimedAt::from_json(&raw.claimed_at),
+                epoch: raw.epoch.as_u64(),
+                live: raw
+                    .live
+                    .as_str()
+                    .filter(|t| crate::presence::valid_token(t))
+                    .map(str::to_owned),
             }),
             Err(e) => LockContent::Malformed(e.to_string()),
         }
@@ -155,19 +174,41 @@ pub fn format_claimed_at(t: SystemTime) -> String {
     DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// Extension fields our extended mode adds after the three NIP fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordExt<'a> {
+    /// Fencing epoch.
+    pub epoch: u64,
+    /// The holder's liveness token.
+    pub live: &'a str,
+}
+
 /// The exact bytes written for a claim:
-/// `{"instance_id":"<id>","pid":<pid>,"claimed_at":"<RFC 3339 UTC>"}`.
-pub fn encode_record(instance_id: &str, pid: u32, claimed_at: SystemTime) -> Vec<u8> {
+/// `{"instance_id":"<id>","pid":<pid>,"claimed_at":"<RFC 3339 UTC>"}`, plus
+/// `,"epoch":N,"live":"<token>"` in extended mode. The three NIP fields
+/// always come first, in that order, with the harness's types.
+pub fn encode_record(
+    instance_id: &str,
+    pid: u32,
+    claimed_at: SystemTime,
+    ext: Option<RecordExt<'_>>,
+) -> Vec<u8> {
     #[derive(Serialize)]
     struct Wire<'a> {
         instance_id: &'a str,
         pid: u32,
         claimed_at: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        epoch: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        live: Option<&'a str>,
     }
     serde_json::to_vec(&Wire {
         instance_id,
         pid,
         claimed_at: format_claimed_at(claimed_at),
+        epoch: ext.map(|e| e.epoch),
+        live: ext.map(|e| e.live),
     })
     .expect("a struct of strings and integers always serialises")
 }
@@ -260,7 +301,7 @@ mod tests {
     #[test]
     fn writes_the_harness_exact_format() {
         let t = UNIX_EPOCH + Duration::from_millis(1_781_481_600_250);
-        let bytes = encode_record("inst-1", 4242, t);
+        let bytes = encode_record("inst-1", 4242, t, None);
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),
             r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250Z"}"#
@@ -274,8 +315,34 @@ mod tests {
     }
 
     #[test]
+    fn extension_fields_follow_the_nip_fields_and_are_optional() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_781_481_600_250);
+        let ext = RecordExt {
+            epoch: 7,
+            live: "1234-0123456789abcdef",
+        };
+        let bytes = encode_record("inst-1", 4242, t, Some(ext));
+        assert_eq!(
+            std::str::from_utf8(&bytes).unwrap(),
+            r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250Z","epoch":7,"live":"1234-0123456789abcdef"}"#
+        );
+        let r = rec(std::str::from_utf8(&bytes).unwrap());
+        assert_eq!(
+            (r.epoch, r.live.as_deref()),
+            (Some(7), Some("1234-0123456789abcdef"))
+        );
+        // Wrong types or hostile tokens are ignored, never malformed.
+        let r = rec(
+            r#"{"instance_id":"x","pid":1,"claimed_at":"x","epoch":"7","live":"../../etc/passwd"}"#,
+        );
+        assert_eq!((r.epoch, r.live), (None, None));
+        let r = rec(r#"{"instance_id":"x","pid":1,"claimed_at":"x","epoch":-1,"live":5}"#);
+        assert_eq!((r.epoch, r.live), (None, None));
+    }
+
+    #[test]
     fn escapes_hostile_instance_ids() {
-        let bytes = encode_record("a\"b\\c", 1, UNIX_EPOCH);
+        let bytes = encode_record("a\"b\\c", 1, UNIX_EPOCH, None);
         assert_eq!(
             rec(std::str::from_utf8(&bytes).unwrap()).instance_id,
             "a\"b\\c"

@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use nip_le::{
     AgentPubkey, ChangeReason, ClaimOutcome, Config, ControlResult, Elector, Error, InstanceId,
+    Mode,
 };
 
+/// Plain NIP behaviour (the extended mode has its own tests below).
 fn config(dir: &std::path::Path) -> Config {
     let mut c = Config::new(dir);
+    c.mode = Mode::Spec;
     // Long refresh: the tests tick by hand.
     c.refresh = Duration::from_secs(60);
     c.stale = Duration::from_secs(120);
@@ -22,10 +25,33 @@ fn pk(c: char) -> AgentPubkey {
 }
 
 fn pair() -> (tempfile::TempDir, Elector, Elector) {
+    pair_with(config)
+}
+
+fn pair_with(cfg: fn(&std::path::Path) -> Config) -> (tempfile::TempDir, Elector, Elector) {
     let tmp = tempfile::tempdir().unwrap();
-    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
-    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    let a = Elector::start(cfg(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(cfg(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
     (tmp, a, b)
+}
+
+/// Extended mode with long timings (the tests drive refreshes by hand or
+/// rely on the directory watch).
+fn extended(dir: &std::path::Path) -> Config {
+    let mut c = config(dir);
+    c.mode = Mode::Extended;
+    c
+}
+
+fn wait_until(mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
 }
 
 fn drain(
@@ -189,4 +215,133 @@ fn lock_dir_is_created_private() {
         std::fs::metadata(f).unwrap().permissions().mode() & 0o777,
         0o600
     );
+}
+
+// ---- extended mode ----------------------------------------------------------
+
+#[test]
+fn extended_release_and_shutdown_hand_the_lock_to_a_live_sibling() {
+    let (t, a, b) = pair_with(extended);
+    let k = pk('1');
+    a.join(&k).unwrap();
+    b.join(&k).unwrap();
+    let path = nip_le::lockfile::lock_path(t.path(), &k);
+    let holder = || {
+        nip_le::lockfile::read_unguarded(&path)
+            .unwrap()
+            .record()
+            .cloned()
+    };
+    let first = holder().unwrap();
+    assert_eq!(first.instance_id, "a");
+    let e1 = first.epoch.expect("extended records carry an epoch");
+    assert!(first.live.is_some());
+    let mut rb = b.subscribe();
+    // Release: the file goes straight to b, never empty; b leads by the watch.
+    assert!(a.release(&k).unwrap());
+    let now = holder().expect("never emptied while a sibling lives");
+    assert_eq!(now.instance_id, "b");
+    assert_eq!(now.epoch, Some(e1 + 1));
+    assert!(wait_until(|| b.is_leader(&k)));
+    assert!(!a.is_leader(&k));
+    let c = rb.blocking_recv().unwrap();
+    assert_eq!(
+        (c.is_leader, c.reason, c.epoch),
+        (true, ChangeReason::HandedOver, Some(e1 + 1))
+    );
+    // Refreshes keep the epoch.
+    b.refresh_now();
+    assert_eq!(holder().unwrap().epoch, Some(e1 + 1));
+    // Shutdown of the leader hands over too.
+    a.resume(&k).unwrap();
+    b.shutdown();
+    assert_eq!(holder().unwrap().instance_id, "a");
+    assert!(wait_until(|| a.is_leader(&k)));
+    assert_eq!(holder().unwrap().epoch, Some(e1 + 2));
+}
+
+#[test]
+fn extended_claim_is_handed_straight_to_the_target() {
+    let (_t, a, b) = pair_with(extended);
+    let k = pk('1');
+    a.join(&k).unwrap();
+    b.join(&k).unwrap();
+    let mut ra = a.subscribe();
+    // The claim request wakes a through the directory watch: no refresh call.
+    let outcome = b.claim(&k).unwrap();
+    assert!(matches!(
+        outcome,
+        ClaimOutcome::Pending | ClaimOutcome::Claimed
+    ));
+    assert!(wait_until(|| b.is_leader(&k)), "the target never led");
+    assert!(!a.is_leader(&k));
+    let c = ra.blocking_recv().unwrap();
+    assert_eq!((c.is_leader, c.reason), (false, ChangeReason::StoodDown));
+}
+
+#[test]
+fn extended_leader_that_cannot_refresh_fences_itself_until_it_revalidates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = extended(tmp.path());
+    c.refresh = Duration::from_millis(50);
+    c.stale = Duration::from_millis(300);
+    c.lock_wait = Duration::from_millis(10);
+    let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
+    let k = pk('1');
+    assert!(a.join(&k).unwrap());
+    let flag = a.leader_flag(&k).unwrap();
+    // A peer hangs holding the file lock: no refresh can succeed.
+    let held = nip_le::lockfile::LockedFile::open_and_lock(
+        &nip_le::lockfile::lock_path(tmp.path(), &k),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    assert!(
+        wait_until(|| !flag.is_leader()),
+        "still acting as leader without refreshes"
+    );
+    assert!(!a.is_leader(&k));
+    drop(held);
+    assert!(wait_until(|| flag.is_leader()), "did not re-validate");
+}
+
+#[test]
+fn extended_does_not_evict_a_live_holder_for_an_old_claimed_at_but_spec_does() {
+    // A live holder (its presence lock is held) whose claimed_at is an hour
+    // old: the machine slept. Extended instances leave it alone; the NIP's
+    // wall-clock rule takes it.
+    let tmp = tempfile::tempdir().unwrap();
+    let k = pk('1');
+    let sleeper = nip_le::presence::Presence::create(tmp.path(), &k, "sleeper").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let record = nip_le::record::encode_record(
+        "sleeper",
+        std::process::id(),
+        old,
+        Some(nip_le::record::RecordExt {
+            epoch: 3,
+            live: sleeper.token(),
+        }),
+    );
+    let path = nip_le::lockfile::lock_path(tmp.path(), &k);
+    std::fs::write(&path, &record).unwrap();
+    let ext = Elector::start(extended(tmp.path()), InstanceId::new("ext").unwrap()).unwrap();
+    assert!(!ext.join(&k).unwrap());
+    ext.refresh_now();
+    assert!(!ext.is_leader(&k));
+    assert_eq!(std::fs::read(&path).unwrap(), record);
+    let spec = Elector::start(config(tmp.path()), InstanceId::new("spec").unwrap()).unwrap();
+    assert!(spec.join(&k).unwrap(), "the NIP's stale rule takes it");
+    // Once the sleeper is really gone, extended instances take over at once.
+    spec.leave(&k).unwrap();
+    std::fs::write(&path, &record).unwrap();
+    drop(sleeper);
+    ext.refresh_now();
+    assert!(ext.is_leader(&k));
+    let now = nip_le::lockfile::read_unguarded(&path)
+        .unwrap()
+        .record()
+        .cloned()
+        .unwrap();
+    assert_eq!((now.instance_id.as_str(), now.epoch), ("ext", Some(4)));
 }

@@ -110,8 +110,11 @@ fn mixed_crowd_elects_exactly_one_leader() {
 
 #[test]
 fn our_bytes_match_the_harness_format_exactly() {
+    // Spec mode: exactly the three fields, in the harness's order and types.
     let s = Scratch::new();
-    let a = s.spawn("ours");
+    let mut opts = s.opts();
+    opts.extra_args = vec!["--mode".into(), "spec".into()];
+    let a = s.spawn_with("ours", opts);
     assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
     let raw = String::from_utf8(s.raw()).unwrap();
     let prefix = format!(
@@ -124,4 +127,23 @@ fn our_bytes_match_the_harness_format_exactly() {
         .expect("ends with the claimed_at string");
     assert!(chrono::DateTime::parse_from_rfc3339(ts).is_ok(), "{ts}");
     assert!(ts.ends_with('Z'), "{ts}");
+
+    // Extended mode: the same three fields first, then only added fields.
+    let s = Scratch::new();
+    let b = s.spawn("ours-extended");
+    assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(true)));
+    let raw = String::from_utf8(s.raw()).unwrap();
+    let prefix = format!(
+        r#"{{"instance_id":"{}","pid":{},"claimed_at":""#,
+        b.instance_id, b.pid
+    );
+    assert!(raw.starts_with(&prefix), "{raw}");
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(
+        keys,
+        ["claimed_at", "epoch", "instance_id", "live", "pid"],
+        "{raw}"
+    );
+    assert!(v["epoch"].is_u64() && v["live"].is_string());
 }

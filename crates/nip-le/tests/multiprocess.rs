@@ -10,6 +10,13 @@ use std::time::{Duration, Instant, SystemTime};
 use nip_le::cluster::{wait_until, Instance};
 use support::*;
 
+/// The same options in spec mode.
+fn spec(mut o: nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions {
+    o.extra_args
+        .extend(["--mode".to_owned(), "spec".to_owned()]);
+    o
+}
+
 fn spawn_many(s: &Scratch, n: usize) -> Vec<Instance> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
@@ -19,11 +26,34 @@ fn spawn_many(s: &Scratch, n: usize) -> Vec<Instance> {
     })
 }
 
+/// Identity: the extended mode (the default).
+fn extended(o: nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions {
+    o
+}
+
 #[test]
 fn sixteen_started_at_once_elect_exactly_one_leader_repeatedly() {
+    sixteen_at_once(extended);
+}
+
+#[test]
+fn spec_sixteen_started_at_once_elect_exactly_one_leader() {
+    sixteen_at_once(spec);
+}
+
+fn sixteen_at_once(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions) {
     for round in 0..3 {
         let s = Scratch::new();
-        let insts = spawn_many(&s, 16);
+        let opts = mode(s.opts());
+        let insts: Vec<Instance> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..16)
+                .map(|i| {
+                    let (s, opts) = (&s, opts.clone());
+                    scope.spawn(move || s.spawn_with(&format!("i{i}"), opts))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
         assert!(
             wait_until(Duration::from_secs(10), || insts
                 .iter()
@@ -47,10 +77,19 @@ fn sixteen_started_at_once_elect_exactly_one_leader_repeatedly() {
 
 #[test]
 fn sigkill_of_the_leader_fails_over_within_refresh() {
+    sigkill_failover(extended);
+}
+
+#[test]
+fn spec_sigkill_of_the_leader_fails_over_within_refresh() {
+    sigkill_failover(spec);
+}
+
+fn sigkill_failover(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions) {
     let s = Scratch::new();
-    // A stale bound far above the refresh: only dead-pid detection can
-    // explain a takeover within refresh + margin.
-    let opts = s.opts().timings(REFRESH_MS, 30_000, STAND_DOWN_MS);
+    // A stale bound far above the refresh: only dead-pid (or presence-lock)
+    // detection can explain a takeover within refresh + margin.
+    let opts = mode(s.opts().timings(REFRESH_MS, 30_000, STAND_DOWN_MS));
     let mut insts: Vec<_> = (0..3)
         .map(|i| s.spawn_with(&format!("i{i}"), opts.clone()))
         .collect();
@@ -317,10 +356,12 @@ fn cooperative_claim_moves_leadership_to_the_target_only() {
 
 #[test]
 fn claim_whose_target_never_acquires_lets_the_old_leader_resume() {
+    // The NIP's stand-down timeout (spec mode; the extended mode hands the
+    // lock to the target at once, see the next test).
     let s = Scratch::new();
-    let a = s.spawn("a");
+    let a = s.spawn_with("a", spec(s.opts()));
     assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
-    let mut b = s.spawn("b");
+    let mut b = s.spawn_with("b", spec(s.opts()));
     assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
     let c = b.cursor();
     b.send("claim").unwrap();
@@ -356,6 +397,43 @@ fn claim_whose_target_never_acquires_lets_the_old_leader_resume() {
         !ever_led_after(&b, c),
         "the stale claimant led after resuming"
     );
+}
+
+#[test]
+fn extended_claim_target_that_hangs_after_the_handoff_is_replaced_after_the_stale_bound() {
+    let s = Scratch::new();
+    let a = s.spawn("a");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let mut b = s.spawn("b");
+    assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
+    let (ca, cb) = (a.cursor(), b.cursor());
+    b.send("claim").unwrap();
+    // Handed over directly: b leads within milliseconds, no tick needed.
+    let won = b
+        .wait_after(cb, MARGIN, |r| r.is_leader() == Some(true))
+        .expect("b never led");
+    assert_eq!(won.reason(), "claimed");
+    assert_eq!(s.holder().as_deref(), Some(b.instance_id.as_str()));
+    // b hangs: a takes the lock back once b's record has not changed for
+    // the stale bound, and b, resumed, reports it lost within a refresh.
+    b.signal(libc::SIGSTOP).unwrap();
+    let hung_at = Instant::now();
+    let back = a
+        .wait_after(ca, ms(STALE_MS + REFRESH_MS) + MARGIN, |r| {
+            r.is_leader() == Some(true)
+        })
+        .expect("a never took back the hung target's lock");
+    assert_eq!(back.reason(), "failover");
+    assert!(
+        hung_at.elapsed() >= ms(STALE_MS) - ms(REFRESH_MS),
+        "evicted a live target early"
+    );
+    let cb = b.cursor();
+    b.signal(libc::SIGCONT).unwrap();
+    let lost = b
+        .wait_after(cb, ms(REFRESH_MS) + MARGIN, |r| r.event() == "leadership")
+        .expect("b silent after SIGCONT");
+    assert_eq!((lost.is_leader(), lost.reason()), (Some(false), "lost"));
 }
 
 #[test]
@@ -403,10 +481,19 @@ fn relay_control_frames_drive_the_cooperative_steal() {
 
 #[test]
 fn sigstopped_leader_past_the_stale_bound_is_replaced_and_reports_observer_after_sigcont() {
+    sigstopped_leader(extended);
+}
+
+#[test]
+fn spec_sigstopped_leader_past_the_stale_bound_is_replaced() {
+    sigstopped_leader(spec);
+}
+
+fn sigstopped_leader(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions) {
     let s = Scratch::new();
-    let a = s.spawn("a");
+    let a = s.spawn_with("a", mode(s.opts()));
     assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
-    let b = s.spawn("b");
+    let b = s.spawn_with("b", mode(s.opts()));
     assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
     let cb = b.cursor();
     a.signal(libc::SIGSTOP).unwrap();
@@ -523,7 +610,7 @@ fn status_lists_hostile_files_without_crashing() {
     let k = |c: char| c.to_string().repeat(64);
     std::fs::write(
         d.join(format!("{}.lock", k('a'))),
-        nip_le::record::encode_record("live", unrelated.pid(), SystemTime::now()),
+        nip_le::record::encode_record("live", unrelated.pid(), SystemTime::now(), None),
     )
     .unwrap();
     std::fs::write(d.join(format!("{}.lock", k('b'))), b"").unwrap();
@@ -534,7 +621,7 @@ fn status_lists_hostile_files_without_crashing() {
     std::fs::write(d.join("not-a-key.lock"), b"").unwrap();
     std::fs::write(
         d.join(format!("{}.lock", k('1'))),
-        nip_le::record::encode_record("dead", 0, SystemTime::now()),
+        nip_le::record::encode_record("dead", 0, SystemTime::now(), None),
     )
     .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nip-le"))

@@ -94,7 +94,7 @@ impl Scratch {
 
     /// Writes a record in the harness's exact format.
     pub fn write_record(&self, id: &str, pid: u32, claimed_at: SystemTime) {
-        self.write_raw(&nip_le::record::encode_record(id, pid, claimed_at));
+        self.write_raw(&nip_le::record::encode_record(id, pid, claimed_at, None));
     }
 
     pub fn holder(&self) -> Option<String> {

@@ -287,13 +287,14 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
         })?;
     let lock_dir = tmp.path().join("leader-locks");
     // Same flags and validation as every instance will apply.
-    let cfg = crate::run::config_from(
+    let mut cfg = crate::run::config_from(
         Some(lock_dir.clone()),
         a.timings.refresh_ms,
         a.timings.stale_ms,
         a.timings.stand_down_ms,
         None,
     )?;
+    cfg.mode = a.timings.mode.unwrap_or_default();
 
     let pubkey = random_pubkey();
     let mentions = tmp.path().join("mentions.jsonl");
@@ -308,7 +309,9 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
         path: "<current exe>".into(),
         source: e,
     })?;
-    let mut opts = RunOptions::new(exe, &lock_dir, pubkey).timings(
+    let mut opts = RunOptions::new(exe, &lock_dir, pubkey);
+    opts.extra_args = vec!["--mode".into(), cfg.mode.as_str().into()];
+    let mut opts = opts.timings(
         cfg.refresh.as_millis() as u64,
         cfg.stale.as_millis() as u64,
         cfg.stand_down.as_millis() as u64,
@@ -336,8 +339,11 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
         tmp.path().display()
     ));
     d.say(&format!(
-        "timings: refresh {:?}, stale {:?}, stand-down {:?}",
-        cfg.refresh, cfg.stale, cfg.stand_down
+        "timings: refresh {:?}, stale {:?}, stand-down {:?}; mode {}",
+        cfg.refresh,
+        cfg.stale,
+        cfg.stand_down,
+        cfg.mode.as_str()
     ));
 
     // 1. Everyone starts at once.

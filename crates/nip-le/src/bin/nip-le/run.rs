@@ -55,6 +55,10 @@ pub struct TimingArgs {
     /// Stand-down timeout in milliseconds [default: 10000].
     #[arg(long)]
     pub stand_down_ms: Option<u64>,
+    /// `extended` (presence locks, directory watch, handoff, epoch,
+    /// self-fencing) or `spec` (exactly the NIP) [default: extended].
+    #[arg(long)]
+    pub mode: Option<nip_le::Mode>,
 }
 
 /// Builds the validated config from the flags (shared with other commands).
@@ -118,13 +122,14 @@ fn emit(v: Value) {
 pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     // Validate everything before anything touches the filesystem.
     let pubkey = AgentPubkey::parse(&a.pubkey)?;
-    let config = config_from(
+    let mut config = config_from(
         a.lock_dir,
         a.timings.refresh_ms,
         a.timings.stale_ms,
         a.timings.stand_down_ms,
         a.lock_wait_ms,
     )?;
+    config.mode = a.timings.mode.unwrap_or_default();
     let id = match a.instance_id {
         Some(s) => InstanceId::new(s)?,
         None => InstanceId::from_env_or_random(),
@@ -200,7 +205,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
         match msg {
             Msg::Change(c) => emit(json!({
                 "event":"leadership","pubkey":c.pubkey.as_str(),"is_leader":c.is_leader,
-                "reason":c.reason.as_str(),"leader_instance_id":c.leader_instance_id,"at_ms":c.at_ms,
+                "reason":c.reason.as_str(),"leader_instance_id":c.leader_instance_id,"epoch":c.epoch,"at_ms":c.at_ms,
             })),
             Msg::Mention {
                 id,
