@@ -209,10 +209,15 @@ fn errors_are_typed_never_panics() {
     assert_eq!(e["kind"], "notJoined");
     // A missing argument is Tauri's own error, still not a panic.
     assert!(w.invoke("is_leader", json!({})).is_err());
-    // Nothing but our lock file and claim requests in the lock dir.
+    // Nothing but our lock file and our presence file in the lock dir: the
+    // hostile keys touched no file.
     for entry in std::fs::read_dir(tmp.path()).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
-        assert!(name == format!("{KEY}.lock"), "unexpected file {name}");
+        let presence = name
+            .strip_prefix(&format!("{KEY}."))
+            .and_then(|t| t.strip_suffix(".live"))
+            .is_some_and(tauri_plugin_leader_election::nip_le::presence::valid_token);
+        assert!(name == format!("{KEY}.lock") || presence, "unexpected file {name}");
     }
 }
 
