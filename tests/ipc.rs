@@ -217,7 +217,10 @@ fn errors_are_typed_never_panics() {
             .strip_prefix(&format!("{KEY}."))
             .and_then(|t| t.strip_suffix(".live"))
             .is_some_and(tauri_plugin_leader_election::nip_le::presence::valid_token);
-        assert!(name == format!("{KEY}.lock") || presence, "unexpected file {name}");
+        assert!(
+            name == format!("{KEY}.lock") || presence,
+            "unexpected file {name}"
+        );
     }
 }
 

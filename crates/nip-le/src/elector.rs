@@ -258,8 +258,6 @@ struct Inner {
 pub struct Elector {
     inner: Arc<Inner>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Extension: the lock directory watch (dropped at shutdown).
-    watcher: Mutex<Option<notify::RecommendedWatcher>>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -289,10 +287,9 @@ impl Elector {
         config.validate()?;
         let (events, _) = broadcast::channel(1024);
         let (tx, rx) = mpsc::channel::<Option<AgentPubkey>>();
-        let watcher = match config.mode {
-            Mode::Extended => watch_lock_dir(&config.lock_dir, tx.clone()),
-            Mode::Spec => None,
-        };
+        if config.mode == Mode::Extended {
+            watch_lock_dir(&config.lock_dir, tx.clone());
+        }
         let inner = Arc::new(Inner {
             config,
             id,
@@ -310,7 +307,6 @@ impl Elector {
         Ok(Self {
             inner,
             thread: Mutex::new(Some(thread)),
-            watcher: Mutex::new(watcher),
         })
     }
 
@@ -518,7 +514,6 @@ impl Elector {
         if self.inner.shut.swap(true, Ordering::SeqCst) {
             return;
         }
-        drop(lock(&self.watcher).take());
         let _ = self.inner.wake.send(None);
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
@@ -787,7 +782,15 @@ impl Inner {
                     self.config.stale,
                     unchanged,
                     liveness::probe,
-                    |t| presence::probe(&self.config.lock_dir, &ks.pubkey, t),
+                    |t| {
+                        // A thread waits on this holder's presence lock and
+                        // wakes us when it is gone: no need to open it again.
+                        if lock(&ks.watched).contains(t) {
+                            presence::PeerPresence::Alive
+                        } else {
+                            presence::probe(&self.config.lock_dir, &ks.pubkey, t)
+                        }
+                    },
                 )
             }
         };
@@ -1077,25 +1080,74 @@ fn holder_id(m: &KeyMut) -> Option<String> {
 
 /// Extension: watches the lock directory and wakes the refresh thread for
 /// the key of every lock file or claim request that changes, so a foreign
-/// write, a release or a claim is seen at once. `None` when watching is not
-/// available (the refresh tick stays the bound).
-fn watch_lock_dir(
-    dir: &Path,
-    wake: mpsc::Sender<Option<AgentPubkey>>,
-) -> Option<notify::RecommendedWatcher> {
+/// write, a release or a claim is seen at once. Returns whether watching is
+/// on; without it the refresh tick stays the bound.
+///
+/// On Linux this is inotify with a mask of changes only (`MODIFY`,
+/// `CREATE`, `DELETE`, `MOVED_*`): reads (ours and every peer's) wake
+/// nobody, so each refresh of a leader costs one wake-up per observer. The
+/// `notify` crate would also subscribe to `OPEN`, making every read in the
+/// directory wake every instance. Elsewhere `notify` is used.
+#[cfg(target_os = "linux")]
+fn watch_lock_dir(dir: &Path, wake: mpsc::Sender<Option<AgentPubkey>>) -> bool {
+    use inotify::{Inotify, WatchMask};
+    if let Err(e) = lockfile::ensure_dir(dir) {
+        tracing::warn!("not watching {}: {e}", dir.display());
+        return false;
+    }
+    let mut ino = match Inotify::init() {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!("directory watch unavailable: {e}");
+            return false;
+        }
+    };
+    // MODIFY, not CLOSE_WRITE: every acquire opens the lock file read-write,
+    // so its close would wake everyone even when nothing was written.
+    let mask = WatchMask::MODIFY
+        | WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::MOVED_TO
+        | WatchMask::MOVED_FROM;
+    if let Err(e) = ino.watches().add(dir, mask) {
+        tracing::warn!("cannot watch {}: {e}", dir.display());
+        return false;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("nip-le-watch".into())
+        .spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                let Ok(events) = ino.read_events_blocking(&mut buf) else {
+                    return;
+                };
+                for ev in events {
+                    if let Some(k) = ev.name.and_then(|n| n.to_str()).and_then(key_of_name) {
+                        // The elector is gone: stop watching.
+                        if wake.send(Some(k)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    spawned.is_ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn watch_lock_dir(dir: &Path, wake: mpsc::Sender<Option<AgentPubkey>>) -> bool {
     use notify::{EventKind, RecursiveMode, Watcher};
     if let Err(e) = lockfile::ensure_dir(dir) {
         tracing::warn!("not watching {}: {e}", dir.display());
-        return None;
+        return false;
     }
     let handler = move |res: notify::Result<notify::Event>| {
         let Ok(ev) = res else { return };
-        // Reads (ours included) must not wake anyone: only changes count.
         if matches!(ev.kind, EventKind::Access(_)) {
             return;
         }
         for p in &ev.paths {
-            if let Some(k) = key_of_path(p) {
+            if let Some(k) = p.file_name().and_then(|n| n.to_str()).and_then(key_of_name) {
                 let _ = wake.send(Some(k));
             }
         }
@@ -1104,19 +1156,21 @@ fn watch_lock_dir(
         Ok(w) => w,
         Err(e) => {
             tracing::warn!("directory watch unavailable: {e}");
-            return None;
+            return false;
         }
     };
     if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
         tracing::warn!("cannot watch {}: {e}", dir.display());
-        return None;
+        return false;
     }
-    Some(w)
+    // The watcher lives as long as the process; its callback stops sending
+    // once the elector is gone.
+    std::mem::forget(w);
+    true
 }
 
 /// The agent key of `<pubkey>.lock` or `<pubkey>.claim`.
-fn key_of_path(p: &Path) -> Option<AgentPubkey> {
-    let name = p.file_name()?.to_str()?;
+fn key_of_name(name: &str) -> Option<AgentPubkey> {
     let stem = name
         .strip_suffix(".lock")
         .or_else(|| name.strip_suffix(".claim"))?;

@@ -1,6 +1,7 @@
 //! `nip-le`: run an instance of the election, inspect a lock directory, or
 //! watch a narrated demo. The interface is fixed; outside tools drive it.
 
+mod bench;
 mod demo;
 mod run;
 mod status;
@@ -26,6 +27,9 @@ enum Command {
     /// Spawn several instances in a temporary directory and narrate an
     /// election: failover, cooperative claim, graceful exit.
     Demo(demo::DemoArgs),
+    /// Measure failover, handoff, claim and more in spec and extended mode,
+    /// side by side, and print a table.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Status(a) => status::status(a),
         Command::Demo(a) => demo::demo(a),
+        Command::Bench(a) => bench::bench(a),
     };
     match result {
         Ok(code) => code,

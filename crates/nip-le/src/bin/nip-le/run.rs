@@ -21,9 +21,11 @@ use serde_json::{json, Value};
 /// Options of `nip-le run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Agent public key, 64 hex characters.
-    #[arg(long)]
-    pubkey: String,
+    /// Agent public key, 64 hex characters. Repeat it to join several
+    /// elections in one process; stdin commands and the mention feed apply
+    /// to the first.
+    #[arg(long, required = true)]
+    pubkey: Vec<String>,
     /// Lock directory [default: $BUZZ_LEADER_LOCK_DIR or ~/.buzz/leader-locks].
     #[arg(long)]
     lock_dir: Option<PathBuf>,
@@ -121,7 +123,12 @@ fn emit(v: Value) {
 
 pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     // Validate everything before anything touches the filesystem.
-    let pubkey = AgentPubkey::parse(&a.pubkey)?;
+    let keys = a
+        .pubkey
+        .iter()
+        .map(|k| AgentPubkey::parse(k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let pubkey = keys[0];
     let mut config = config_from(
         a.lock_dir,
         a.timings.refresh_ms,
@@ -172,9 +179,12 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
         .as_ref()
         .map(|m| std::fs::metadata(m).map(|m| m.len()).unwrap_or(0));
     emit(
-        json!({"event":"started","instance_id":id.as_str(),"pid":std::process::id(),"pubkey":pubkey.as_str()}),
+        json!({"event":"started","instance_id":id.as_str(),"pid":std::process::id(),"pubkey":pubkey.as_str(),
+               "pubkeys":keys.iter().map(|k| k.as_str()).collect::<Vec<_>>(),"mode":elector.config().mode.as_str()}),
     );
-    elector.join(&pubkey)?;
+    for k in &keys {
+        elector.join(k)?;
+    }
 
     {
         let tx = tx.clone();
