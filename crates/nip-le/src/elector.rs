@@ -24,7 +24,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -175,12 +175,50 @@ impl LeaderFlag {
     }
 }
 
-/// Monotonic nanoseconds since the first call in this process. Like the
-/// kernel's CLOCK_MONOTONIC it stands still while the machine sleeps.
+/// Monotonic nanoseconds. It stands still while the machine sleeps, so a
+/// slept leader is not fenced for having slept. On Linux the coarse clock
+/// (a few ns through the vDSO, millisecond resolution, plenty for a bound
+/// counted in seconds) keeps `is_leader` cheap.
+#[cfg(target_os = "linux")]
 fn mono_nanos() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn mono_nanos() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
+
+/// Hashes an [`AgentPubkey`] by folding its bytes: keys are random hex, so
+/// SipHash's protection buys nothing and costs most of a lookup.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0 ^ u64::from_le_bytes(w))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .rotate_left(29);
+        }
+    }
+}
+
+type KeyMap = HashMap<AgentPubkey, Arc<KeyState>, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// `valid_until` value meaning "no self-fencing" (spec mode).
 const ALWAYS_VALID: u64 = u64::MAX;
@@ -243,7 +281,7 @@ struct Inner {
     config: Config,
     id: InstanceId,
     pid: u32,
-    keys: RwLock<HashMap<AgentPubkey, Arc<KeyState>>>,
+    keys: RwLock<KeyMap>,
     events: broadcast::Sender<LeadershipChange>,
     shut: AtomicBool,
     /// Wakes the refresh thread: `Some(key)` re-reads one key now, `None`
@@ -294,7 +332,7 @@ impl Elector {
             config,
             id,
             pid: liveness::current_pid(),
-            keys: RwLock::new(HashMap::new()),
+            keys: RwLock::new(KeyMap::default()),
             events,
             shut: AtomicBool::new(false),
             wake: tx,
