@@ -162,9 +162,31 @@ impl Instance {
     /// for its `started` line.
     pub fn spawn(
         name: impl Into<String>,
-        mut cmd: Command,
+        cmd: Command,
         deadline: Duration,
     ) -> std::io::Result<Self> {
+        let mut inst = Self::spawn_detached(name, cmd)?;
+        let started = inst.wait_for(deadline, |r| {
+            r.iter().find(|r| r.event() == "started").cloned()
+        });
+        match started {
+            Some(r) => {
+                inst.instance_id = r.json["instance_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                Ok(inst)
+            }
+            None => Err(std::io::Error::other(format!(
+                "{}: no started line within {deadline:?}",
+                inst.name
+            ))),
+        }
+    }
+
+    /// Spawns `cmd` without waiting for anything (its `instance_id` stays
+    /// empty; read it from its reports), so many can start together.
+    pub fn spawn_detached(name: impl Into<String>, mut cmd: Command) -> std::io::Result<Self> {
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().expect("stdout is piped");
         let stdin = child.stdin.take();
@@ -182,7 +204,7 @@ impl Instance {
             }
             sh.lock().unwrap().eof = true;
         });
-        let mut inst = Self {
+        Ok(Self {
             name: name.into(),
             instance_id: String::new(),
             pid: child.id(),
@@ -191,23 +213,20 @@ impl Instance {
             shared,
             reader: Some(reader),
             reaped: false,
-        };
-        let started = inst.wait_for(deadline, |r| {
-            r.iter().find(|r| r.event() == "started").cloned()
-        });
-        match started {
-            Some(r) => {
-                inst.instance_id = r.json["instance_id"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                Ok(inst)
-            }
-            None => Err(std::io::Error::other(format!(
-                "{}: no started line within {deadline:?}",
-                inst.name
-            ))),
-        }
+        })
+    }
+
+    /// The latest leadership report's `is_leader` for one key (processes
+    /// may join several).
+    pub fn is_leader_of(&self, pubkey: &str) -> Option<bool> {
+        self.shared
+            .lock()
+            .unwrap()
+            .reports
+            .iter()
+            .rev()
+            .find(|r| r.event() == "leadership" && r.json["pubkey"] == pubkey)
+            .and_then(Report::is_leader)
     }
 
     /// Waits until `f` over all reports so far returns `Some`.
