@@ -353,6 +353,45 @@ impl Bench {
         Ok(())
     }
 
+    /// The machine slept longer than the stale bound: on waking, the live
+    /// leader's `claimed_at` is old for everyone until its next refresh.
+    /// Simulated with a live holder (this process, holding a presence lock)
+    /// whose record is an hour old; counts whether an observer moved
+    /// leadership within the leader's next refresh window (1 = moved).
+    fn slept(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let pk = random_pubkey();
+        nip_le::lockfile::ensure_dir(tmp.path()).map_err(std::io::Error::other)?;
+        let holder = nip_le::presence::Presence::create(tmp.path(), &pk, "slept-leader")
+            .map_err(std::io::Error::other)?;
+        let record = nip_le::record::encode_record(
+            "slept-leader",
+            std::process::id(),
+            SystemTime::now() - Duration::from_secs(3600),
+            Some(nip_le::record::RecordExt {
+                epoch: 1,
+                live: holder.token(),
+            }),
+        );
+        let lock = nip_le::lockfile::lock_path(tmp.path(), &pk);
+        std::fs::write(&lock, &record)?;
+        let inst = Instance::spawn(
+            "observer",
+            self.opts(tmp.path(), pk, mode).command(None),
+            Duration::from_secs(10),
+        )?;
+        // The woken leader refreshes within one interval; give the observer
+        // that long (plus its own first tick) to act on the old claim.
+        let moved = wait_until(self.cfg.refresh * 2, || inst.is_leader() == Some(true));
+        row.samples.push(if moved { 1.0 } else { 0.0 });
+        if moved && mode == Mode::Extended {
+            row.violations
+                .push("a slept but live leader was replaced".into());
+        }
+        drop(holder);
+        Ok(())
+    }
+
     /// Voluntary context switches per second of an idle observer.
     fn idle(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
         let (_tmp, _pk, insts, leader) = self.cluster(mode, 2)?;
@@ -505,6 +544,22 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
         }
     }
     table.insert((6, "idle observer: voluntary wake-ups per second"), rows);
+    let mut rows = (Row::default(), Row::default());
+    for (mode, row) in [(Mode::Spec, &mut rows.0), (Mode::Extended, &mut rows.1)] {
+        for run in 0..3 {
+            eprint!("\rmachine slept [{}] run {}/3   ", mode.as_str(), run + 1);
+            if let Err(e) = b.slept(mode, row) {
+                row.violations.push(format!("run failed: {e}"));
+            }
+        }
+    }
+    table.insert(
+        (
+            7,
+            "machine slept > stale, then woke: leadership moved (1 = yes)",
+        ),
+        rows,
+    );
     eprintln!("\r{:80}", "");
 
     println!();
