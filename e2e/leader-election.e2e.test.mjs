@@ -307,9 +307,10 @@ test('a window closed gracefully hands leadership over with never two leaders', 
   const log = await next.driver.executeScript('return window.__leaderLog')
   const became = log.filter((c) => c.pubkey === SCOUT && c.isLeader).pop()
   assert.ok(became && became.atMs >= closed, `successor led since ${became?.atMs}, close at ${closed}`)
-  // It took a released (empty) file: the old leader had stopped and released
-  // first. A dead-pid or stale takeover would mean no graceful release.
-  assert.equal(became.reason, 'acquired')
+  // The old leader stopped and then gave the lock up: handed it straight to
+  // this window (extended mode) or released it (spec). A dead-pid or stale
+  // takeover ('failover') would mean no graceful release happened.
+  assert.ok(['handed_over', 'acquired'].includes(became.reason), `successor's reason: ${became.reason}`)
   await screenshots('after-close')
   console.log(`# graceful close → successor leads in ${became.atMs - closed} ms (${became.reason})`)
 })
