@@ -187,9 +187,14 @@ impl LockedFile {
     /// shows readers an empty file.
     pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
         let r = (|| {
+            let old_len = self.file.metadata()?.len();
             self.file.seek(SeekFrom::Start(0))?;
             self.file.write_all(bytes)?;
-            self.file.set_len(bytes.len() as u64)?;
+            // A refresh rewrites a record of the same length: skip the
+            // truncate, so watchers see one change, not two.
+            if old_len != bytes.len() as u64 {
+                self.file.set_len(bytes.len() as u64)?;
+            }
             self.file.flush()
         })();
         r.map_err(|e| Error::io(&self.path, e))

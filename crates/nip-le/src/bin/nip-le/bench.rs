@@ -380,9 +380,22 @@ impl Bench {
             self.opts(tmp.path(), pk, mode).command(None),
             Duration::from_secs(10),
         )?;
-        // The woken leader refreshes within one interval; give the observer
-        // that long (plus its own first tick) to act on the old claim.
-        let moved = wait_until(self.cfg.refresh * 2, || inst.is_leader() == Some(true));
+        // Until the woken leader's first refresh (within one interval) the
+        // claim looks an hour old; then it refreshes as any live leader does.
+        let mut moved = wait_until(self.cfg.refresh, || inst.is_leader() == Some(true));
+        let fresh = nip_le::record::encode_record(
+            "slept-leader",
+            std::process::id(),
+            SystemTime::now(),
+            Some(nip_le::record::RecordExt {
+                epoch: 1,
+                live: holder.token(),
+            }),
+        );
+        if !moved && lock_holder(&lock).as_deref() == Some("slept-leader") {
+            std::fs::write(&lock, &fresh)?;
+        }
+        moved |= wait_until(self.cfg.refresh, || inst.is_leader() == Some(true));
         row.samples.push(if moved { 1.0 } else { 0.0 });
         if moved && mode == Mode::Extended {
             row.violations
