@@ -5,21 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(xvfb webkit2gtk-driver fonts-noto-color-emoji)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing missing system packages: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  else
-    echo "missing system packages: ${missing[*]} (sudo apt-get install ${missing[*]})" >&2
-    exit 1
-  fi
-fi
+. scripts/lib.sh
+ensure_packages xvfb webkit2gtk-driver fonts-noto-color-emoji
 if ! command -v tauri-driver >/dev/null 2>&1; then
   echo "== cargo install tauri-driver"
   cargo install tauri-driver --version '^2' --locked

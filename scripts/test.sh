@@ -11,22 +11,8 @@ cd "$(dirname "$0")/.."
 # Tauri v2 on Linux needs the WebKitGTK 4.1 / GTK 3 / libsoup 3 dev packages,
 # even for the mock-runtime tests; python3 runs the independent foreign
 # writer of the interop tests.
-pkgs=(pkg-config libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev librsvg2-dev python3)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing missing system packages: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  else
-    echo "missing system packages: ${missing[*]}" >&2
-    echo "install them with: sudo apt-get install ${missing[*]}" >&2
-    exit 1
-  fi
-fi
+. scripts/lib.sh
+ensure_packages pkg-config libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev librsvg2-dev python3
 for tool in cargo npm node; do
   command -v "$tool" >/dev/null 2>&1 || { echo "missing: $tool (install Rust with rustup, Node 20+ with npm)" >&2; exit 1; }
 done

@@ -357,6 +357,24 @@ impl Drop for Instance {
     }
 }
 
+/// A random agent key, for scratch elections (demo, benchmarks, tests).
+pub fn random_pubkey() -> AgentPubkey {
+    let hex = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    AgentPubkey::parse(&hex).expect("two simple UUIDs are 64 hex characters")
+}
+
+/// Wall-clock unix milliseconds, the unit of the instances' `at_ms`.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// The holder named by the lock file at `path`, if it holds a record.
 pub fn lock_holder(path: &Path) -> Option<String> {
     crate::lockfile::read_unguarded(path)

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Args;
-use nip_le::cluster::{lock_holder, wait_until, Instance, RunOptions};
+use nip_le::cluster::{lock_holder, random_pubkey, unix_ms, wait_until, Instance, RunOptions};
 use nip_le::{AgentPubkey, Config, Elector, InstanceId, Mode};
 
 /// Options of `nip-le bench`.
@@ -37,22 +37,6 @@ pub struct BenchArgs {
 struct Row {
     samples: Vec<f64>,
     violations: Vec<String>,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-fn random_pubkey() -> AgentPubkey {
-    let hex = format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    );
-    AgentPubkey::parse(&hex).expect("two simple UUIDs are 64 hex characters")
 }
 
 fn random_below(d: Duration) -> Duration {

@@ -9,11 +9,10 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use clap::Args;
-use nip_le::cluster::{lock_holder, Instance, RunOptions};
-use nip_le::AgentPubkey;
+use nip_le::cluster::{lock_holder, random_pubkey, unix_ms, Instance, RunOptions};
 use serde_json::Value;
 
 /// Options of `nip-le demo`.
@@ -45,13 +44,6 @@ struct Demo {
     refresh: Duration,
     stale: Duration,
     stand_down: Duration,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl Demo {
@@ -260,15 +252,6 @@ fn reply_counts(replies: &Path) -> BTreeMap<String, Vec<String>> {
         }
     }
     m
-}
-
-fn random_pubkey() -> AgentPubkey {
-    let hex = format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    );
-    AgentPubkey::parse(&hex).expect("two simple UUIDs are 64 hex characters")
 }
 
 pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {

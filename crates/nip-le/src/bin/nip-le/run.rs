@@ -10,9 +10,10 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::Args;
+use nip_le::cluster::unix_ms;
 use nip_le::elector::LeaderFlag;
 use nip_le::feed::FeedFollower;
 use nip_le::{AgentPubkey, Config, Elector, InstanceId, LeadershipChange};
@@ -106,13 +107,6 @@ enum Msg {
         replied: bool,
         error: Option<String>,
     },
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn emit(v: Value) {
