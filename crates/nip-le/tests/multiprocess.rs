@@ -697,3 +697,62 @@ fn old_leader_takes_over_at_once_when_the_claimant_leaves_right_after_winning() 
         a.reports()
     );
 }
+
+#[test]
+fn a_peer_hanging_on_the_file_lock_never_blocks_commands_or_the_refresh() {
+    let s = Scratch::new();
+    let mut a = s.spawn("a");
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    // A peer takes the exclusive lock on the lock file, then hangs (SIGSTOP).
+    let script = format!(
+        "import fcntl,os,signal\nfd=os.open({:?}, os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\nos.kill(os.getpid(), signal.SIGSTOP)\n",
+        s.lock_path().to_str().unwrap()
+    );
+    let mut peer = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(peer.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "locked");
+    // Every command still answers promptly: the lock wait is bounded.
+    for cmd in ["claim", "release", "status", "resume"] {
+        let c = a.cursor();
+        let sent = Instant::now();
+        a.send(cmd).unwrap();
+        let r = a.wait_after(c, Duration::from_secs(2), |r| r.event() == cmd);
+        assert!(
+            r.is_some(),
+            "{cmd} got no answer while a peer hangs on the lock"
+        );
+        assert!(
+            sent.elapsed() < ms(REFRESH_MS) + MARGIN,
+            "{cmd} took {:?}",
+            sent.elapsed()
+        );
+    }
+    let c = a.cursor();
+    a.send("status").unwrap();
+    let st = a
+        .wait_after(c, Duration::from_secs(2), |r| r.event() == "status")
+        .unwrap();
+    assert!(
+        st.json["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("lock not obtained"),
+        "{}",
+        st.json
+    );
+    // The hung peer dies: its flock goes with it and a leads again.
+    peer.kill().unwrap();
+    peer.wait().unwrap();
+    assert!(wait_until(ms(REFRESH_MS) + MARGIN, || a.is_leader() == Some(true)));
+    assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
+}
