@@ -2,6 +2,8 @@
 //! watch a narrated demo. The interface is fixed; outside tools drive it.
 
 mod bench;
+#[cfg(unix)]
+mod chaos;
 mod demo;
 mod run;
 mod status;
@@ -30,6 +32,10 @@ enum Command {
     /// Measure failover, handoff, claim and more in spec and extended mode,
     /// side by side, and print a table.
     Bench(bench::BenchArgs),
+    /// Random SIGKILL/SIGTERM/SIGSTOP, restarts and claims against a mixed
+    /// cluster with a mention feed; fails on split-brain the NIP does not force.
+    #[cfg(unix)]
+    Chaos(chaos::ChaosArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +52,8 @@ fn main() -> ExitCode {
         Command::Status(a) => status::status(a),
         Command::Demo(a) => demo::demo(a),
         Command::Bench(a) => bench::bench(a),
+        #[cfg(unix)]
+        Command::Chaos(a) => chaos::chaos(a),
     };
     match result {
         Ok(code) => code,
