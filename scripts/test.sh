@@ -51,5 +51,8 @@ cargo build -p leader-election-example
 echo "== end-to-end in real webviews"
 bash scripts/e2e.sh
 
+echo "== chaos: 60 s of random faults on a mixed cluster"
+cargo run -q -p nip-le -- chaos --seconds 60
+
 echo "== nip-le demo (the main job, short timings)"
 cargo run -q -p nip-le -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500

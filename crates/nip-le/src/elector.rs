@@ -371,14 +371,27 @@ impl Elector {
     pub fn join(&self, pubkey: &AgentPubkey) -> Result<bool> {
         self.inner.check_open()?;
         let dir = &self.inner.config.lock_dir;
-        lockfile::ensure_dir(dir)?;
+        // A lock directory we cannot create is the NIP's fail-safe case (we
+        // lead, and say why in `last_error`), not a reason to refuse to run.
+        if let Err(e) = lockfile::ensure_dir(dir) {
+            tracing::warn!("lock directory unusable, failing safe to leader: {e}");
+        }
         let ks = {
             let mut keys = self.inner.keys.write().unwrap_or_else(|p| p.into_inner());
             if let Some(k) = keys.get(pubkey) {
                 return Ok(k.is_leader());
             }
             let presence = match self.inner.config.mode {
-                Mode::Extended => Some(Presence::create(dir, pubkey, self.inner.id.as_str())?),
+                // Without a presence (full disk, read-only directory) we still
+                // take part, by the NIP's rules: our records then carry no
+                // token and peers judge them by pid and claimed_at.
+                Mode::Extended => match Presence::create(dir, pubkey, self.inner.id.as_str()) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        tracing::warn!(pubkey = %pubkey, "no presence lock, NIP rules only: {e}");
+                        None
+                    }
+                },
                 Mode::Spec => None,
             };
             let ks = Arc::new(KeyState {
@@ -970,7 +983,13 @@ impl Inner {
         if m.holds_lock && validated && self.config.mode == Mode::Extended {
             // A successful refresh (or a locked read naming us): the cache
             // counts for another stale bound.
-            let until = mono_nanos().saturating_add(self.config.stale.as_nanos() as u64);
+            // A little under the stale bound: observers replace a hung holder
+            // only after the bound, measured from when they saw its last
+            // refresh, so the leader is fenced before anyone may take over,
+            // whatever the coarse clock's granularity.
+            let margin =
+                Duration::from_millis(50).min((self.config.stale - self.config.refresh) / 2);
+            let until = mono_nanos().saturating_add((self.config.stale - margin).as_nanos() as u64);
             ks.valid_until.store(until, Ordering::Release);
         }
         if let Ok(c) = &content {

@@ -384,7 +384,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
                 // stop (it believes it leads until its next tick).
                 let forced = r.iter().any(|(who, t)| {
                     mode_of(who) == Some(Mode::Spec)
-                        && recently_resumed(who, *t, a.refresh_ms + 200)
+                        && recently_resumed(who, *t, a.refresh_ms + 1000)
                 });
                 if forced {
                     dup_forced += 1;

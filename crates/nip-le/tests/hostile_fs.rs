@@ -1,0 +1,160 @@
+//! Hostile filesystem conditions with real processes: a full disk, a
+//! read-only lock directory, a lock file owned by someone else. Each must end
+//! in the documented fail-safe, never a panic and never a write elsewhere.
+//! These need root (to mount a tiny tmpfs and to run as `nobody`), as CI has.
+#![cfg(target_os = "linux")]
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+
+use nip_le::cluster::{wait_until, Instance};
+use support::*;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `nip-le run` as the unprivileged user `nobody`. `setpriv` execs the
+/// program itself (no intermediate process), so killing the child kills it.
+fn spawn_as_nobody(s: &Scratch, lock_dir: &std::path::Path) -> Instance {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_nip-le"))
+        .args(["run", "--pubkey", s.pubkey.as_str(), "--lock-dir"])
+        .arg(lock_dir)
+        .args([
+            "--refresh-ms",
+            &REFRESH_MS.to_string(),
+            "--stale-ms",
+            &STALE_MS.to_string(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    Instance::spawn("nobody", c, Duration::from_secs(10)).expect("nip-le runs as nobody")
+}
+
+#[test]
+fn full_disk_fails_safe_and_recovers_when_space_returns() {
+    if !is_root() {
+        eprintln!("skipped: needs root to mount a tmpfs");
+        return;
+    }
+    let s = Scratch::new();
+    std::fs::create_dir_all(&s.lock_dir).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"])
+        .arg(&s.lock_dir)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount tmpfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(s.lock_dir.clone());
+    // Fill the disk.
+    let filler = s.lock_dir.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 64 * 1024]);
+    let a = s.spawn("a");
+    let r = a
+        .wait_for(Duration::from_secs(5), |r| {
+            r.iter().find(|r| r.event() == "leadership").cloned()
+        })
+        .expect("a leadership report despite the full disk");
+    assert_eq!(
+        r.is_leader(),
+        Some(true),
+        "fail-safe: leads when nothing can be written"
+    );
+    // Space comes back: the next refresh writes a proper record.
+    std::fs::remove_file(&filler).unwrap();
+    assert!(
+        wait_until(ms(REFRESH_MS) + MARGIN, || s.holder().as_deref()
+            == Some(a.instance_id.as_str())),
+        "no record once space returned"
+    );
+}
+
+#[test]
+fn read_only_lock_dir_still_reads_and_never_writes() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run as nobody");
+        return;
+    }
+    let unrelated = Unrelated::start();
+    let s = Scratch::new();
+    std::fs::create_dir_all(&s.lock_dir).unwrap();
+    // World-traversable, writable by root only.
+    for d in [s.tmp.path(), s.lock_dir.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    s.write_record("root-leader", unrelated.pid(), std::time::SystemTime::now());
+    std::fs::set_permissions(s.lock_path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let before = s.raw();
+    let a = spawn_as_nobody(&s, &s.lock_dir);
+    let r = a
+        .wait_for(Duration::from_secs(5), |r| {
+            r.iter().find(|r| r.event() == "leadership").cloned()
+        })
+        .unwrap();
+    // It can read the record: it observes, as the read side says.
+    assert_eq!((r.is_leader(), r.reason()), (Some(false), "observer"));
+    std::thread::sleep(ms(REFRESH_MS * 3));
+    assert_eq!(s.raw(), before);
+    let names: Vec<_> = std::fs::read_dir(&s.lock_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names.len(),
+        1,
+        "wrote into a read-only directory: {names:?}"
+    );
+}
+
+#[test]
+fn lock_file_of_another_owner_that_we_cannot_read_fails_safe() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run as nobody");
+        return;
+    }
+    let unrelated = Unrelated::start();
+    let s = Scratch::new();
+    std::fs::create_dir_all(&s.lock_dir).unwrap();
+    for d in [s.tmp.path(), s.lock_dir.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    s.write_record("root-leader", unrelated.pid(), std::time::SystemTime::now());
+    std::fs::set_permissions(s.lock_path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let before = s.raw();
+    let mut a = spawn_as_nobody(&s, &s.lock_dir);
+    let r = a
+        .wait_for(Duration::from_secs(5), |r| {
+            r.iter().find(|r| r.event() == "leadership").cloned()
+        })
+        .unwrap();
+    // Unreadable: the NIP's fail-safe says lead; the file is untouched.
+    assert_eq!((r.is_leader(), r.reason()), (Some(true), "fail_safe"));
+    let c = a.cursor();
+    a.send("status").unwrap();
+    let st = a
+        .wait_after(c, Duration::from_secs(2), |r| r.event() == "status")
+        .unwrap();
+    assert_eq!(st.json["lock_state"], "unreadable");
+    assert!(
+        st.json["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("ermission denied"),
+        "{}",
+        st.json
+    );
+    assert_eq!(s.raw(), before);
+}
