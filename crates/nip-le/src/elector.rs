@@ -980,6 +980,12 @@ impl Inner {
 
         m.holds_lock =
             matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == self.id.as_str());
+        if self.config.mode == Mode::Extended && !m.holds_lock {
+            // Leading without holding the lock can only be the NIP's
+            // fail-safe (absent, unreadable or malformed file): a MUST that
+            // self-fencing never overrides. Fencing applies to holders.
+            ks.valid_until.store(ALWAYS_VALID, Ordering::Release);
+        }
         if m.holds_lock && validated && self.config.mode == Mode::Extended {
             // A successful refresh (or a locked read naming us): the cache
             // counts for another stale bound.

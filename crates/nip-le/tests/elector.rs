@@ -348,3 +348,25 @@ fn extended_does_not_evict_a_live_holder_for_an_old_claimed_at_but_spec_does() {
         .unwrap();
     assert_eq!((now.instance_id.as_str(), now.epoch), ("ext", Some(4)));
 }
+
+#[test]
+fn unusable_lock_dir_fails_safe_to_leader_instead_of_refusing_to_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let not_a_dir = tmp.path().join("locks");
+    std::fs::write(&not_a_dir, b"a file where the directory should be").unwrap();
+    for mode in [Mode::Spec, Mode::Extended] {
+        let mut c = config(&not_a_dir);
+        c.mode = mode;
+        let e = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
+        assert!(
+            e.join(&pk('1')).unwrap(),
+            "[{mode:?}] the NIP's fail-safe: lead"
+        );
+        let st = &e.status()[0];
+        assert!(st.last_error.is_some(), "[{mode:?}] the reason is reported");
+        assert_eq!(
+            std::fs::read(&not_a_dir).unwrap(),
+            b"a file where the directory should be"
+        );
+    }
+}
