@@ -382,15 +382,31 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
             _ => {
                 // NIP-forced: a spec replier that had just resumed from a
                 // stop (it believes it leads until its next tick).
+                // NIP-forced: a spec replier that was not running normally
+                // when the mention came (stopped, or starved past its tick:
+                // it answered late, from its backlog) still believes it leads
+                // until its next tick, while the stale rule already replaced
+                // it. Extended repliers fence themselves: never excused.
                 let forced = r.iter().any(|(who, t)| {
                     mode_of(who) == Some(Mode::Spec)
-                        && recently_resumed(who, *t, a.refresh_ms + 1000)
+                        && (recently_resumed(who, *t, a.refresh_ms + 1000)
+                            || t.saturating_sub(*at) > a.refresh_ms)
                 });
                 if forced {
                     dup_forced += 1;
                 } else {
                     dup_unexplained += 1;
-                    unexplained.push(format!("{id} at {at}: {r:?}"));
+                    let who: Vec<String> = r
+                        .iter()
+                        .map(|(w, t)| {
+                            format!(
+                                "{w} [{}] +{} ms",
+                                mode_of(w).map_or("?", Mode::as_str),
+                                t.saturating_sub(*at)
+                            )
+                        })
+                        .collect();
+                    unexplained.push(format!("{id} at {at}: {}", who.join(", ")));
                 }
             }
         }
