@@ -954,7 +954,11 @@ impl Inner {
         let mut took = None;
         let mut validated = false;
         let content = if m.stand_down_until.is_none() {
-            match self.acquire(ks, m, !other_wants_it || m.holds_lock, eval != Eval::Wake) {
+            // A look prompted by an event writes only to take the lock, or to
+            // confirm one just handed to us (that write restarts every
+            // observer's hang timer, and our own validity, together).
+            let write_own = eval != Eval::Wake || !m.holds_lock;
+            match self.acquire(ks, m, !other_wants_it || m.holds_lock, write_own) {
                 Ok((c, t)) => {
                     took = t;
                     validated = true;
@@ -986,7 +990,11 @@ impl Inner {
             // self-fencing never overrides. Fencing applies to holders.
             ks.valid_until.store(ALWAYS_VALID, Ordering::Release);
         }
-        if m.holds_lock && validated && self.config.mode == Mode::Extended {
+        // Validity counts from our own last write: observers time a hang from
+        // the last change they saw, which is never earlier than that write,
+        // so we are fenced before any of them may take over. A read that
+        // finds our record unchanged proves nothing to them.
+        if m.holds_lock && validated && took.is_some() && self.config.mode == Mode::Extended {
             // A successful refresh (or a locked read naming us): the cache
             // counts for another stale bound.
             // A little under the stale bound: observers replace a hung holder
@@ -1029,6 +1037,10 @@ impl Inner {
         } else if leader {
             match took {
                 Some(r) if r.is_takeover() => ChangeReason::Failover,
+                // A record naming us that we did not write: handed to us.
+                Some(TakeReason::Ours) if !held_before && eval != Eval::Initial => {
+                    ChangeReason::HandedOver
+                }
                 Some(_) => ChangeReason::Acquired,
                 None if m.holds_lock && !held_before => ChangeReason::HandedOver,
                 None if m.holds_lock => ChangeReason::Acquired,

@@ -7,8 +7,9 @@
 //!
 //! It fails on a duplicate reply (split-brain with user impact) that the
 //! NIP's own rules do not force. The forced cause, measured separately, is a
-//! spec-only leader that was stopped past the stale bound, replaced, and
-//! resumed believing it leads until its next tick. Extended instances fence
+//! late spec-only leader: stopped (or starved of CPU) past the stale bound,
+//! replaced by the wall-clock rule, then answering its backlog while it
+//! believes it leads until its next tick. Extended instances fence
 //! themselves in that case. Misses are reported per cause: no live leader
 //! after a death or during a hang, and the zero-leader gap of a handoff.
 
