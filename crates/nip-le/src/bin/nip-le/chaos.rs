@@ -253,7 +253,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         let roll = rng.below(100);
         if roll < 40 {
             let id = format!("m{}", sent.len());
-            let line = format!("{}\n", serde_json::json!({"id": id}));
+            let line = format!("{}\n", serde_json::json!({"id": id, "at_ms": unix_ms()}));
             let mut f = std::fs::OpenOptions::new()
                 .append(true)
                 .open(&mentions)

@@ -9,7 +9,8 @@ use std::fs::OpenOptions;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use clap::Args;
@@ -151,13 +152,23 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
 
     let elector = Elector::start(config, id.clone())?;
     let mut changes = elector.subscribe();
+    // Since when (unix ms) this instance has led the first key; MAX when not.
+    let leader_since = Arc::new(AtomicU64::new(u64::MAX));
     {
         let tx = tx.clone();
+        let (since, first) = (Arc::clone(&leader_since), keys[0]);
         std::thread::spawn(move || {
             while let Ok(c) = changes.blocking_recv().or_else(|e| match e {
                 tokio::sync::broadcast::error::RecvError::Lagged(_) => changes.blocking_recv(),
                 closed => Err(closed),
             }) {
+                if c.pubkey == first {
+                    if !c.is_leader {
+                        since.store(u64::MAX, Ordering::SeqCst);
+                    } else if since.load(Ordering::SeqCst) == u64::MAX {
+                        since.store(c.at_ms, Ordering::SeqCst);
+                    }
+                }
                 if tx.send(Msg::Change(c)).is_err() {
                     return;
                 }
@@ -198,9 +209,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     if let (Some(m), Some(r)) = (a.mentions, a.replies) {
         let flag = elector.leader_flag(&pubkey)?;
         let tx = tx.clone();
+        let since = Arc::clone(&leader_since);
         let id = id.clone();
         let offset = feed_start.unwrap_or(0);
-        std::thread::spawn(move || follow_mentions(&m, &r, offset, &flag, &id, &tx));
+        std::thread::spawn(move || follow_mentions(&m, &r, offset, &flag, &since, &id, &tx));
     }
     drop(tx);
 
@@ -287,20 +299,29 @@ fn status_line(e: &Elector, seen: u64, replied: u64) -> Value {
 }
 
 /// Follows `mentions` from its current end; for each new complete line with
-/// an `"id"`, replies (one append write) iff we lead at that moment.
+/// an `"id"`, replies (one append write) iff we lead at that moment. A line
+/// that carries its publication time (`"at_ms"`) is answered only if we led
+/// since before it was published: an instance that was stopped, and resumed
+/// as the new leader, does not answer a backlog its predecessor answered.
 fn follow_mentions(
     mentions: &Path,
     replies: &Path,
     offset: u64,
     flag: &LeaderFlag,
+    leader_since: &AtomicU64,
     id: &InstanceId,
     tx: &mpsc::Sender<Msg>,
 ) {
     let mut feed = FeedFollower::from_offset(mentions, offset);
     loop {
         std::thread::sleep(Duration::from_millis(5));
-        for mid in feed.poll().into_iter().filter_map(|v| v.get("id").cloned()) {
-            let leading = flag.is_leader();
+        for v in feed.poll() {
+            let Some(mid) = v.get("id").cloned() else {
+                continue;
+            };
+            let published = v.get("at_ms").and_then(Value::as_u64);
+            let leading = flag.is_leader()
+                && published.is_none_or(|t| leader_since.load(Ordering::SeqCst) <= t);
             let error = if leading {
                 append_reply(replies, &mid, id).err().map(|e| e.to_string())
             } else {
