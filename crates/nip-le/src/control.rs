@@ -146,17 +146,7 @@ pub fn claim_request_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
 /// Reads the current request, if any valid one exists. Hostile content
 /// (symlink, non-file, oversized, malformed) reads as no request.
 pub fn read_claim_request(path: &Path) -> Option<ClaimRequest> {
-    let mut o = std::fs::OpenOptions::new();
-    o.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
-    }
-    let f = o.open(path).ok()?;
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
+    let f = crate::lockfile::open_regular_file(path, crate::lockfile::Create::No).ok()?;
     let mut buf = Vec::new();
     std::io::Read::read_to_end(
         &mut std::io::Read::take(f, MAX_RECORD_BYTES as u64 + 1),

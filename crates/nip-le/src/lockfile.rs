@@ -43,26 +43,56 @@ pub fn ensure_dir(dir: &Path) -> Result<()> {
     b.create(dir).map_err(|e| Error::io(dir, e))
 }
 
-fn open_options(write: bool) -> OpenOptions {
+/// How an open may create the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Create {
+    /// Read only; the file must exist.
+    No,
+    /// Read-write, created (`0600`) if missing, never truncated.
+    IfMissing,
+    /// Read-write, and the file must not exist yet.
+    New,
+}
+
+/// The one set of open options for every file we touch in the lock
+/// directory: never follow a symlink at the path, never block on a fifo,
+/// close on exec; files we create are `0600`.
+pub(crate) fn open_options(create: Create) -> OpenOptions {
     let mut o = OpenOptions::new();
     o.read(true);
-    if write {
-        o.write(true).create(true);
+    match create {
+        Create::No => {}
+        Create::IfMissing => {
+            o.write(true).create(true);
+        }
+        Create::New => {
+            o.write(true).create_new(true);
+        }
     }
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
         o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
-        if write {
+        if create != Create::No {
             o.mode(0o600);
         }
     }
     o
 }
 
+/// Opens with [`open_options`] and refuses anything but a regular file.
+pub(crate) fn open_regular_file(path: &Path, create: Create) -> std::io::Result<File> {
+    let f = open_options(create).open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
+}
+
 /// Opens `path` without following a symlink and checks it is a regular file.
 fn open_regular(path: &Path, write: bool) -> std::io::Result<std::result::Result<File, Error>> {
-    match open_options(write).open(path) {
+    let create = if write { Create::IfMissing } else { Create::No };
+    match open_options(create).open(path) {
         Ok(f) => {
             let ft = f.metadata()?.file_type();
             if ft.is_file() {

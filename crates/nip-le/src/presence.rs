@@ -21,13 +21,14 @@
 //! the NIP: only we read them. Hostile content is handled like the lock
 //! file's: no symlinks, regular files only, capped reads.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::lockfile::{open_regular_file, Create};
 use crate::pubkey::AgentPubkey;
 
 /// Whether `t` is a well-formed presence token: `<1-10 digits>-<16 hex>`.
@@ -54,24 +55,8 @@ struct Body {
 }
 
 fn open_no_follow(path: &Path, create: bool) -> std::io::Result<File> {
-    let mut o = OpenOptions::new();
-    o.read(true);
-    if create {
-        o.write(true).create_new(true);
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
-        if create {
-            o.mode(0o600);
-        }
-    }
-    let f = o.open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    Ok(f)
+    let how = if create { Create::New } else { Create::No };
+    open_regular_file(path, how)
 }
 
 /// Our presence in one election: the file and its exclusive lock. Dropping
