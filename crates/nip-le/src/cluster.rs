@@ -219,14 +219,30 @@ impl Instance {
     /// The latest leadership report's `is_leader` for one key (processes
     /// may join several).
     pub fn is_leader_of(&self, pubkey: &str) -> Option<bool> {
+        self.latest_view(|r| r.json["pubkey"] == pubkey)
+    }
+
+    fn latest_view(&self, matches: impl Fn(&Report) -> bool) -> Option<bool> {
         self.shared
             .lock()
             .unwrap()
             .reports
             .iter()
             .rev()
-            .find(|r| r.event() == "leadership" && r.json["pubkey"] == pubkey)
+            .find(|r| r.event() == "leadership" && matches(r))
             .and_then(Report::is_leader)
+    }
+
+    /// `at_ms` of the first report after `cursor` that says it leads.
+    pub fn first_lead_after(&self, cursor: usize) -> Option<u64> {
+        self.shared
+            .lock()
+            .unwrap()
+            .reports
+            .iter()
+            .skip(cursor)
+            .find(|r| r.event() == "leadership" && r.is_leader() == Some(true))
+            .and_then(Report::at_ms)
     }
 
     /// Waits until `f` over all reports so far returns `Some`.
@@ -262,14 +278,7 @@ impl Instance {
 
     /// The latest leadership report's `is_leader`, if any.
     pub fn is_leader(&self) -> Option<bool> {
-        self.shared
-            .lock()
-            .unwrap()
-            .reports
-            .iter()
-            .rev()
-            .find(|r| r.event() == "leadership")
-            .and_then(Report::is_leader)
+        self.latest_view(|_| true)
     }
 
     /// Number of reports so far (a cursor for [`Instance::wait_after`]).
@@ -373,6 +382,26 @@ pub fn unix_ms() -> u64 {
         .duration_since(std::time::SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Waits (up to `deadline`) for an instance other than `except` (and not
+/// exited) to report leading after its cursor; returns the earliest such
+/// report as (index, `at_ms`).
+pub fn first_new_leader(
+    insts: &[Instance],
+    cursors: &[usize],
+    except: Option<usize>,
+    deadline: Duration,
+) -> Option<(usize, u64)> {
+    let mut out = None;
+    wait_until(deadline, || {
+        out = (0..insts.len())
+            .filter(|&i| Some(i) != except && !insts[i].exited())
+            .filter_map(|i| insts[i].first_lead_after(cursors[i]).map(|at| (i, at)))
+            .min_by_key(|&(_, at)| at);
+        out.is_some()
+    });
+    out
 }
 
 /// The holder named by the lock file at `path`, if it holds a record.

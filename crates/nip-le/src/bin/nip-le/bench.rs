@@ -13,7 +13,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Args;
-use nip_le::cluster::{lock_holder, random_pubkey, unix_ms, wait_until, Instance, RunOptions};
+use nip_le::cluster::{
+    first_new_leader, lock_holder, random_pubkey, unix_ms, wait_until, Instance, RunOptions,
+};
 use nip_le::{AgentPubkey, Config, Elector, InstanceId, Mode};
 
 /// Options of `nip-le bench`.
@@ -106,33 +108,6 @@ impl Bench {
         Ok((tmp, pk, insts, leader))
     }
 
-    /// First `is_leader: true` report after `cursors` by anyone but `except`.
-    fn first_new_leader(
-        &self,
-        insts: &[Instance],
-        cursors: &[usize],
-        except: usize,
-        bound: Duration,
-    ) -> Option<(usize, u64)> {
-        let mut out = None;
-        wait_until(bound, || {
-            out = (0..insts.len())
-                .filter(|&i| i != except)
-                .filter_map(|i| {
-                    insts[i]
-                        .reports()
-                        .iter()
-                        .skip(cursors[i])
-                        .find(|r| r.event() == "leadership" && r.is_leader() == Some(true))
-                        .and_then(|r| r.at_ms())
-                        .map(|at| (i, at))
-                })
-                .min_by_key(|&(_, at)| at);
-            out.is_some()
-        });
-        out
-    }
-
     fn bound(&self) -> Duration {
         self.cfg.stale + self.cfg.stand_down + self.cfg.refresh * 3
     }
@@ -143,7 +118,7 @@ impl Bench {
         let cursors: Vec<_> = insts.iter().map(Instance::cursor).collect();
         let t0 = unix_ms();
         insts[leader].kill_and_reap()?;
-        match self.first_new_leader(&insts, &cursors, leader, self.bound()) {
+        match first_new_leader(&insts, &cursors, Some(leader), self.bound()) {
             Some((_, at)) => row.samples.push(at.saturating_sub(t0) as f64),
             None => row.violations.push("no survivor led".into()),
         }
@@ -181,7 +156,7 @@ impl Bench {
             .rev()
             .find(|r| r.event() == "leadership" && r.is_leader() == Some(false))
             .and_then(|r| r.at_ms());
-        let next = self.first_new_leader(&insts, &cursors, leader, self.bound());
+        let next = first_new_leader(&insts, &cursors, Some(leader), self.bound());
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let emptied = monitor.join().unwrap_or(true);
         match next {
@@ -252,7 +227,12 @@ impl Bench {
         let t0 = unix_ms();
         #[cfg(unix)]
         insts[leader].signal(libc::SIGSTOP)?;
-        let next = self.first_new_leader(&insts, &cursors, leader, self.bound() + self.cfg.stale);
+        let next = first_new_leader(
+            &insts,
+            &cursors,
+            Some(leader),
+            self.bound() + self.cfg.stale,
+        );
         let c = insts[leader].cursor();
         #[cfg(unix)]
         insts[leader].signal(libc::SIGCONT)?;

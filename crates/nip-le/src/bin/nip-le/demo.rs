@@ -176,32 +176,6 @@ impl Demo {
         ));
     }
 
-    /// Waits for a live instance other than `except` to report leadership
-    /// after `cursors`; returns (index, at_ms).
-    fn wait_new_leader(
-        &self,
-        cursors: &[usize],
-        except: Option<usize>,
-        deadline: Duration,
-    ) -> Option<(usize, u64)> {
-        let mut out = None;
-        nip_le::cluster::wait_until(deadline, || {
-            out = (0..self.insts.len())
-                .filter(|&i| Some(i) != except && !self.insts[i].exited())
-                .find_map(|i| {
-                    self.insts[i]
-                        .reports()
-                        .iter()
-                        .skip(cursors[i])
-                        .find(|r| r.event() == "leadership" && r.is_leader() == Some(true))
-                        .and_then(|r| r.at_ms())
-                        .map(|at| (i, at))
-                });
-            out.is_some()
-        });
-        out
-    }
-
     /// Waits for a survivor of `gone` to lead and records how long after
     /// `t0` (unix ms) it did.
     fn measure_takeover(
@@ -213,7 +187,7 @@ impl Demo {
         label: &'static str,
         after: &str,
     ) {
-        match self.wait_new_leader(cursors, Some(gone), deadline) {
+        match nip_le::cluster::first_new_leader(&self.insts, cursors, Some(gone), deadline) {
             Some((i, at)) => {
                 let ms = at.saturating_sub(t0);
                 self.say(&format!("{} leads {ms} ms {after}", self.insts[i].name));
