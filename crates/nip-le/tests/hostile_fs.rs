@@ -38,6 +38,20 @@ fn spawn_as_nobody(s: &Scratch, lock_dir: &std::path::Path) -> Instance {
     Instance::spawn("nobody", c, Duration::from_secs(10)).expect("nip-le runs as nobody")
 }
 
+/// A lock directory that root owns and others may only traverse, holding a
+/// live root-owned claim whose file has `file_mode`.
+fn root_owned_lock(file_mode: u32) -> (Scratch, Unrelated) {
+    let unrelated = Unrelated::start();
+    let s = Scratch::new();
+    std::fs::create_dir_all(&s.lock_dir).unwrap();
+    for d in [s.tmp.path(), s.lock_dir.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    s.write_record("root-leader", unrelated.pid(), std::time::SystemTime::now());
+    std::fs::set_permissions(s.lock_path(), std::fs::Permissions::from_mode(file_mode)).unwrap();
+    (s, unrelated)
+}
+
 #[test]
 fn full_disk_fails_safe_and_recovers_when_space_returns() {
     if !is_root() {
@@ -88,15 +102,7 @@ fn read_only_lock_dir_still_reads_and_never_writes() {
         eprintln!("skipped: needs root to run as nobody");
         return;
     }
-    let unrelated = Unrelated::start();
-    let s = Scratch::new();
-    std::fs::create_dir_all(&s.lock_dir).unwrap();
-    // World-traversable, writable by root only.
-    for d in [s.tmp.path(), s.lock_dir.as_path()] {
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    s.write_record("root-leader", unrelated.pid(), std::time::SystemTime::now());
-    std::fs::set_permissions(s.lock_path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (s, _unrelated) = root_owned_lock(0o644);
     let before = s.raw();
     let a = spawn_as_nobody(&s, &s.lock_dir);
     let r = a
@@ -125,14 +131,7 @@ fn lock_file_of_another_owner_that_we_cannot_read_fails_safe() {
         eprintln!("skipped: needs root to run as nobody");
         return;
     }
-    let unrelated = Unrelated::start();
-    let s = Scratch::new();
-    std::fs::create_dir_all(&s.lock_dir).unwrap();
-    for d in [s.tmp.path(), s.lock_dir.as_path()] {
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    s.write_record("root-leader", unrelated.pid(), std::time::SystemTime::now());
-    std::fs::set_permissions(s.lock_path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (s, _unrelated) = root_owned_lock(0o600);
     let before = s.raw();
     let mut a = spawn_as_nobody(&s, &s.lock_dir);
     let r = a
