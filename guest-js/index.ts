@@ -13,25 +13,27 @@
 import { invoke } from '@tauri-apps/api/core'
 import { listen, type UnlistenFn } from '@tauri-apps/api/event'
 
-import type { AgentStatus } from './bindings/AgentStatus'
 import type { ChangeReason } from './bindings/ChangeReason'
 import type { ClaimOutcome } from './bindings/ClaimOutcome'
 import type { ControlResult } from './bindings/ControlResult'
+import type { ElectionStatus } from './bindings/ElectionStatus'
 import type { ErrorKind } from './bindings/ErrorKind'
-import type { Holder } from './bindings/Holder'
+import type { HolderStatus } from './bindings/HolderStatus'
 import type { LeaderElectionError } from './bindings/LeaderElectionError'
-import type { LeadershipChanged } from './bindings/LeadershipChanged'
+import type { LeadershipChange } from './bindings/LeadershipChange'
+import type { LockState } from './bindings/LockState'
 import type { Status } from './bindings/Status'
 
 export type {
-  AgentStatus,
   ChangeReason,
   ClaimOutcome,
   ControlResult,
+  ElectionStatus,
   ErrorKind,
-  Holder,
+  HolderStatus,
   LeaderElectionError,
-  LeadershipChanged,
+  LeadershipChange,
+  LockState,
   Status
 }
 
@@ -93,10 +95,10 @@ export async function handleControlFrame(
 }
 
 /** Calls `cb` on every leadership change of this window. Resolves to the function that stops listening. */
-export async function onLeadershipChanged(
-  cb: (change: LeadershipChanged) => void
+export async function onLeadershipChange(
+  cb: (change: LeadershipChange) => void
 ): Promise<UnlistenFn> {
-  return await listen<LeadershipChanged>(CHANGED_EVENT, (e) => {
+  return await listen<LeadershipChange>(CHANGED_EVENT, (e) => {
     cb(e.payload)
   })
 }
@@ -118,7 +120,7 @@ export async function onLeadershipChanged(
 export class LeaderGate {
   private readonly leaders = new Map<string, boolean>()
   private readonly holders = new Map<string, string | null>()
-  private readonly subscribers = new Set<(change: LeadershipChanged) => void>()
+  private readonly subscribers = new Set<(change: LeadershipChange) => void>()
   private readonly cancelSubscribers = new Set<(pubkey: string) => void>()
   private unlisten: UnlistenFn | null = null
 
@@ -127,7 +129,7 @@ export class LeaderGate {
   /** Starts listening, then reads the current status once. */
   static async create(): Promise<LeaderGate> {
     const gate = new LeaderGate()
-    gate.unlisten = await onLeadershipChanged((c) => {
+    gate.unlisten = await onLeadershipChange((c) => {
       gate.apply(c)
     })
     await gate.refresh()
@@ -140,7 +142,7 @@ export class LeaderGate {
    */
   async refresh(): Promise<void> {
     const seen = new Set<string>()
-    const track = (c: LeadershipChanged): void => {
+    const track = (c: LeadershipChange): void => {
       seen.add(c.pubkey)
     }
     this.subscribers.add(track)
@@ -188,7 +190,7 @@ export class LeaderGate {
   }
 
   /** Every change, after the gate has applied it. Returns an unsubscribe function. */
-  subscribe(cb: (change: LeadershipChanged) => void): () => void {
+  subscribe(cb: (change: LeadershipChange) => void): () => void {
     this.subscribers.add(cb)
     return () => this.subscribers.delete(cb)
   }
@@ -205,7 +207,7 @@ export class LeaderGate {
     this.unlisten = null
   }
 
-  private apply(c: LeadershipChanged): void {
+  private apply(c: LeadershipChange): void {
     this.leaders.set(c.pubkey, c.isLeader)
     this.holders.set(c.pubkey, c.leaderInstanceId)
     for (const s of [...this.subscribers]) s(c)

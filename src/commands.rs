@@ -1,12 +1,16 @@
-//! Thin IPC commands over [`LeaderElection`]. Anything that touches the lock
-//! files runs on the blocking pool, so no command ever blocks the main thread
-//! (each file operation is bounded by the configured lock wait).
+//! Thin IPC commands over [`LeaderElection`]. In Tauri v2 a command that is
+//! not `async` runs on the main thread, so:
+//! * `is_leader`, `status` and `instance_id` are synchronous and provably
+//!   non-blocking: they read the engine's published snapshot (atomic loads,
+//!   no lock held across I/O, no file touched);
+//! * every command that changes something is `async` and waits for the
+//!   engine's writer on the blocking pool, never on the main thread.
 
 use tauri::{command, AppHandle, Runtime};
 
 use crate::error::{Error, Result};
-use crate::models::{ClaimOutcome, ControlResult, Status};
-use crate::{LeaderElection, LeaderElectionExt};
+use crate::models::Status;
+use crate::{ClaimOutcome, ControlResult, LeaderElection, LeaderElectionExt};
 
 async fn blocking<R: Runtime, T: Send + 'static>(
     app: &AppHandle<R>,

@@ -3,12 +3,11 @@
 //! instead of parsing strings.
 
 use serde::{Serialize, Serializer};
-use ts_rs::TS;
 
 /// What went wrong, as the frontend sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, TS)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export_to = "ErrorKind.ts"))]
 #[serde(rename_all = "camelCase")]
-#[ts(export_to = "ErrorKind.ts")]
 pub enum ErrorKind {
     /// The agent pubkey is not 64 hex characters.
     InvalidPubkey,
@@ -31,8 +30,8 @@ pub enum ErrorKind {
 }
 
 /// The wire form of [`Error`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, TS)]
-#[ts(export_to = "LeaderElectionError.ts")]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(export_to = "LeaderElectionError.ts"))]
 pub struct LeaderElectionError {
     /// Machine-readable kind.
     pub kind: ErrorKind,

@@ -1,18 +1,25 @@
 //! The handle an app uses (through [`crate::LeaderElectionExt`]) and the
-//! commands use: the engine's [`Elector`], with string pubkeys validated at
-//! the boundary and plugin payload types out.
+//! commands use: the engine's elector, with string pubkeys validated at the
+//! boundary.
 
 use std::sync::Arc;
 
-use nip_le::elector::LeaderFlag;
-use nip_le::{AgentPubkey, Elector, LeadershipChange};
+use nip_le::{AgentPubkey, Elector, LeaderFlag, LeadershipChange};
 use tokio::sync::broadcast;
 
 use crate::error::Result;
-use crate::models::{AgentStatus, ClaimOutcome, ControlResult, Status};
+use crate::models::Status;
+use crate::{ClaimOutcome, ControlResult};
 
 /// This window's participation in the elections of its agents. Cheap to
 /// clone; all clones share one engine.
+///
+/// Reads (`is_leader`, `gate`, `status`, `instance_id`) never wait and never
+/// touch a file: call them anywhere, the main thread included. Calls that
+/// change something (`join`, `leave`, `claim`, `release`,
+/// `handle_control_frame`, `refresh`) wait for the engine's writer thread,
+/// which does the file I/O (each operation bounded by the lock wait): call
+/// them off the main thread, as the plugin's commands do.
 #[derive(Clone, Debug)]
 pub struct LeaderElection {
     elector: Arc<Elector>,
@@ -30,25 +37,26 @@ impl LeaderElection {
     }
 
     /// This window's election id. Pass it to agent processes you spawn in
-    /// `BUZZ_INSTANCE_ELECTION_ID` so they act as this window.
+    /// `BUZZ_INSTANCE_ELECTION_ID` ([`crate::ELECTION_ID_ENV`]) so they act
+    /// as this window.
     pub fn instance_id(&self) -> &str {
         self.elector.instance_id().as_str()
     }
 
-    /// Whether this window is the prompter for `pubkey` (cached: no I/O).
-    /// Errors for an invalid or unjoined key.
+    /// Whether this window is the prompter for `pubkey` (cached: no I/O, no
+    /// wait). Errors for an invalid or unjoined key.
     pub fn is_leader(&self, pubkey: &str) -> Result<bool> {
         Ok(self.gate(pubkey)?.is_leader())
     }
 
-    /// A handle whose `is_leader()` is one atomic load, for the dispatch,
-    /// 👀 and heartbeat paths (NIP-LE (a)–(c)).
+    /// A handle whose `is_leader()` is an atomic load or two, for the
+    /// dispatch, 👀 and heartbeat paths (NIP-LE (a)–(c)).
     pub fn gate(&self, pubkey: &str) -> Result<LeaderFlag> {
         Ok(self.elector.leader_flag(&key(pubkey)?)?)
     }
 
-    /// Joins an agent's election and claims at once. Idempotent. Blocking
-    /// file I/O (bounded by the lock wait): call it off the UI thread.
+    /// Joins an agent's election and claims at once. Idempotent. Waits for
+    /// the writer: call it off the UI thread.
     pub fn join(&self, pubkey: &str) -> Result<bool> {
         Ok(self.elector.join(&key(pubkey)?)?)
     }
@@ -58,14 +66,15 @@ impl LeaderElection {
         Ok(self.elector.leave(&key(pubkey)?)?)
     }
 
-    /// "This window wants to lead" (the sidebar's claim). Co-located windows
-    /// hand over without a relay; see [`Elector::claim`].
+    /// The user's claim: "this window wants to lead" (the sidebar's claim).
+    /// Co-located windows hand over without a relay; see
+    /// [`nip_le::Elector::claim`].
     pub fn claim(&self, pubkey: &str) -> Result<ClaimOutcome> {
-        Ok(self.elector.claim(&key(pubkey)?)?.into())
+        Ok(self.elector.claim(&key(pubkey)?)?)
     }
 
     /// Releases the lock if this window holds it and stands down for the
-    /// stand-down timeout. Returns whether a claim of ours was released.
+    /// stand-down timeout. Returns whether a record of ours was released.
     pub fn release(&self, pubkey: &str) -> Result<bool> {
         Ok(self.elector.release(&key(pubkey)?)?)
     }
@@ -74,24 +83,22 @@ impl LeaderElection {
     /// and returns the `control_result` to send back, if any. Check NIP-AO
     /// authorisation (the frame comes from the agent's owner) first.
     pub fn handle_control_frame(&self, pubkey: &str, frame: &str) -> Result<Option<ControlResult>> {
-        Ok(self
-            .elector
-            .handle_control_frame(&key(pubkey)?, frame)?
-            .map(Into::into))
+        Ok(self.elector.handle_control_frame(&key(pubkey)?, frame)?)
     }
 
-    /// A snapshot of every joined agent (cached: no I/O).
+    /// Looks at every joined agent's lock now, without waiting for the
+    /// refresh tick.
+    pub fn refresh(&self) {
+        self.elector.refresh_now();
+    }
+
+    /// A snapshot of every joined agent (cached: no I/O, no wait).
     pub fn status(&self) -> Status {
         Status {
             instance_id: self.instance_id().to_owned(),
             pid: std::process::id(),
             lock_dir: self.elector.config().lock_dir.display().to_string(),
-            agents: self
-                .elector
-                .status()
-                .into_iter()
-                .map(AgentStatus::from)
-                .collect(),
+            agents: self.elector.status(),
         }
     }
 
@@ -100,14 +107,22 @@ impl LeaderElection {
         self.elector.subscribe()
     }
 
-    /// The engine itself, for anything this wrapper does not cover.
-    pub fn engine(&self) -> &Elector {
-        &self.elector
-    }
-
-    /// Releases every lock this window holds and stops refreshing. Called on
-    /// `RunEvent::Exit`; idempotent.
+    /// Releases every lock this window holds and stops the engine. Called
+    /// on `RunEvent::Exit`; idempotent.
     pub fn shutdown(&self) {
         self.elector.shutdown();
     }
+}
+
+/// For agent processes a window spawned with its election id (in
+/// `BUZZ_INSTANCE_ELECTION_ID`): whether that window leads `pubkey` now, by
+/// the NIP's read side (one unguarded read of the lock file in the default
+/// lock directory, `$BUZZ_LEADER_LOCK_DIR` or `~/.buzz/leader-locks`). It
+/// joins nothing and writes nothing: a child that joined would be the same
+/// instance as its window, and its exit would release the window's lock.
+pub fn read_side(pubkey: &str) -> Result<bool> {
+    let pk = key(pubkey)?;
+    let dir = nip_le::config::default_lock_dir().map_err(nip_le::Error::from)?;
+    let id = nip_le::InstanceId::from_env_or_random();
+    Ok(nip_le::election::read_side(&dir, &pk, id.as_str()))
 }

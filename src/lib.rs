@@ -34,20 +34,25 @@ use std::time::Duration;
 use tauri::plugin::{Builder as PluginBuilder, TauriPlugin};
 use tauri::{Emitter, Manager, RunEvent, Runtime};
 
+#[cfg(test)]
+mod bindings;
 mod commands;
 mod error;
 mod leader_election;
 mod models;
 
 pub use error::{Error, ErrorKind, LeaderElectionError, Result};
-pub use leader_election::LeaderElection;
-pub use models::{
-    AgentStatus, ChangeReason, ClaimOutcome, ControlResult, Holder, LeadershipChanged, Status,
+pub use leader_election::{read_side, LeaderElection};
+pub use models::Status;
+/// The engine's types that cross IPC or that an app handles: one vocabulary
+/// from the engine to the webview.
+pub use nip_le::{
+    ChangeReason, ClaimOutcome, ControlResult, ElectionStatus, HolderStatus, LeaderFlag,
+    LeadershipChange, LockState, Mode, ELECTION_ID_ENV,
 };
-pub use nip_le;
 
 /// The event emitted to every webview on each leadership change, with a
-/// [`LeadershipChanged`] payload.
+/// [`LeadershipChange`] payload.
 pub const CHANGED_EVENT: &str = "leader-election://changed";
 
 /// Extension trait: `app.leader_election()` on the app, its handle, windows
@@ -73,7 +78,7 @@ pub struct Builder {
     stale: Option<Duration>,
     stand_down: Option<Duration>,
     lock_wait: Option<Duration>,
-    mode: Option<nip_le::Mode>,
+    mode: Option<Mode>,
     agents: Vec<String>,
     election_id: Option<String>,
 }
@@ -117,7 +122,7 @@ impl Builder {
 
     /// `Mode::Spec` turns every extension off (plain NIP behaviour);
     /// the default, `Mode::Extended`, keeps them on.
-    pub fn mode(mut self, mode: nip_le::Mode) -> Self {
+    pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = Some(mode);
         self
     }
@@ -230,7 +235,7 @@ fn forward_changes<R: Runtime>(
         .spawn(move || loop {
             match rx.blocking_recv() {
                 Ok(c) => {
-                    if let Err(e) = app.emit(CHANGED_EVENT, LeadershipChanged::from(c)) {
+                    if let Err(e) = app.emit(CHANGED_EVENT, c) {
                         tracing::warn!("cannot emit {CHANGED_EVENT}: {e}");
                     }
                 }

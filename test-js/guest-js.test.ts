@@ -11,10 +11,10 @@ import {
   isLeader,
   join,
   leave,
-  onLeadershipChanged,
+  onLeadershipChange,
   release,
   status,
-  type LeadershipChanged,
+  type LeadershipChange,
   type Status
 } from '../guest-js/index'
 
@@ -25,7 +25,7 @@ type Call = { cmd: string; args: unknown }
 let calls: Call[] = []
 let statusReply: Status
 
-function change(pubkey: string, isLeader: boolean, reason: LeadershipChanged['reason'], mustCancelTurn = false): LeadershipChanged {
+function change(pubkey: string, isLeader: boolean, reason: LeadershipChange['reason'], mustCancelTurn = false): LeadershipChange {
   return { pubkey, isLeader, leaderInstanceId: isLeader ? 'me' : 'other', reason, mustCancelTurn, epoch: null, atMs: Date.now() }
 }
 
@@ -105,9 +105,9 @@ describe('command wrappers', () => {
     expect(sent[1]).toEqual(sent[0])
   })
 
-  it('onLeadershipChanged delivers payloads until unlistened', async () => {
-    const seen: LeadershipChanged[] = []
-    const unlisten = await onLeadershipChanged((c) => seen.push(c))
+  it('onLeadershipChange delivers payloads until unlistened', async () => {
+    const seen: LeadershipChange[] = []
+    const unlisten = await onLeadershipChange((c) => seen.push(c))
     await emit(CHANGED_EVENT, change(A, false, 'lost'))
     unlisten()
     await emit(CHANGED_EVENT, change(A, true, 'acquired'))

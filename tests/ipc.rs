@@ -112,7 +112,7 @@ impl Window {
     }
 
     fn refresh(&self) {
-        self.app.leader_election().engine().refresh_now();
+        self.app.leader_election().refresh();
     }
 }
 
@@ -216,7 +216,7 @@ fn errors_are_typed_never_panics() {
         let presence = name
             .strip_prefix(&format!("{KEY}."))
             .and_then(|t| t.strip_suffix(".live"))
-            .is_some_and(tauri_plugin_leader_election::nip_le::presence::valid_token);
+            .is_some_and(nip_le::presence::valid_token);
         assert!(
             name == format!("{KEY}.lock") || presence,
             "unexpected file {name}"
@@ -238,11 +238,11 @@ fn events_follow_a_cooperative_claim_between_two_windows() {
     let b_status = b.invoke("status", json!({})).unwrap();
     assert_eq!(b_status["agents"][0]["holder"]["instanceId"], "window-a");
 
-    assert_eq!(
-        b.invoke("claim", json!({"pubkey": KEY})).unwrap(),
-        "pending"
-    );
-    a.refresh(); // a sees the local claim request and stands down
+    // In extended mode a sees b's lead request at once (directory watch)
+    // and may hand over before b's claim returns.
+    let outcome = b.invoke("claim", json!({"pubkey": KEY})).unwrap();
+    assert!(outcome == "pending" || outcome == "claimed", "{outcome}");
+    a.refresh(); // a sees the local lead request and stands down
     let lost = a.event_with_reason("stood_down");
     assert_eq!(lost["pubkey"], KEY);
     assert_eq!(lost["isLeader"], false);

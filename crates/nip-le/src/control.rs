@@ -1,8 +1,13 @@
 //! Cooperative steal messages: NIP-AO control frames delivered by the relay,
-//! and the local claim request that lets co-located instances hand over
+//! and the local lead request that lets co-located instances hand over
 //! leadership with no relay at all.
 //!
-//! The local request is an extension file beside the lock file,
+//! Words: the user's *claim* (the sidebar's "lead from this window") is
+//! carried to co-located instances by a *lead request*, to remote ones by a
+//! `claim_leadership` *frame*; the holder's *record* is what the lock file
+//! holds.
+//!
+//! The lead request is an extension file beside the lock file,
 //! `<pubkey>.claim`, holding `{"type":"claim_leadership","targetInstanceId":…,
 //! "requestedAt":…,"nonce":…,"pid":…}`. Foreign writers never read it, so it
 //! only affects our instances; it is replaced atomically (rename, which never
@@ -65,11 +70,14 @@ impl ControlFrame {
 /// The `control_result` the target sends (as telemetry) once it holds the
 /// lock: `{"type":"claim_leadership","status":"claimed"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "ControlResult.ts"))]
 pub struct ControlResult {
     /// Always `claim_leadership`.
     #[serde(rename = "type")]
+    #[cfg_attr(feature = "ts", ts(rename = "type", type = "\"claim_leadership\""))]
     pub kind: String,
     /// Always `claimed` (no frame is sent while the acquire has not succeeded).
+    #[cfg_attr(feature = "ts", ts(type = "\"claimed\""))]
     pub status: String,
 }
 
@@ -88,10 +96,10 @@ impl ControlResult {
     }
 }
 
-/// A local claim request read from `<pubkey>.claim`.
+/// A local lead request, read from `<pubkey>.claim`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ClaimRequest {
+pub struct LeadRequest {
     /// Always `claim_leadership`.
     #[serde(rename = "type")]
     pub kind: String,
@@ -106,7 +114,7 @@ pub struct ClaimRequest {
     pub pid: u32,
 }
 
-impl ClaimRequest {
+impl LeadRequest {
     /// A new request for `target`, now.
     pub fn new(target: &str) -> Self {
         Self {
@@ -139,13 +147,13 @@ impl ClaimRequest {
 }
 
 /// `<dir>/<pubkey>.claim`.
-pub fn claim_request_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
+pub fn lead_request_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
     dir.join(format!("{}.claim", pubkey.as_str()))
 }
 
 /// Reads the current request, if any valid one exists. Hostile content
 /// (symlink, non-file, oversized, malformed) reads as no request.
-pub fn read_claim_request(path: &Path) -> Option<ClaimRequest> {
+pub fn read_lead_request(path: &Path) -> Option<LeadRequest> {
     let f = crate::lockfile::open_regular_file(path, crate::lockfile::Create::No).ok()?;
     let mut buf = Vec::new();
     std::io::Read::read_to_end(
@@ -156,28 +164,31 @@ pub fn read_claim_request(path: &Path) -> Option<ClaimRequest> {
     if buf.len() > MAX_RECORD_BYTES {
         return None;
     }
-    let req: ClaimRequest = serde_json::from_slice(&buf).ok()?;
+    let req: LeadRequest = serde_json::from_slice(&buf).ok()?;
     (req.kind == CLAIM_LEADERSHIP).then_some(req)
 }
 
-/// Publishes `req` atomically (temp file in the same directory, `0600`, then
-/// rename).
-pub fn write_claim_request(path: &Path, req: &ClaimRequest) -> Result<()> {
+/// Publishes `req` atomically: a fresh temp file in the same directory
+/// (`0600`, created exclusively, never through a symlink), then a rename
+/// over the request path. The temp file is removed if anything fails.
+pub fn write_lead_request(path: &Path, req: &LeadRequest) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".claim-")
-        .tempfile_in(dir)
-        .map_err(|e| Error::io(dir, e))?;
+    let tmp = dir.join(format!(".claim-{}", uuid::Uuid::new_v4().simple()));
     let body = serde_json::to_vec(req).expect("strings and an integer always serialise");
-    tmp.write_all(&body).map_err(|e| Error::io(tmp.path(), e))?;
-    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    let written = crate::lockfile::open_regular_file(&tmp, crate::lockfile::Create::New)
+        .and_then(|mut f| f.write_all(&body))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(path, e));
+    }
     Ok(())
 }
 
 /// Removes the request if it is still the one with `nonce` (a newer request
 /// by someone else is left alone).
-pub fn remove_claim_request(path: &Path, nonce: &str) {
-    if read_claim_request(path).is_some_and(|r| r.nonce == nonce) {
+pub fn remove_lead_request(path: &Path, nonce: &str) {
+    if read_lead_request(path).is_some_and(|r| r.nonce == nonce) {
         let _ = std::fs::remove_file(path);
     }
 }
@@ -223,20 +234,22 @@ mod tests {
     fn request_round_trip_freshness_and_removal() {
         let tmp = tempfile::tempdir().unwrap();
         let pk = AgentPubkey::parse(&"cd".repeat(32)).unwrap();
-        let p = claim_request_path(tmp.path(), &pk);
-        assert_eq!(read_claim_request(&p), None);
-        let req = ClaimRequest::new("me");
-        write_claim_request(&p, &req).unwrap();
-        assert_eq!(read_claim_request(&p).as_ref(), Some(&req));
+        let p = lead_request_path(tmp.path(), &pk);
+        assert_eq!(read_lead_request(&p), None);
+        let req = LeadRequest::new("me");
+        write_lead_request(&p, &req).unwrap();
+        assert_eq!(read_lead_request(&p).as_ref(), Some(&req));
+        // No temp file is left behind.
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
         let now = SystemTime::now();
         assert!(req.is_fresh(now, Duration::from_secs(10)));
         assert!(!req.is_fresh(now + Duration::from_secs(11), Duration::from_secs(10)));
         assert!(!req.is_fresh(now - Duration::from_secs(11), Duration::from_secs(10)));
-        remove_claim_request(&p, "someone-else");
+        remove_lead_request(&p, "someone-else");
         assert!(p.exists());
-        remove_claim_request(&p, &req.nonce);
+        remove_lead_request(&p, &req.nonce);
         assert!(!p.exists());
         std::fs::write(&p, b"{garbage").unwrap();
-        assert_eq!(read_claim_request(&p), None);
+        assert_eq!(read_lead_request(&p), None);
     }
 }

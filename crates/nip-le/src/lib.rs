@@ -5,22 +5,22 @@
 //! key through a local lock file, `<lock dir>/<pubkey>.lock`, shared with the
 //! existing Buzz agent harness byte for byte (see `INTEROP.md`).
 //!
-//! This crate has no Tauri dependency: the plugin, the `nip-le` CLI and any
-//! agent process link the same engine.
+//! This crate is the engine only: no Tauri, no CLI parser, no signal
+//! handler, no log formatter. The Tauri plugin, the `nip-le` CLI and any
+//! agent process link it.
 //!
 //! One concept per module:
-//! * [`pubkey`] — the validated agent key (it becomes a file name);
-//! * [`identity`] — the per-window election id;
-//! * [`config`] — the one validated set of timings;
-//! * [`record`] — the lock record, parsed defensively, written compatibly;
-//! * [`lockfile`] — lock file I/O (no symlinks, capped reads, bounded waits);
-//! * [`liveness`] — is a holder's pid running;
-//! * [`election`] — the read-side and acquire-side decisions;
-//! * [`presence`] — extension: per-participant liveness locks;
-//! * [`control`] — `claim_leadership` frames and local claim requests;
-//! * [`elector`] — many keys, the refresh thread, the cache and the changes;
-//! * [`cluster`] — driving `nip-le run` processes (demo, tests, benchmarks);
-//! * [`feed`] — following an appended JSON-lines file (the simulated relay).
+//! * [`pubkey`]: the validated agent key (it becomes a file name);
+//! * [`identity`]: the per-window election id;
+//! * [`config`]: the one validated set of timings;
+//! * [`record`]: the lock record, parsed defensively, written compatibly;
+//! * [`lockfile`]: lock file I/O (no symlinks, capped reads, bounded waits);
+//! * [`liveness`]: is a holder's pid running;
+//! * [`election`]: the NIP's read-side and acquire-side rules, pure;
+//! * [`presence`]: extension, per-participant liveness locks;
+//! * [`control`]: `claim_leadership` frames and local lead requests;
+//! * [`elector`]: many keys, one writer thread, a lock-free snapshot for
+//!   readers, and change events.
 //!
 //! ```no_run
 //! use nip_le::{AgentPubkey, Config, Elector, InstanceId};
@@ -36,13 +36,11 @@
 
 #![warn(missing_docs)]
 
-pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod election;
 pub mod elector;
 pub mod error;
-pub mod feed;
 pub mod identity;
 pub mod liveness;
 pub mod lockfile;
@@ -53,8 +51,9 @@ pub mod record;
 pub use config::{Config, Mode};
 pub use control::{ControlFrame, ControlResult};
 pub use elector::{
-    ChangeReason, ClaimOutcome, ElectionStatus, Elector, HolderStatus, LeaderFlag, LeadershipChange,
+    ChangeReason, ClaimOutcome, ElectionStatus, Elector, HolderStatus, LeaderFlag,
+    LeadershipChange, LockState,
 };
 pub use error::{Error, Result};
-pub use identity::InstanceId;
+pub use identity::{InstanceId, ELECTION_ID_ENV};
 pub use pubkey::AgentPubkey;

@@ -346,7 +346,10 @@ fn extended_does_not_evict_a_live_holder_for_an_old_claimed_at_but_spec_does() {
         .record()
         .cloned()
         .unwrap();
-    assert_eq!((now.instance_id.as_str(), now.epoch), ("ext", Some(4)));
+    // One above the sleeper's (or above ext's own, if ext took the lock in
+    // the moment the spec instance left it empty).
+    assert_eq!(now.instance_id, "ext");
+    assert!(now.epoch.is_some_and(|e| e > 3), "{:?}", now.epoch);
 }
 
 #[test]

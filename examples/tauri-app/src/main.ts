@@ -6,8 +6,8 @@ import {
   LeaderGate,
   claim,
   status as leStatus,
-  type AgentStatus,
-  type LeadershipChanged
+  type ElectionStatus,
+  type LeadershipChange
 } from 'tauri-plugin-leader-election-api'
 
 type Agent = { name: string; pubkey: string }
@@ -20,7 +20,7 @@ const short = (id: string | null | undefined): string => (id ? id.slice(0, 8) : 
 
 let config: Config
 let gate: LeaderGate
-let statuses = new Map<string, AgentStatus>()
+let statuses = new Map<string, ElectionStatus>()
 const seenMentions: Mention[] = []
 const reacted = new Set<string>()
 let openMenu: string | null = null
@@ -137,9 +137,9 @@ async function main(): Promise<void> {
   $('pid').textContent = String(config.pid)
   gate = await LeaderGate.create()
   // Every change this window saw, for the end-to-end tests.
-  const log: LeadershipChanged[] = []
-  ;(window as unknown as { __leaderLog: LeadershipChanged[] }).__leaderLog = log
-  gate.subscribe((c: LeadershipChanged) => {
+  const log: LeadershipChange[] = []
+  ;(window as unknown as { __leaderLog: LeadershipChange[] }).__leaderLog = log
+  gate.subscribe((c: LeadershipChange) => {
     log.push(c)
     if (c.reason === 'claimed') toast(`This window now leads ${config.agents.find((a) => a.pubkey === c.pubkey)?.name}`)
     renderSidebar()

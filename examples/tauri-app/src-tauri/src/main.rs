@@ -24,9 +24,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use serde_json::{json, Value};
 use tauri::{AppHandle, Emitter, Manager, State};
-use tauri_plugin_leader_election::nip_le;
-use tauri_plugin_leader_election::nip_le::feed::FeedFollower;
-use tauri_plugin_leader_election::LeaderElectionExt;
+use tauri_plugin_leader_election::{LeaderElectionExt, ELECTION_ID_ENV};
 
 const DEFAULT_AGENTS: [(&str, &str); 2] = [
     (
@@ -158,7 +156,7 @@ async fn spawn_child(app: AppHandle, pubkey: String) -> Result<Value, String> {
         let out = std::process::Command::new(exe)
             .arg("--agent-child")
             .arg(&pubkey)
-            .env(nip_le::identity::ELECTION_ID_ENV, id)
+            .env(ELECTION_ID_ENV, id)
             .output()
             .map_err(|e| e.to_string())?;
         serde_json::from_slice::<Value>(&out.stdout)
@@ -173,15 +171,14 @@ async fn spawn_child(app: AppHandle, pubkey: String) -> Result<Value, String> {
 /// would release the window's lock, since it *is* the same instance.
 fn child(pubkey: &str) -> i32 {
     let report = (|| -> Result<Value, String> {
-        let pk = nip_le::AgentPubkey::parse(pubkey).map_err(|e| e.to_string())?;
-        let id = nip_le::InstanceId::from_env_or_random();
-        let dir = nip_le::config::default_lock_dir().map_err(|e| e.to_string())?;
-        let content = nip_le::lockfile::read_unguarded(&nip_le::lockfile::lock_path(&dir, &pk));
+        let is_leader =
+            tauri_plugin_leader_election::read_side(pubkey).map_err(|e| e.to_string())?;
+        let inherited = std::env::var(ELECTION_ID_ENV).ok();
         Ok(json!({
             "pid": std::process::id(),
-            "instanceId": id.as_str(),
-            "inherited": std::env::var(nip_le::identity::ELECTION_ID_ENV).is_ok(),
-            "isLeader": nip_le::election::reads_as_leader(content.as_ref(), id.as_str()),
+            "instanceId": inherited.clone().unwrap_or_default(),
+            "inherited": inherited.is_some(),
+            "isLeader": is_leader,
         }))
     })();
     match report {
@@ -197,13 +194,29 @@ fn child(pubkey: &str) -> i32 {
 }
 
 /// Follows the shared mention file from its current end and emits each new
-/// mention to this window's webview (the relay's fan-out).
+/// complete line to this window's webview (the relay's fan-out).
 fn follow_feed(app: AppHandle, path: PathBuf) {
-    let mut feed = FeedFollower::from_end(path);
+    let mut offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let mut partial = Vec::new();
     loop {
         std::thread::sleep(Duration::from_millis(50));
-        for mention in feed.poll() {
-            let _ = app.emit("demo://mention", mention);
+        let Ok(mut f) = std::fs::File::open(&path) else {
+            continue;
+        };
+        if f.seek(SeekFrom::Start(offset)).is_err() {
+            continue;
+        }
+        let mut buf = Vec::new();
+        let Ok(n) = f.take(1 << 20).read_to_end(&mut buf) else {
+            continue;
+        };
+        offset += n as u64;
+        partial.extend_from_slice(&buf);
+        while let Some(nl) = partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = partial.drain(..=nl).collect();
+            if let Ok(mention) = serde_json::from_slice::<Value>(&line) {
+                let _ = app.emit("demo://mention", mention);
+            }
         }
     }
 }

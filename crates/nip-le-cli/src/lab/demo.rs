@@ -12,8 +12,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use nip_le::cluster::{lock_holder, random_pubkey, unix_ms, Instance, RunOptions};
-use serde_json::Value;
+use nip_le::ChangeReason;
+
+use super::cluster::{
+    first_new_leader, lock_holder, random_pubkey, wait_until, Instance, RunOptions,
+};
+use crate::lines::{Line, MentionLine, ReplyLine};
+use crate::unix_ms;
 
 /// Options of `nip-le demo`.
 #[derive(Args, Debug)]
@@ -22,7 +27,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 3)]
     instances: usize,
     #[command(flatten)]
-    timings: crate::run::TimingArgs,
+    timings: crate::cli::TimingArgs,
     /// Mentions sent in each settled phase.
     #[arg(long, default_value_t = 5)]
     mentions_per_phase: usize,
@@ -33,7 +38,9 @@ pub struct DemoArgs {
 
 struct Demo {
     start: Instant,
+    instances: usize,
     insts: Vec<Instance>,
+    opts: RunOptions,
     lock_path: PathBuf,
     mentions: PathBuf,
     replies: PathBuf,
@@ -85,7 +92,7 @@ impl Demo {
     fn wait_settled(&mut self, phase: &str) -> Option<usize> {
         let deadline = self.stale + self.stand_down + self.refresh * 3;
         let mut found = None;
-        nip_le::cluster::wait_until(deadline, || {
+        wait_until(deadline, || {
             found = self.settled_leader();
             found.is_some()
         });
@@ -126,7 +133,14 @@ impl Demo {
         for _ in 0..n {
             self.next_mention += 1;
             let id = format!("m{}", self.next_mention);
-            let line = format!("{}\n", serde_json::json!({"id": id, "phase": phase}));
+            let mention = MentionLine {
+                id: id.clone().into(),
+                at_ms: None,
+            };
+            let line = format!(
+                "{}\n",
+                serde_json::to_string(&mention).expect("strings and numbers")
+            );
             if let Err(e) = std::fs::OpenOptions::new()
                 .append(true)
                 .open(&self.mentions)
@@ -139,12 +153,15 @@ impl Demo {
             ids.push(id);
             std::thread::sleep(Duration::from_millis(20));
         }
-        let all_seen = nip_le::cluster::wait_until(Duration::from_secs(5), || {
+        let all_seen = wait_until(Duration::from_secs(5), || {
             self.live().all(|i| {
                 let seen: Vec<_> = i
-                    .reports_of("mention")
-                    .iter()
-                    .filter_map(|r| r.json["id"].as_str().map(str::to_owned))
+                    .reports()
+                    .into_iter()
+                    .filter_map(|r| match r.line {
+                        Line::Mention { id, .. } => id.as_str().map(str::to_owned),
+                        _ => None,
+                    })
                     .collect();
                 ids.iter().all(|id| seen.contains(id))
             })
@@ -187,7 +204,7 @@ impl Demo {
         label: &'static str,
         after: &str,
     ) {
-        match nip_le::cluster::first_new_leader(&self.insts, cursors, Some(gone), deadline) {
+        match first_new_leader(&self.insts, cursors, Some(gone), deadline) {
             Some((i, at)) => {
                 let ms = at.saturating_sub(t0);
                 self.say(&format!("{} leads {ms} ms {after}", self.insts[i].name));
@@ -218,16 +235,13 @@ fn dedup(mut v: Vec<String>) -> Vec<String> {
 
 fn reply_counts(replies: &Path) -> BTreeMap<String, Vec<String>> {
     let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in std::fs::read_to_string(replies).unwrap_or_default().lines() {
-        if let Ok(v) = serde_json::from_str::<Value>(line) {
-            if let (Some(id), Some(who)) = (v["mention"].as_str(), v["instance_id"].as_str()) {
-                m.entry(id.to_owned()).or_default().push(who.to_owned());
-            }
-        }
+    for r in ReplyLine::read_all(replies) {
+        m.entry(r.mention_id()).or_default().push(r.instance_id);
     }
     m
 }
 
+/// Runs the narrated demo; exits non-zero if the invariant broke.
 pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
     if a.instances < 3 {
         eprintln!(
@@ -244,51 +258,9 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
         })?;
     let lock_dir = tmp.path().join("leader-locks");
     // Same flags and validation as every instance will apply.
-    let mut cfg = crate::run::config_from(
-        Some(lock_dir.clone()),
-        a.timings.refresh_ms,
-        a.timings.stale_ms,
-        a.timings.stand_down_ms,
-        None,
-    )?;
-    cfg.mode = a.timings.mode.unwrap_or_default();
-
+    let cfg = crate::cli::config_from(Some(lock_dir.clone()), &a.timings, None)?;
     let pubkey = random_pubkey();
-    let mentions = tmp.path().join("mentions.jsonl");
-    let replies = tmp.path().join("replies.jsonl");
-    for f in [&mentions, &replies] {
-        std::fs::File::create(f).map_err(|e| nip_le::Error::Io {
-            path: f.clone(),
-            source: e,
-        })?;
-    }
-    let exe = std::env::current_exe().map_err(|e| nip_le::Error::Io {
-        path: "<current exe>".into(),
-        source: e,
-    })?;
-    let mut opts = RunOptions::new(exe, &lock_dir, pubkey);
-    opts.extra_args = vec!["--mode".into(), cfg.mode.as_str().into()];
-    let mut opts = opts.timings(
-        cfg.refresh.as_millis() as u64,
-        cfg.stale.as_millis() as u64,
-        cfg.stand_down.as_millis() as u64,
-    );
-    opts.feed = Some((mentions.clone(), replies.clone()));
-
-    let mut d = Demo {
-        start: Instant::now(),
-        insts: Vec::new(),
-        lock_path: nip_le::lockfile::lock_path(&lock_dir, &pubkey),
-        mentions,
-        replies,
-        next_mention: 0,
-        sent: Vec::new(),
-        failures: Vec::new(),
-        timings: Vec::new(),
-        refresh: cfg.refresh,
-        stale: cfg.stale,
-        stand_down: cfg.stand_down,
-    };
+    let mut d = Demo::new(&cfg, tmp.path(), &lock_dir, pubkey)?;
     d.say(&format!(
         "NIP-LE demo: {} instances of agent {}… in {}",
         a.instances,
@@ -302,134 +274,205 @@ pub fn demo(a: DemoArgs) -> Result<ExitCode, nip_le::Error> {
         cfg.stand_down,
         cfg.mode.as_str()
     ));
-
-    // 1. Everyone starts at once.
-    for n in 0..a.instances {
-        let name = ((b'A' + (n % 26) as u8) as char).to_string();
-        let inst =
-            Instance::spawn(&name, opts.command(None), Duration::from_secs(10)).map_err(|e| {
-                nip_le::Error::Io {
-                    path: opts.exe.clone(),
-                    source: e,
-                }
-            })?;
-        d.say(&format!(
-            "started {name}: pid {}, election id {}",
-            inst.pid, inst.instance_id
-        ));
-        d.insts.push(inst);
-    }
-    let Some(leader) = d.wait_settled("launch") else {
-        return finish(d, tmp, a.keep);
-    };
-    d.mentions("steady", a.mentions_per_phase);
-
-    // 2. SIGKILL the leader: no release, the survivors must notice. A crash
-    // lands at a random moment of the refresh cycle, so the kill does too.
-    let phase = Duration::from_millis(
-        (uuid::Uuid::new_v4().as_u128() % cfg.refresh.as_millis().max(1)) as u64,
-    );
-    d.say(&format!(
-        "waiting a random {} ms of the refresh cycle before the crash",
-        phase.as_millis()
-    ));
-    std::thread::sleep(phase);
-    let cursors = d.cursors();
-    let t0 = unix_ms();
-    d.say(&format!(
-        "SIGKILL {} (the leader, pid {})",
-        d.insts[leader].name, d.insts[leader].pid
-    ));
-    if let Err(e) = d.insts[leader].kill_and_reap() {
-        d.fail(format!("cannot kill the leader: {e}"));
-    }
-    d.measure_takeover(
-        &cursors,
-        leader,
-        t0,
-        cfg.stale + cfg.refresh * 3,
-        "failover after SIGKILL",
-        "after the kill",
-    );
-    let Some(leader) = d.wait_settled("failover") else {
-        return finish(d, tmp, a.keep);
-    };
-    d.mentions("after failover", a.mentions_per_phase);
-
-    // 3. Cooperative claim from an observer (the sidebar's "claim").
-    let Some(claimer) = (0..d.insts.len()).find(|&i| i != leader && !d.insts[i].exited()) else {
-        d.fail("no observer left to claim".into());
-        return finish(d, tmp, a.keep);
-    };
-    let cursors = d.cursors();
-    let t0 = unix_ms();
-    d.say(&format!("{} asks to lead (claim)", d.insts[claimer].name));
-    if let Err(e) = d.insts[claimer].send("claim") {
-        d.fail(format!("cannot send claim: {e}"));
-    }
-    let stood =
-        d.insts[leader].wait_after(cursors[leader], cfg.stand_down + cfg.refresh * 3, |r| {
-            r.reason() == "stood_down"
-        });
-    if let Some(r) = &stood {
-        d.say(&format!(
-            "{} stood down {} ms after the claim (hard-steal: cancel its in-flight turn)",
-            d.insts[leader].name,
-            r.at_ms().unwrap_or(t0).saturating_sub(t0)
-        ));
-    } else {
-        d.fail(format!("{} did not stand down", d.insts[leader].name));
-    }
-    match d.insts[claimer].wait_after(cursors[claimer], cfg.stand_down + cfg.refresh * 3, |r| {
-        r.is_leader() == Some(true)
-    }) {
-        Some(r) => {
-            let ms = r.at_ms().unwrap_or(t0).saturating_sub(t0);
-            d.say(&format!(
-                "{} leads {ms} ms after its claim ({})",
-                d.insts[claimer].name,
-                r.reason()
-            ));
-            d.timings.push(("cooperative claim", Some(ms)));
+    let n = a.mentions_per_phase;
+    d.instances = a.instances;
+    let phases: [(&str, Phase); 4] = [
+        ("launch", Demo::launch_phase),
+        ("failover", Demo::crash_phase),
+        ("claim", Demo::claim_phase),
+        ("graceful exit", Demo::exit_phase),
+    ];
+    let mut leader = None;
+    for (name, phase) in phases {
+        phase(&mut d, leader)?;
+        leader = d.wait_settled(name);
+        if leader.is_none() {
+            break;
         }
-        None => {
-            d.fail(format!("{} never took the lead", d.insts[claimer].name));
-            d.timings.push(("cooperative claim", None));
-        }
-    }
-    let Some(leader) = d.wait_settled("claim") else {
-        return finish(d, tmp, a.keep);
-    };
-    d.mentions("after claim", a.mentions_per_phase);
-
-    // 4. Graceful exit of the leader: it releases on SIGTERM.
-    let cursors = d.cursors();
-    let t0 = unix_ms();
-    d.say(&format!(
-        "SIGTERM {} (the leader): graceful exit releases the lock",
-        d.insts[leader].name
-    ));
-    #[cfg(unix)]
-    let _ = d.insts[leader].signal(libc::SIGTERM);
-    match d.insts[leader].wait_exit(Duration::from_secs(5)) {
-        Some(st) if st.success() => d.say(&format!("{} stopped cleanly", d.insts[leader].name)),
-        other => d.fail(format!(
-            "{} did not exit cleanly: {other:?}",
-            d.insts[leader].name
-        )),
-    }
-    d.measure_takeover(
-        &cursors,
-        leader,
-        t0,
-        cfg.stale + cfg.refresh * 3,
-        "takeover after graceful exit",
-        "after the exit",
-    );
-    if d.wait_settled("graceful exit").is_some() {
-        d.mentions("after graceful exit", a.mentions_per_phase);
+        d.mentions(name, n);
     }
     finish(d, tmp, a.keep)
+}
+
+/// One step of the demo, given the settled leader before it.
+type Phase = fn(&mut Demo, Option<usize>) -> Result<(), nip_le::Error>;
+
+impl Demo {
+    fn new(
+        cfg: &nip_le::Config,
+        tmp: &Path,
+        lock_dir: &Path,
+        pubkey: nip_le::AgentPubkey,
+    ) -> Result<Self, nip_le::Error> {
+        let mentions = tmp.join("mentions.jsonl");
+        let replies = tmp.join("replies.jsonl");
+        for f in [&mentions, &replies] {
+            std::fs::File::create(f).map_err(|e| nip_le::Error::Io {
+                path: f.clone(),
+                source: e,
+            })?;
+        }
+        let exe = std::env::current_exe().map_err(|e| nip_le::Error::Io {
+            path: "<current exe>".into(),
+            source: e,
+        })?;
+        let mut opts = RunOptions::new(exe, lock_dir, pubkey).timings(
+            ms(cfg.refresh),
+            ms(cfg.stale),
+            ms(cfg.stand_down),
+        );
+        opts.extra_args = vec!["--mode".into(), cfg.mode.as_str().into()];
+        opts.feed = Some((mentions.clone(), replies.clone()));
+        Ok(Self {
+            start: Instant::now(),
+            instances: 3,
+            insts: Vec::new(),
+            opts,
+            lock_path: nip_le::lockfile::lock_path(lock_dir, &pubkey),
+            mentions,
+            replies,
+            next_mention: 0,
+            sent: Vec::new(),
+            failures: Vec::new(),
+            timings: Vec::new(),
+            refresh: cfg.refresh,
+            stale: cfg.stale,
+            stand_down: cfg.stand_down,
+        })
+    }
+
+    /// Phase 1: everyone starts at once.
+    fn launch_phase(d: &mut Demo, _: Option<usize>) -> Result<(), nip_le::Error> {
+        for n in 0..d.instances {
+            let name = ((b'A' + (n % 26) as u8) as char).to_string();
+            let inst = Instance::spawn(&name, d.opts.command(None), Duration::from_secs(10))
+                .map_err(|e| nip_le::Error::Io {
+                    path: d.opts.exe.clone(),
+                    source: e,
+                })?;
+            d.say(&format!(
+                "started {name}: pid {}, election id {}",
+                inst.pid, inst.instance_id
+            ));
+            d.insts.push(inst);
+        }
+        Ok(())
+    }
+
+    /// Phase 2: SIGKILL the leader; no release, the survivors must notice.
+    /// A crash lands at a random moment of the refresh cycle, so the kill
+    /// does too.
+    fn crash_phase(d: &mut Demo, leader: Option<usize>) -> Result<(), nip_le::Error> {
+        let Some(leader) = leader else { return Ok(()) };
+        let phase = Duration::from_millis(
+            (uuid::Uuid::new_v4().as_u128() % d.refresh.as_millis().max(1)) as u64,
+        );
+        d.say(&format!(
+            "waiting a random {} ms of the refresh cycle before the crash",
+            phase.as_millis()
+        ));
+        std::thread::sleep(phase);
+        let cursors = d.cursors();
+        let t0 = unix_ms();
+        d.say(&format!(
+            "SIGKILL {} (the leader, pid {})",
+            d.insts[leader].name, d.insts[leader].pid
+        ));
+        if let Err(e) = d.insts[leader].kill_and_reap() {
+            d.fail(format!("cannot kill the leader: {e}"));
+        }
+        let deadline = d.stale + d.refresh * 3;
+        d.measure_takeover(
+            &cursors,
+            leader,
+            t0,
+            deadline,
+            "failover after SIGKILL",
+            "after the kill",
+        );
+        Ok(())
+    }
+
+    /// Phase 3: cooperative claim from an observer (the sidebar's "claim").
+    fn claim_phase(d: &mut Demo, leader: Option<usize>) -> Result<(), nip_le::Error> {
+        let Some(leader) = leader else { return Ok(()) };
+        let Some(claimer) = (0..d.insts.len()).find(|&i| i != leader && !d.insts[i].exited())
+        else {
+            d.fail("no observer left to claim".into());
+            return Ok(());
+        };
+        let cursors = d.cursors();
+        let t0 = unix_ms();
+        d.say(&format!("{} asks to lead (claim)", d.insts[claimer].name));
+        if let Err(e) = d.insts[claimer].send("claim") {
+            d.fail(format!("cannot send claim: {e}"));
+        }
+        let bound = d.stand_down + d.refresh * 3;
+        let stood = d.insts[leader].wait_after(cursors[leader], bound, |r| {
+            r.leadership()
+                .is_some_and(|l| l.reason == ChangeReason::StoodDown)
+        });
+        match stood.as_ref().and_then(|r| r.at_ms()) {
+            Some(at) => d.say(&format!(
+                "{} stood down {} ms after the claim (hard-steal: cancel its in-flight turn)",
+                d.insts[leader].name,
+                at.saturating_sub(t0)
+            )),
+            None => d.fail(format!("{} did not stand down", d.insts[leader].name)),
+        }
+        let led =
+            d.insts[claimer].wait_after(cursors[claimer], bound, |r| r.is_leader() == Some(true));
+        match led.as_ref().and_then(|r| r.leadership()) {
+            Some(l) => {
+                let ms = l.at_ms.saturating_sub(t0);
+                d.say(&format!(
+                    "{} leads {ms} ms after its claim ({})",
+                    d.insts[claimer].name,
+                    l.reason.as_str()
+                ));
+                d.timings.push(("cooperative claim", Some(ms)));
+            }
+            None => {
+                d.fail(format!("{} never took the lead", d.insts[claimer].name));
+                d.timings.push(("cooperative claim", None));
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase 4: graceful exit of the leader; it releases on SIGTERM.
+    fn exit_phase(d: &mut Demo, leader: Option<usize>) -> Result<(), nip_le::Error> {
+        let Some(leader) = leader else { return Ok(()) };
+        let cursors = d.cursors();
+        let t0 = unix_ms();
+        d.say(&format!(
+            "SIGTERM {} (the leader): graceful exit releases the lock",
+            d.insts[leader].name
+        ));
+        #[cfg(unix)]
+        let _ = d.insts[leader].signal(libc::SIGTERM);
+        match d.insts[leader].wait_exit(Duration::from_secs(5)) {
+            Some(st) if st.success() => d.say(&format!("{} stopped cleanly", d.insts[leader].name)),
+            other => d.fail(format!(
+                "{} did not exit cleanly: {other:?}",
+                d.insts[leader].name
+            )),
+        }
+        let deadline = d.stale + d.refresh * 3;
+        d.measure_takeover(
+            &cursors,
+            leader,
+            t0,
+            deadline,
+            "takeover after graceful exit",
+            "after the exit",
+        );
+        Ok(())
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn finish(mut d: Demo, tmp: tempfile::TempDir, keep: bool) -> Result<ExitCode, nip_le::Error> {

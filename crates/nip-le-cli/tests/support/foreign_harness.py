@@ -115,5 +115,6 @@ while True:
     leader = read_is_leader()
     if leader != cached:
         cached = leader
-        emit(event="leadership", pubkey=a.pubkey, is_leader=leader, reason="tick", at_ms=now_ms())
+        emit(event="leadership", pubkey=a.pubkey, is_leader=leader,
+             reason="acquired" if leader else "lost", at_ms=now_ms())
     time.sleep(a.refresh_ms / 1000)

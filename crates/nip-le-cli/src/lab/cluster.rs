@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use nip_le::AgentPubkey;
 
-use crate::pubkey::AgentPubkey;
+use crate::lines::{Leadership, Line};
 
 /// Options shared by the instances of one cluster.
 #[derive(Debug, Clone)]
@@ -92,31 +92,32 @@ impl RunOptions {
 /// One line an instance printed, with when we read it.
 #[derive(Debug, Clone)]
 pub struct Report {
-    /// The parsed JSON line.
-    pub json: Value,
+    /// The line.
+    pub line: Line,
     /// When the line was read.
     pub received: Instant,
 }
 
 impl Report {
-    /// The `event` field.
-    pub fn event(&self) -> &str {
-        self.json.get("event").and_then(Value::as_str).unwrap_or("")
+    /// The leadership report, when this is one.
+    pub fn leadership(&self) -> Option<&Leadership> {
+        self.line.leadership()
+    }
+    /// The `event` tag of the line.
+    pub fn event(&self) -> &'static str {
+        self.line.event()
+    }
+    /// `reason` of a leadership report.
+    pub fn reason(&self) -> Option<nip_le::ChangeReason> {
+        self.leadership().map(|l| l.reason)
     }
     /// `is_leader` of a leadership report.
     pub fn is_leader(&self) -> Option<bool> {
-        self.json.get("is_leader").and_then(Value::as_bool)
-    }
-    /// `reason` of a leadership report.
-    pub fn reason(&self) -> &str {
-        self.json
-            .get("reason")
-            .and_then(Value::as_str)
-            .unwrap_or("")
+        self.leadership().map(|l| l.is_leader)
     }
     /// `at_ms` of a leadership report.
     pub fn at_ms(&self) -> Option<u64> {
-        self.json.get("at_ms").and_then(Value::as_u64)
+        self.leadership().map(|l| l.at_ms)
     }
 }
 
@@ -167,14 +168,14 @@ impl Instance {
     ) -> std::io::Result<Self> {
         let mut inst = Self::spawn_detached(name, cmd)?;
         let started = inst.wait_for(deadline, |r| {
-            r.iter().find(|r| r.event() == "started").cloned()
+            r.iter().find_map(|r| match &r.line {
+                Line::Started { instance_id, .. } => Some(instance_id.clone()),
+                _ => None,
+            })
         });
         match started {
-            Some(r) => {
-                inst.instance_id = r.json["instance_id"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
+            Some(id) => {
+                inst.instance_id = id;
                 Ok(inst)
             }
             None => Err(std::io::Error::other(format!(
@@ -188,21 +189,25 @@ impl Instance {
     /// empty; read it from its reports), so many can start together.
     pub fn spawn_detached(name: impl Into<String>, mut cmd: Command) -> std::io::Result<Self> {
         let mut child = cmd.spawn()?;
-        let stdout = child.stdout.take().expect("stdout is piped");
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("the command's stdout is not piped"))?;
         let stdin = child.stdin.take();
         let shared = Arc::new(Mutex::new(Shared::default()));
         let sh = Arc::clone(&shared);
         let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(json) = serde_json::from_str::<Value>(&line) {
-                    sh.lock().unwrap().reports.push(Report {
-                        json,
+            for text in BufReader::new(stdout).lines() {
+                let Ok(text) = text else { break };
+                match serde_json::from_str::<Line>(&text) {
+                    Ok(line) => lock(&sh).reports.push(Report {
+                        line,
                         received: Instant::now(),
-                    });
+                    }),
+                    Err(e) => eprintln!("unreadable report line {text:?}: {e}"),
                 }
             }
-            sh.lock().unwrap().eof = true;
+            lock(&sh).eof = true;
         });
         Ok(Self {
             name: name.into(),
@@ -219,30 +224,28 @@ impl Instance {
     /// The latest leadership report's `is_leader` for one key (processes
     /// may join several).
     pub fn is_leader_of(&self, pubkey: &str) -> Option<bool> {
-        self.latest_view(|r| r.json["pubkey"] == pubkey)
+        self.latest_view(|l| l.pubkey == pubkey)
     }
 
-    fn latest_view(&self, matches: impl Fn(&Report) -> bool) -> Option<bool> {
-        self.shared
-            .lock()
-            .unwrap()
+    fn latest_view(&self, matches: impl Fn(&Leadership) -> bool) -> Option<bool> {
+        lock(&self.shared)
             .reports
             .iter()
             .rev()
-            .find(|r| r.event() == "leadership" && matches(r))
-            .and_then(Report::is_leader)
+            .filter_map(Report::leadership)
+            .find(|l| matches(l))
+            .map(|l| l.is_leader)
     }
 
     /// `at_ms` of the first report after `cursor` that says it leads.
     pub fn first_lead_after(&self, cursor: usize) -> Option<u64> {
-        self.shared
-            .lock()
-            .unwrap()
+        lock(&self.shared)
             .reports
             .iter()
             .skip(cursor)
-            .find(|r| r.event() == "leadership" && r.is_leader() == Some(true))
-            .and_then(Report::at_ms)
+            .filter_map(Report::leadership)
+            .find(|l| l.is_leader)
+            .map(|l| l.at_ms)
     }
 
     /// Waits until `f` over all reports so far returns `Some`.
@@ -253,7 +256,7 @@ impl Instance {
     ) -> Option<T> {
         let mut out = None;
         wait_until(deadline, || {
-            out = f(&self.shared.lock().unwrap().reports);
+            out = f(&lock(&self.shared).reports);
             out.is_some()
         });
         out
@@ -261,17 +264,15 @@ impl Instance {
 
     /// Every report so far.
     pub fn reports(&self) -> Vec<Report> {
-        self.shared.lock().unwrap().reports.clone()
+        lock(&self.shared).reports.clone()
     }
 
-    /// Reports of one `event` kind.
-    pub fn reports_of(&self, event: &str) -> Vec<Report> {
-        self.shared
-            .lock()
-            .unwrap()
+    /// Every leadership report so far.
+    pub fn views(&self) -> Vec<Leadership> {
+        lock(&self.shared)
             .reports
             .iter()
-            .filter(|r| r.event() == event)
+            .filter_map(Report::leadership)
             .cloned()
             .collect()
     }
@@ -283,7 +284,7 @@ impl Instance {
 
     /// Number of reports so far (a cursor for [`Instance::wait_after`]).
     pub fn cursor(&self) -> usize {
-        self.shared.lock().unwrap().reports.len()
+        lock(&self.shared).reports.len()
     }
 
     /// Waits for a report after `cursor` that satisfies `pred`.
@@ -300,7 +301,7 @@ impl Instance {
 
     /// Whether its stdout has closed.
     pub fn exited(&self) -> bool {
-        self.shared.lock().unwrap().eof
+        lock(&self.shared).eof
     }
 
     /// Writes one line to its stdin.
@@ -376,13 +377,7 @@ pub fn random_pubkey() -> AgentPubkey {
     AgentPubkey::parse(&hex).expect("two simple UUIDs are 64 hex characters")
 }
 
-/// Wall-clock unix milliseconds, the unit of the instances' `at_ms`.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::unix_ms;
 
 /// Waits (up to `deadline`) for an instance other than `except` (and not
 /// exited) to report leading after its cursor; returns the earliest such
@@ -406,7 +401,12 @@ pub fn first_new_leader(
 
 /// The holder named by the lock file at `path`, if it holds a record.
 pub fn lock_holder(path: &Path) -> Option<String> {
-    crate::lockfile::read_unguarded(path)
+    nip_le::lockfile::read_unguarded(path)
         .ok()
         .and_then(|c| c.record().map(|r| r.instance_id.clone()))
+}
+
+/// A poisoned lock (a reader thread panicked) still holds the reports.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

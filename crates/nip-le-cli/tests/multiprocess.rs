@@ -4,14 +4,16 @@
 
 mod support;
 
+use nip_le::ChangeReason;
+use nip_le_cli::lines::Line;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant, SystemTime};
 
-use nip_le::cluster::{wait_until, Instance};
+use nip_le_cli::lab::cluster::{wait_until, Instance};
 use support::*;
 
 /// The same options in spec mode.
-fn spec(mut o: nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions {
+fn spec(mut o: nip_le_cli::lab::cluster::RunOptions) -> nip_le_cli::lab::cluster::RunOptions {
     o.extra_args
         .extend(["--mode".to_owned(), "spec".to_owned()]);
     o
@@ -27,7 +29,7 @@ fn spawn_many(s: &Scratch, n: usize) -> Vec<Instance> {
 }
 
 /// Identity: the extended mode (the default).
-fn extended(o: nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions {
+fn extended(o: nip_le_cli::lab::cluster::RunOptions) -> nip_le_cli::lab::cluster::RunOptions {
     o
 }
 
@@ -41,7 +43,9 @@ fn spec_sixteen_started_at_once_elect_exactly_one_leader() {
     sixteen_at_once(spec);
 }
 
-fn sixteen_at_once(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions) {
+fn sixteen_at_once(
+    mode: fn(nip_le_cli::lab::cluster::RunOptions) -> nip_le_cli::lab::cluster::RunOptions,
+) {
     for round in 0..3 {
         let s = Scratch::new();
         let opts = mode(s.opts());
@@ -85,7 +89,9 @@ fn spec_sigkill_of_the_leader_fails_over_within_refresh() {
     sigkill_failover(spec);
 }
 
-fn sigkill_failover(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions) {
+fn sigkill_failover(
+    mode: fn(nip_le_cli::lab::cluster::RunOptions) -> nip_le_cli::lab::cluster::RunOptions,
+) {
     let s = Scratch::new();
     // A stale bound far above the refresh: only dead-pid (or presence-lock)
     // detection can explain a takeover within refresh + margin.
@@ -122,7 +128,7 @@ fn sigkill_failover(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::Ru
         .1
         .wait_after(cursors[new.0], ms(0), |r| r.is_leader() == Some(true))
         .unwrap();
-    assert_eq!(r.reason(), "failover");
+    assert_eq!(r.reason(), Some(ChangeReason::Failover));
     assert_eq!(s.holder().as_deref(), Some(new.1.instance_id.as_str()));
     eprintln!("failover after SIGKILL took {took:?}");
 }
@@ -142,7 +148,10 @@ fn live_unrelated_pid_with_a_stale_claim_is_taken_over() {
                 r.iter().find(|r| r.event() == "leadership").cloned()
             })
             .unwrap();
-        assert_eq!((r.is_leader(), r.reason()), (Some(true), "failover"));
+        assert_eq!(
+            (r.is_leader(), r.reason()),
+            (Some(true), Some(ChangeReason::Failover))
+        );
         assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
     }
 }
@@ -160,8 +169,14 @@ fn live_fresh_foreign_claim_is_not_taken() {
             r.iter().find(|r| r.event() == "leadership").cloned()
         })
         .unwrap();
-    assert_eq!((r.is_leader(), r.reason()), (Some(false), "observer"));
-    assert_eq!(r.json["leader_instance_id"], "foreign-leader");
+    assert_eq!(
+        (r.is_leader(), r.reason()),
+        (Some(false), Some(ChangeReason::Observer))
+    );
+    assert_eq!(
+        r.leadership().unwrap().leader_instance_id.as_deref(),
+        Some("foreign-leader")
+    );
     std::thread::sleep(ms(REFRESH_MS * 5));
     assert!(!ever_led_after(&a, 0));
     assert_eq!(s.raw(), before, "a live fresh claim was rewritten");
@@ -197,7 +212,7 @@ fn malformed_empty_absent_fail_safe_then_are_repaired_by_the_next_acquire() {
                 .unwrap();
             assert_eq!(
                 (r.is_leader(), r.reason()),
-                (Some(true), "acquired"),
+                (Some(true), Some(ChangeReason::Acquired)),
                 "{what}"
             );
             assert_eq!(
@@ -227,7 +242,7 @@ fn malformed_empty_absent_fail_safe_then_are_repaired_by_the_next_acquire() {
         let r = r.unwrap_or_else(|| panic!("{what}: no fail-safe report"));
         assert_eq!(
             (r.is_leader(), r.reason()),
-            (Some(true), "fail_safe"),
+            (Some(true), Some(ChangeReason::FailSafe)),
             "{what}"
         );
         drop(held);
@@ -254,7 +269,7 @@ fn release_never_stomps_a_successor() {
     let r = a
         .wait_after(c, Duration::from_secs(2), |r| r.event() == "release")
         .unwrap();
-    assert_eq!(r.json["released"], true);
+    assert_eq!(r.line, Line::Release { released: true });
     assert_eq!(s.raw(), b"");
     assert_eq!(
         std::fs::metadata(s.lock_path()).unwrap().ino(),
@@ -270,7 +285,7 @@ fn release_never_stomps_a_successor() {
     let r = a
         .wait_after(c, Duration::from_secs(2), |r| r.event() == "release")
         .unwrap();
-    assert_eq!(r.json["released"], false);
+    assert_eq!(r.line, Line::Release { released: false });
     assert_eq!(s.raw(), successor);
     a.signal(libc::SIGTERM).unwrap();
     assert!(a.wait_exit(Duration::from_secs(5)).unwrap().success());
@@ -292,7 +307,7 @@ fn graceful_exit_releases_and_a_sibling_takes_over() {
     assert_eq!(r[n - 1].event(), "stopped");
     assert_eq!(
         (r[n - 2].is_leader(), r[n - 2].reason()),
-        (Some(false), "released")
+        (Some(false), Some(ChangeReason::Released))
     );
     assert!(wait_until(ms(REFRESH_MS) + MARGIN, || b.is_leader() == Some(true)));
     assert_eq!(s.holder().as_deref(), Some(b.instance_id.as_str()));
@@ -315,13 +330,13 @@ fn cooperative_claim_moves_leadership_to_the_target_only() {
     let bound = ms(STAND_DOWN_MS + REFRESH_MS * 2) + MARGIN;
     let won = insts[target].wait_after(cursors[target], bound, |r| r.is_leader() == Some(true));
     let won = won.expect("the target never led");
-    assert_eq!(won.reason(), "claimed");
+    assert_eq!(won.reason(), Some(ChangeReason::Claimed));
     let stood = insts[old]
         .wait_after(cursors[old], bound, |r| r.event() == "leadership")
         .unwrap();
     assert_eq!(
         (stood.is_leader(), stood.reason()),
-        (Some(false), "stood_down")
+        (Some(false), Some(ChangeReason::StoodDown))
     );
     assert_eq!(
         s.holder().as_deref(),
@@ -368,7 +383,12 @@ fn claim_whose_target_never_acquires_lets_the_old_leader_resume() {
     let r = b
         .wait_after(c, Duration::from_secs(2), |r| r.event() == "claim")
         .unwrap();
-    assert_eq!(r.json["outcome"], "pending");
+    assert_eq!(
+        r.line,
+        Line::Claim {
+            outcome: nip_le::ClaimOutcome::Pending
+        }
+    );
     // The target hangs before it can acquire.
     b.signal(libc::SIGSTOP).unwrap();
     let ca = a.cursor();
@@ -377,7 +397,7 @@ fn claim_whose_target_never_acquires_lets_the_old_leader_resume() {
         .unwrap();
     assert_eq!(
         (stood.is_leader(), stood.reason()),
-        (Some(false), "stood_down")
+        (Some(false), Some(ChangeReason::StoodDown))
     );
     let stood_at = Instant::now();
     // The old leader resumes after the stand-down timeout, not before.
@@ -389,7 +409,7 @@ fn claim_whose_target_never_acquires_lets_the_old_leader_resume() {
         stood_at.elapsed() >= ms(STAND_DOWN_MS) - ms(REFRESH_MS),
         "resumed too early"
     );
-    assert_eq!(back.reason(), "acquired");
+    assert_eq!(back.reason(), Some(ChangeReason::Acquired));
     assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
     b.signal(libc::SIGCONT).unwrap();
     std::thread::sleep(ms(REFRESH_MS * 3));
@@ -412,7 +432,7 @@ fn extended_claim_target_that_hangs_after_the_handoff_is_replaced_after_the_stal
     let won = b
         .wait_after(cb, MARGIN, |r| r.is_leader() == Some(true))
         .expect("b never led");
-    assert_eq!(won.reason(), "claimed");
+    assert_eq!(won.reason(), Some(ChangeReason::Claimed));
     assert_eq!(s.holder().as_deref(), Some(b.instance_id.as_str()));
     // b hangs: a takes the lock back once b's record has not changed for
     // the stale bound, and b, resumed, reports it lost within a refresh.
@@ -423,7 +443,7 @@ fn extended_claim_target_that_hangs_after_the_handoff_is_replaced_after_the_stal
             r.is_leader() == Some(true)
         })
         .expect("a never took back the hung target's lock");
-    assert_eq!(back.reason(), "failover");
+    assert_eq!(back.reason(), Some(ChangeReason::Failover));
     assert!(
         hung_at.elapsed() >= ms(STALE_MS) - ms(REFRESH_MS),
         "evicted a live target early"
@@ -433,7 +453,10 @@ fn extended_claim_target_that_hangs_after_the_handoff_is_replaced_after_the_stal
     let lost = b
         .wait_after(cb, ms(REFRESH_MS) + MARGIN, |r| r.event() == "leadership")
         .expect("b silent after SIGCONT");
-    assert_eq!((lost.is_leader(), lost.reason()), (Some(false), "lost"));
+    assert_eq!(
+        (lost.is_leader(), lost.reason()),
+        (Some(false), Some(ChangeReason::Lost))
+    );
 }
 
 #[test]
@@ -460,25 +483,31 @@ fn relay_control_frames_drive_the_cooperative_steal() {
             r.event() == "leadership"
         })
         .unwrap();
-    assert_eq!(stood.reason(), "stood_down");
+    assert_eq!(stood.reason(), Some(ChangeReason::StoodDown));
     let won = b.wait_after(cursors[1], ms(REFRESH_MS * 2) + MARGIN, |r| {
         r.is_leader() == Some(true)
     });
     // The frame reaches every instance: when the old leader handles it
     // first, it hands the lock to the target before the target's own frame
     // arrives (handed_over); otherwise the target's claim completes (claimed).
-    let reason = won.expect("target never led").reason().to_owned();
-    assert!(reason == "claimed" || reason == "handed_over", "{reason}");
+    let reason = won.expect("target never led").reason();
+    assert!(
+        matches!(
+            reason,
+            Some(ChangeReason::Claimed | ChangeReason::HandedOver)
+        ),
+        "{reason:?}"
+    );
     let result = b
         .wait_after(cursors[1], Duration::from_secs(2), |r| {
             r.event() == "control_result"
         })
         .expect("the target answered the frame");
-    assert!(
-        result.json["result"].is_null()
-            || result.json["result"]
-                == serde_json::json!({"type":"claim_leadership","status":"claimed"})
-    );
+    assert!(matches!(
+        &result.line,
+        Line::ControlResult { result }
+            if result.as_ref().is_none_or(|r| *r == nip_le::ControlResult::claimed())
+    ));
     std::thread::sleep(ms(REFRESH_MS * 2));
     assert!(!ever_led_after(&c, cursors[2]));
     // An unknown frame type is ignored.
@@ -489,7 +518,7 @@ fn relay_control_frames_drive_the_cooperative_steal() {
             r.event() == "control_result"
         })
         .unwrap();
-    assert!(r.json["result"].is_null());
+    assert_eq!(r.line, Line::ControlResult { result: None });
     assert_eq!(b.is_leader(), Some(true));
 }
 
@@ -503,7 +532,9 @@ fn spec_sigstopped_leader_past_the_stale_bound_is_replaced() {
     sigstopped_leader(spec);
 }
 
-fn sigstopped_leader(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::RunOptions) {
+fn sigstopped_leader(
+    mode: fn(nip_le_cli::lab::cluster::RunOptions) -> nip_le_cli::lab::cluster::RunOptions,
+) {
     let s = Scratch::new();
     let a = s.spawn_with("a", mode(s.opts()));
     assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
@@ -516,7 +547,7 @@ fn sigstopped_leader(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::R
         r.is_leader() == Some(true)
     });
     let took = took.expect("b never replaced the hung leader");
-    assert_eq!(took.reason(), "failover");
+    assert_eq!(took.reason(), Some(ChangeReason::Failover));
     assert!(
         stopped.elapsed() >= ms(STALE_MS) - ms(REFRESH_MS),
         "replaced a live leader early"
@@ -525,7 +556,10 @@ fn sigstopped_leader(mode: fn(nip_le::cluster::RunOptions) -> nip_le::cluster::R
     a.signal(libc::SIGCONT).unwrap();
     let r = a.wait_after(ca, ms(REFRESH_MS) + MARGIN, |r| r.event() == "leadership");
     let r = r.expect("a did not report after SIGCONT");
-    assert_eq!((r.is_leader(), r.reason()), (Some(false), "lost"));
+    assert_eq!(
+        (r.is_leader(), r.reason()),
+        (Some(false), Some(ChangeReason::Lost))
+    );
     assert_eq!(s.holder().as_deref(), Some(b.instance_id.as_str()));
 }
 
@@ -549,9 +583,14 @@ fn mentions_are_answered_once_by_the_leader_only() {
     for n in 0..10 {
         std::io::Write::write_all(&mut f, format!("{{\"id\":{n}}}\n").as_bytes()).unwrap();
     }
-    assert!(wait_until(Duration::from_secs(5), || insts
-        .iter()
-        .all(|i| i.reports_of("mention").len() == 10)));
+    assert!(wait_until(Duration::from_secs(5), || insts.iter().all(
+        |i| i
+            .reports()
+            .iter()
+            .filter(|r| r.event() == "mention")
+            .count()
+            == 10
+    )));
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&replies)
         .unwrap()
         .lines()
@@ -699,7 +738,8 @@ fn old_leader_takes_over_at_once_when_the_claimant_leaves_right_after_winning() 
     let cb = b.cursor();
     b.send("claim").unwrap();
     assert!(b
-        .wait_after(cb, ms(REFRESH_MS * 2) + MARGIN, |r| r.reason() == "claimed")
+        .wait_after(cb, ms(REFRESH_MS * 2) + MARGIN, |r| r.reason()
+            == Some(ChangeReason::Claimed))
         .is_some());
     let ca = a.cursor();
     b.signal(libc::SIGTERM).unwrap();
@@ -756,13 +796,15 @@ fn a_peer_hanging_on_the_file_lock_never_blocks_commands_or_the_refresh() {
     let st = a
         .wait_after(c, Duration::from_secs(2), |r| r.event() == "status")
         .unwrap();
+    let Line::Status(st) = st.line else {
+        panic!("not a status line")
+    };
     assert!(
-        st.json["last_error"]
-            .as_str()
+        st.last_error
+            .as_deref()
             .unwrap_or("")
             .contains("lock not obtained"),
-        "{}",
-        st.json
+        "{st:?}"
     );
     // The hung peer dies: its flock goes with it and a leads again.
     peer.kill().unwrap();

@@ -6,11 +6,13 @@
 
 mod support;
 
+use nip_le::ChangeReason;
+use nip_le_cli::lines::Line;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
 
-use nip_le::cluster::{wait_until, Instance};
+use nip_le_cli::lab::cluster::{wait_until, Instance};
 use support::*;
 
 fn is_root() -> bool {
@@ -111,7 +113,10 @@ fn read_only_lock_dir_still_reads_and_never_writes() {
         })
         .unwrap();
     // It can read the record: it observes, as the read side says.
-    assert_eq!((r.is_leader(), r.reason()), (Some(false), "observer"));
+    assert_eq!(
+        (r.is_leader(), r.reason()),
+        (Some(false), Some(ChangeReason::Observer))
+    );
     std::thread::sleep(ms(REFRESH_MS * 3));
     assert_eq!(s.raw(), before);
     let names: Vec<_> = std::fs::read_dir(&s.lock_dir)
@@ -140,20 +145,25 @@ fn lock_file_of_another_owner_that_we_cannot_read_fails_safe() {
         })
         .unwrap();
     // Unreadable: the NIP's fail-safe says lead; the file is untouched.
-    assert_eq!((r.is_leader(), r.reason()), (Some(true), "fail_safe"));
+    assert_eq!(
+        (r.is_leader(), r.reason()),
+        (Some(true), Some(ChangeReason::FailSafe))
+    );
     let c = a.cursor();
     a.send("status").unwrap();
     let st = a
         .wait_after(c, Duration::from_secs(2), |r| r.event() == "status")
         .unwrap();
-    assert_eq!(st.json["lock_state"], "unreadable");
+    let Line::Status(st) = st.line else {
+        panic!("not a status line")
+    };
+    assert_eq!(st.lock_state, Some(nip_le::LockState::Unreadable));
     assert!(
-        st.json["last_error"]
-            .as_str()
+        st.last_error
+            .as_deref()
             .unwrap_or("")
             .contains("ermission denied"),
-        "{}",
-        st.json
+        "{st:?}"
     );
     assert_eq!(s.raw(), before);
 }

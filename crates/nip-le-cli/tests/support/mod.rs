@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use nip_le::cluster::{Instance, RunOptions};
 use nip_le::AgentPubkey;
+use nip_le_cli::lab::cluster::{Instance, RunOptions};
 
 /// Test timings: short, and through the same `--*-ms` flags as production.
 pub const REFRESH_MS: u64 = 200;
@@ -98,7 +98,7 @@ impl Scratch {
     }
 
     pub fn holder(&self) -> Option<String> {
-        nip_le::cluster::lock_holder(&self.lock_path())
+        nip_le_cli::lab::cluster::lock_holder(&self.lock_path())
     }
 
     pub fn raw(&self) -> Vec<u8> {

@@ -1,83 +1,53 @@
-//! `nip-le bench`: every row of the "beyond the spec" table, in both modes,
-//! in one run, with real processes (`nip-le run`) and real signals. Prints
-//! p50 / p99 / max per row and mode, and the spec/extended ratio.
-//!
-//! Latencies are taken from the instances' own reports (`at_ms`, stamped when
-//! their cached answer changed) against the moment the bench acted, on the
-//! same clock. Faults land at a random point of the refresh cycle, as real
-//! crashes do.
+//! The rows of `nip-le bench`, one function per scenario, each run against
+//! one [`Variant`] (an executable and a mode) with real processes and real
+//! signals. Latencies are taken from the instances' own reports (`at_ms`,
+//! stamped when their cached answer changed) against the moment the bench
+//! acted, on the same clock. Faults land at a random point of the refresh
+//! cycle, as real crashes do.
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
-use clap::Args;
-use nip_le::cluster::{
-    first_new_leader, lock_holder, random_pubkey, unix_ms, wait_until, Instance, RunOptions,
-};
 use nip_le::{AgentPubkey, Config, Elector, InstanceId, Mode};
 
-/// Options of `nip-le bench`.
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    /// Runs per latency row and mode (the SIGSTOP row uses a quarter, at
-    /// least 3: each run waits out the stale bound).
-    #[arg(long, default_value_t = 20)]
-    runs: usize,
-    /// Processes × keys for the start-together row.
-    #[arg(long, default_value_t = 64)]
-    processes: usize,
-    /// Keys per process for the start-together row.
-    #[arg(long, default_value_t = 8)]
-    keys: usize,
-    #[command(flatten)]
-    timings: crate::run::TimingArgs,
-}
+use super::{Row, Variant};
+use crate::lab::cluster::{
+    first_new_leader, lock_holder, random_pubkey, wait_until, Instance, RunOptions,
+};
+use crate::unix_ms;
 
-#[derive(Default)]
-struct Row {
-    samples: Vec<f64>,
-    violations: Vec<String>,
-}
-
+/// A uniformly random duration below `d`.
 fn random_below(d: Duration) -> Duration {
     Duration::from_micros((uuid::Uuid::new_v4().as_u128() % d.as_micros().max(1)) as u64)
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
-struct Bench {
-    exe: std::path::PathBuf,
-    cfg: Config,
+/// The bench's timings, shared by every scenario.
+pub struct Bench {
+    /// The validated timings every instance runs with.
+    pub cfg: Config,
 }
 
 impl Bench {
-    fn opts(&self, dir: &Path, pk: AgentPubkey, mode: Mode) -> RunOptions {
-        let mut o = RunOptions::new(&self.exe, dir, pk).timings(
-            self.cfg.refresh.as_millis() as u64,
-            self.cfg.stale.as_millis() as u64,
-            self.cfg.stand_down.as_millis() as u64,
+    fn opts(&self, dir: &Path, pk: AgentPubkey, v: &Variant) -> RunOptions {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let mut o = RunOptions::new(&v.exe, dir, pk).timings(
+            ms(self.cfg.refresh),
+            ms(self.cfg.stale),
+            ms(self.cfg.stand_down),
         );
-        o.extra_args = vec!["--mode".into(), mode.as_str().into()];
+        o.extra_args = vec!["--mode".into(), v.mode.as_str().into()];
         o
     }
 
     /// `n` instances of one election, settled with exactly one leader.
     fn cluster(
         &self,
-        mode: Mode,
+        v: &Variant,
         n: usize,
     ) -> std::io::Result<(tempfile::TempDir, AgentPubkey, Vec<Instance>, usize)> {
         let tmp = tempfile::tempdir()?;
         let pk = random_pubkey();
-        let o = self.opts(tmp.path(), pk, mode);
+        let o = self.opts(tmp.path(), pk, v);
         let mut insts = Vec::new();
         for i in 0..n {
             insts.push(Instance::spawn(
@@ -112,8 +82,8 @@ impl Bench {
         self.cfg.stale + self.cfg.stand_down + self.cfg.refresh * 3
     }
 
-    fn sigkill(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
-        let (_tmp, _pk, mut insts, leader) = self.cluster(mode, 3)?;
+    pub fn sigkill(&self, v: &Variant, row: &mut Row) -> std::io::Result<()> {
+        let (_tmp, _pk, mut insts, leader) = self.cluster(v, 3)?;
         std::thread::sleep(random_below(self.cfg.refresh));
         let cursors: Vec<_> = insts.iter().map(Instance::cursor).collect();
         let t0 = unix_ms();
@@ -125,8 +95,8 @@ impl Bench {
         Ok(())
     }
 
-    fn graceful(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
-        let (tmp, pk, mut insts, leader) = self.cluster(mode, 3)?;
+    pub fn graceful(&self, v: &Variant, row: &mut Row) -> std::io::Result<()> {
+        let (tmp, pk, mut insts, leader) = self.cluster(v, 3)?;
         std::thread::sleep(random_below(self.cfg.refresh));
         let cursors: Vec<_> = insts.iter().map(Instance::cursor).collect();
         // Watch the file while the handover happens: was it ever empty?
@@ -151,11 +121,11 @@ impl Bench {
         insts[leader].signal(libc::SIGTERM)?;
         let _ = insts[leader].wait_exit(Duration::from_secs(10));
         let released_at = insts[leader]
-            .reports()
+            .views()
             .iter()
             .rev()
-            .find(|r| r.event() == "leadership" && r.is_leader() == Some(false))
-            .and_then(|r| r.at_ms());
+            .find(|l| !l.is_leader)
+            .map(|l| l.at_ms);
         let next = first_new_leader(&insts, &cursors, Some(leader), self.bound());
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let emptied = monitor.join().unwrap_or(true);
@@ -175,8 +145,8 @@ impl Bench {
         Ok(())
     }
 
-    fn claim(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
-        let (_tmp, _pk, mut insts, leader) = self.cluster(mode, 3)?;
+    pub fn claim(&self, v: &Variant, row: &mut Row) -> std::io::Result<()> {
+        let (_tmp, _pk, mut insts, leader) = self.cluster(v, 3)?;
         std::thread::sleep(random_below(self.cfg.refresh));
         let target = (leader + 1) % insts.len();
         let c = insts[target].cursor();
@@ -191,7 +161,7 @@ impl Bench {
         Ok(())
     }
 
-    fn foreign_write(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
+    pub fn foreign_write(&self, v: &Variant, row: &mut Row) -> std::io::Result<()> {
         let tmp = tempfile::tempdir()?;
         let pk = random_pubkey();
         let lock = nip_le::lockfile::lock_path(tmp.path(), &pk);
@@ -203,7 +173,7 @@ impl Bench {
         )?;
         let inst = Instance::spawn(
             "i0",
-            self.opts(tmp.path(), pk, mode).command(None),
+            self.opts(tmp.path(), pk, v).command(None),
             Duration::from_secs(10),
         )?;
         wait_until(Duration::from_secs(5), || inst.is_leader() == Some(false));
@@ -220,8 +190,8 @@ impl Bench {
         Ok(())
     }
 
-    fn sigstop(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
-        let (_tmp, _pk, insts, leader) = self.cluster(mode, 2)?;
+    pub fn sigstop(&self, v: &Variant, row: &mut Row) -> std::io::Result<()> {
+        let (_tmp, _pk, insts, leader) = self.cluster(v, 2)?;
         std::thread::sleep(random_below(self.cfg.refresh));
         let cursors: Vec<_> = insts.iter().map(Instance::cursor).collect();
         let t0 = unix_ms();
@@ -260,16 +230,16 @@ impl Bench {
         Ok(())
     }
 
-    fn start_together(
+    pub fn start_together(
         &self,
-        mode: Mode,
+        v: &Variant,
         procs: usize,
         keys: usize,
         row: &mut Row,
     ) -> std::io::Result<()> {
         let tmp = tempfile::tempdir()?;
         let pks: Vec<AgentPubkey> = (0..keys).map(|_| random_pubkey()).collect();
-        let mut o = self.opts(tmp.path(), pks[0], mode);
+        let mut o = self.opts(tmp.path(), pks[0], v);
         for k in &pks[1..] {
             o.extra_args.extend(["--pubkey".into(), k.as_str().into()]);
         }
@@ -294,13 +264,7 @@ impl Bench {
         for k in &keys_hex {
             let ever = insts
                 .iter()
-                .filter(|i| {
-                    i.reports().iter().any(|r| {
-                        r.event() == "leadership"
-                            && r.json["pubkey"] == k.as_str()
-                            && r.is_leader() == Some(true)
-                    })
-                })
+                .filter(|i| i.views().iter().any(|l| l.pubkey == *k && l.is_leader))
                 .count();
             extra += ever.saturating_sub(1);
         }
@@ -322,7 +286,7 @@ impl Bench {
     /// Simulated with a live holder (this process, holding a presence lock)
     /// whose record is an hour old; counts whether an observer moved
     /// leadership within the leader's next refresh window (1 = moved).
-    fn slept(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
+    pub fn slept(&self, v: &Variant, row: &mut Row) -> std::io::Result<()> {
         let tmp = tempfile::tempdir()?;
         let pk = random_pubkey();
         nip_le::lockfile::ensure_dir(tmp.path()).map_err(std::io::Error::other)?;
@@ -341,7 +305,7 @@ impl Bench {
         std::fs::write(&lock, &record)?;
         let inst = Instance::spawn(
             "observer",
-            self.opts(tmp.path(), pk, mode).command(None),
+            self.opts(tmp.path(), pk, v).command(None),
             Duration::from_secs(10),
         )?;
         // Until the woken leader's first refresh (within one interval) the
@@ -361,7 +325,7 @@ impl Bench {
         }
         moved |= wait_until(self.cfg.refresh, || inst.is_leader() == Some(true));
         row.samples.push(if moved { 1.0 } else { 0.0 });
-        if moved && mode == Mode::Extended {
+        if moved && v.mode == Mode::Extended {
             row.violations
                 .push("a slept but live leader was replaced".into());
         }
@@ -370,8 +334,8 @@ impl Bench {
     }
 
     /// Voluntary context switches per second of an idle observer.
-    fn idle(&self, mode: Mode, row: &mut Row) -> std::io::Result<()> {
-        let (_tmp, _pk, insts, leader) = self.cluster(mode, 2)?;
+    pub fn idle(&self, v: &Variant, row: &mut Row) -> std::io::Result<()> {
+        let (_tmp, _pk, insts, leader) = self.cluster(v, 2)?;
         let obs = &insts[(leader + 1) % 2];
         let switches = |pid: u32| -> u64 {
             let mut total = 0;
@@ -398,7 +362,11 @@ impl Bench {
     }
 }
 
-fn in_process_is_leader(mode: Mode) -> std::io::Result<(f64, f64)> {
+/// In-process costs of the current build: `is_leader` through a
+/// [`nip_le::LeaderFlag`] (ns, median of 200 batches of 100k calls) and a
+/// refresh of one key we lead, round trip through the writer (µs, median of
+/// 2000).
+pub fn in_process(mode: Mode) -> std::io::Result<(f64, f64)> {
     let tmp = tempfile::tempdir()?;
     let mut c = Config::new(tmp.path());
     c.mode = mode;
@@ -406,7 +374,6 @@ fn in_process_is_leader(mode: Mode) -> std::io::Result<(f64, f64)> {
     let pk = random_pubkey();
     e.join(&pk).map_err(std::io::Error::other)?;
     let flag = e.leader_flag(&pk).map_err(std::io::Error::other)?;
-    // is_leader: ns per call, medians of 200 batches of 100k calls.
     let mut batches = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
@@ -417,183 +384,11 @@ fn in_process_is_leader(mode: Mode) -> std::io::Result<(f64, f64)> {
         std::hint::black_box(n);
         batches.push(t.elapsed().as_nanos() as f64 / 100_000.0);
     }
-    batches.sort_by(f64::total_cmp);
-    // Uncontended acquire (a refresh of the one key we lead): µs.
     let mut acq = Vec::new();
     for _ in 0..2000 {
         let t = Instant::now();
         e.refresh_now();
         acq.push(t.elapsed().as_nanos() as f64 / 1000.0);
     }
-    acq.sort_by(f64::total_cmp);
-    Ok((pct(&batches, 50.0), pct(&acq, 50.0)))
-}
-
-pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
-    let mut cfg = crate::run::config_from(
-        Some(std::env::temp_dir()),
-        a.timings.refresh_ms,
-        a.timings.stale_ms,
-        a.timings.stand_down_ms,
-        None,
-    )?;
-    cfg.mode = Mode::Extended;
-    let exe = std::env::current_exe().map_err(|e| nip_le::Error::Io {
-        path: "<current exe>".into(),
-        source: e,
-    })?;
-    let b = Bench {
-        exe,
-        cfg: cfg.clone(),
-    };
-    println!(
-        "nip-le bench: refresh {:?}, stale {:?}, stand-down {:?}, {} runs per row ({} for SIGSTOP), {} cores",
-        cfg.refresh,
-        cfg.stale,
-        cfg.stand_down,
-        a.runs,
-        (a.runs / 4).max(3),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-    );
-    type Scenario = fn(&Bench, Mode, &mut Row) -> std::io::Result<()>;
-    let latency_rows: [(&str, Scenario, usize); 5] = [
-        (
-            "SIGKILL of the leader → a survivor leads (ms)",
-            Bench::sigkill,
-            a.runs,
-        ),
-        (
-            "graceful exit → a survivor leads (ms)",
-            Bench::graceful,
-            a.runs,
-        ),
-        (
-            "cooperative claim → the target leads (ms)",
-            Bench::claim,
-            a.runs,
-        ),
-        (
-            "foreign release → reflected in is_leader (ms)",
-            Bench::foreign_write,
-            a.runs,
-        ),
-        (
-            "SIGSTOP of the leader alone → replaced (ms)",
-            Bench::sigstop,
-            (a.runs / 4).max(3),
-        ),
-    ];
-    let mut table: BTreeMap<(usize, &str), (Row, Row)> = BTreeMap::new();
-    for (n, (name, f, runs)) in latency_rows.iter().enumerate() {
-        let mut rows = (Row::default(), Row::default());
-        for (mode, row) in [(Mode::Spec, &mut rows.0), (Mode::Extended, &mut rows.1)] {
-            for run in 0..*runs {
-                eprint!("\r{name} [{}] run {}/{}   ", mode.as_str(), run + 1, runs);
-                if let Err(e) = f(&b, mode, row) {
-                    row.violations.push(format!("run failed: {e}"));
-                }
-            }
-        }
-        table.insert((n, name), rows);
-    }
-    let name = format!(
-        "{} processes × {} keys start together → settled (ms)",
-        a.processes, a.keys
-    );
-    let mut rows = (Row::default(), Row::default());
-    for (mode, row) in [(Mode::Spec, &mut rows.0), (Mode::Extended, &mut rows.1)] {
-        for run in 0..3 {
-            eprint!("\r{name} [{}] run {}/3   ", mode.as_str(), run + 1);
-            if let Err(e) = b.start_together(mode, a.processes, a.keys, row) {
-                row.violations.push(format!("run failed: {e}"));
-            }
-        }
-    }
-    let name: &'static str = Box::leak(name.into_boxed_str());
-    table.insert((5, name), rows);
-    let mut rows = (Row::default(), Row::default());
-    for (mode, row) in [(Mode::Spec, &mut rows.0), (Mode::Extended, &mut rows.1)] {
-        for run in 0..3 {
-            eprint!("\ridle observer [{}] run {}/3   ", mode.as_str(), run + 1);
-            if let Err(e) = b.idle(mode, row) {
-                row.violations.push(format!("run failed: {e}"));
-            }
-        }
-    }
-    table.insert((6, "idle observer: voluntary wake-ups per second"), rows);
-    let mut rows = (Row::default(), Row::default());
-    for (mode, row) in [(Mode::Spec, &mut rows.0), (Mode::Extended, &mut rows.1)] {
-        for run in 0..3 {
-            eprint!("\rmachine slept [{}] run {}/3   ", mode.as_str(), run + 1);
-            if let Err(e) = b.slept(mode, row) {
-                row.violations.push(format!("run failed: {e}"));
-            }
-        }
-    }
-    table.insert(
-        (
-            7,
-            "machine slept > stale, then woke: leadership moved (1 = yes)",
-        ),
-        rows,
-    );
-    eprintln!("\r{:80}", "");
-
-    println!();
-    println!(
-        "{:<58} {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>8}",
-        "row", "spec p50", "p99", "max", "ext p50", "p99", "max", "p50 ratio"
-    );
-    let mut failed = false;
-    for ((_, name), (spec, ext)) in &mut table {
-        spec.samples.sort_by(f64::total_cmp);
-        ext.samples.sort_by(f64::total_cmp);
-        let (s50, e50) = (pct(&spec.samples, 50.0), pct(&ext.samples, 50.0));
-        println!(
-            "{:<58} {:>9.1} {:>9.1} {:>9.1} | {:>9.1} {:>9.1} {:>9.1} | {:>8}",
-            name,
-            s50,
-            pct(&spec.samples, 99.0),
-            spec.samples.last().copied().unwrap_or(f64::NAN),
-            e50,
-            pct(&ext.samples, 99.0),
-            ext.samples.last().copied().unwrap_or(f64::NAN),
-            if e50 > 0.0 && s50 / e50 >= 10.0 {
-                format!("{:.0}×", s50 / e50)
-            } else if e50 > 0.0 {
-                format!("{:.2}×", s50 / e50)
-            } else {
-                format!(">{:.0}×", s50)
-            }
-        );
-        for (mode, r) in [("spec", &*spec), ("extended", &*ext)] {
-            let mut v = r.violations.clone();
-            v.sort();
-            v.dedup();
-            for x in v {
-                let n = r.violations.iter().filter(|y| **y == x).count();
-                println!("    {mode}: {x} ({n}×)");
-                // The NIP itself empties the file on release: expected there.
-                if !(mode == "spec" && x.contains("emptied")) {
-                    failed = true;
-                }
-            }
-        }
-    }
-    for mode in [Mode::Spec, Mode::Extended] {
-        match in_process_is_leader(mode) {
-            Ok((ns, us)) => println!(
-                "in-process [{}]: is_leader {:.1} ns median (LeaderFlag), uncontended acquire {:.1} µs median",
-                mode.as_str(),
-                ns,
-                us
-            ),
-            Err(e) => println!("in-process [{}]: failed: {e}", mode.as_str()),
-        }
-    }
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok((super::median(batches), super::median(acq)))
 }

@@ -5,9 +5,10 @@
 
 mod support;
 
+use nip_le::ChangeReason;
 use std::time::Duration;
 
-use nip_le::cluster::wait_until;
+use nip_le_cli::lab::cluster::wait_until;
 use support::*;
 
 fn settle() -> Duration {
@@ -25,7 +26,10 @@ fn ours_respects_a_live_foreign_claim_and_takes_over_after_its_release() {
             r.iter().find(|r| r.event() == "leadership").cloned()
         })
         .unwrap();
-    assert_eq!((r.is_leader(), r.reason()), (Some(false), "observer"));
+    assert_eq!(
+        (r.is_leader(), r.reason()),
+        (Some(false), Some(ChangeReason::Observer))
+    );
     // The foreign leader keeps refreshing: we never take it, for many ticks
     // and past the stale bound.
     std::thread::sleep(ms(STALE_MS * 2));
@@ -73,7 +77,7 @@ fn each_side_takes_over_after_the_other_dies() {
     assert_eq!(
         r.expect("no takeover after the foreign leader died")
             .reason(),
-        "failover"
+        Some(ChangeReason::Failover)
     );
 
     // Ours dies → foreign takes over by dead pid.

@@ -5,9 +5,10 @@
 
 mod support;
 
+use nip_le::ChangeReason;
 use std::time::Duration;
 
-use nip_le::cluster::{wait_until, Instance, RunOptions};
+use nip_le_cli::lab::cluster::{wait_until, Instance, RunOptions};
 use support::*;
 
 fn spec(mut o: RunOptions) -> RunOptions {
@@ -20,7 +21,7 @@ fn first_lead_after(
     i: &Instance,
     cursor: usize,
     bound: Duration,
-) -> Option<nip_le::cluster::Report> {
+) -> Option<nip_le_cli::lab::cluster::Report> {
     i.wait_after(cursor, bound, |r| r.is_leader() == Some(true))
 }
 
@@ -56,7 +57,7 @@ fn spec_survivor_takes_over_from_a_dead_extended_leader() {
     a.kill_and_reap().unwrap();
     let r =
         first_lead_after(&b, c, ms(REFRESH_MS) + MARGIN).expect("no takeover by the dead-pid rule");
-    assert_eq!(r.reason(), "failover");
+    assert_eq!(r.reason(), Some(ChangeReason::Failover));
 }
 
 #[test]
@@ -73,7 +74,7 @@ fn extended_survivor_takes_over_from_a_dead_spec_leader_by_the_nip_rules() {
     a.kill_and_reap().unwrap();
     let r = first_lead_after(&b, c, ms(REFRESH_MS) + MARGIN)
         .expect("no takeover of a tokenless record");
-    assert_eq!(r.reason(), "failover");
+    assert_eq!(r.reason(), Some(ChangeReason::Failover));
 }
 
 #[test]
@@ -88,7 +89,7 @@ fn extended_leader_without_an_extended_sibling_releases_by_truncation() {
     assert!(a.wait_exit(Duration::from_secs(5)).unwrap().success());
     // No presence to hand to: the NIP's truncation, then the spec tick.
     let r = first_lead_after(&b, c, ms(REFRESH_MS) + MARGIN).expect("the spec sibling never led");
-    assert_eq!(r.reason(), "acquired");
+    assert_eq!(r.reason(), Some(ChangeReason::Acquired));
     assert_eq!(s.holder().as_deref(), Some(b.instance_id.as_str()));
 }
 
@@ -107,7 +108,7 @@ fn claims_cross_modes_in_both_directions() {
         first_lead_after(&b, c, bound)
             .expect("spec claimant never led")
             .reason(),
-        "claimed"
+        Some(ChangeReason::Claimed)
     );
     std::thread::sleep(ms(REFRESH_MS * 2));
     assert_eq!(leaders(&[a, b]).len(), 1);
@@ -124,7 +125,7 @@ fn claims_cross_modes_in_both_directions() {
         first_lead_after(&b, c, bound)
             .expect("extended claimant never led")
             .reason(),
-        "claimed"
+        Some(ChangeReason::Claimed)
     );
     std::thread::sleep(ms(REFRESH_MS * 2));
     assert_eq!(leaders(&[a, b]).len(), 1);
@@ -148,7 +149,7 @@ fn foreign_write_is_seen_at_once_by_extended_instances() {
     s.write_raw(b"");
     let r = first_lead_after(&a, c, Duration::from_secs(2))
         .expect("the release was not seen before the tick");
-    assert_eq!(r.reason(), "acquired");
+    assert_eq!(r.reason(), Some(ChangeReason::Acquired));
     // And a foreign takeover of a's claim (a live foreign record after a
     // crash-and-restart, written by hand here) is reflected at once.
     let c = a.cursor();
@@ -160,5 +161,8 @@ fn foreign_write_is_seen_at_once_by_extended_instances() {
     let r = a
         .wait_after(c, Duration::from_secs(2), |r| r.event() == "leadership")
         .expect("the foreign write was not seen before the tick");
-    assert_eq!((r.is_leader(), r.reason()), (Some(false), "lost"));
+    assert_eq!(
+        (r.is_leader(), r.reason()),
+        (Some(false), Some(ChangeReason::Lost))
+    );
 }

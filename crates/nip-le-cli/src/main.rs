@@ -1,16 +1,11 @@
 //! `nip-le`: run an instance of the election, inspect a lock directory, or
-//! watch a narrated demo. The interface is fixed; outside tools drive it.
-
-mod bench;
-#[cfg(unix)]
-mod chaos;
-mod demo;
-mod run;
-mod status;
+//! run the lab (a narrated demo, the benchmark, chaos). The interface is
+//! fixed; outside tools drive it.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use nip_le_cli::{cli, lab};
 
 /// NIP-LE leader election for agents shared by several app instances.
 #[derive(Parser)]
@@ -23,19 +18,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Join one election and report leadership as JSON lines on stdout.
-    Run(run::RunArgs),
+    Run(cli::run::RunArgs),
     /// List every lock file in a directory with its holder and state.
-    Status(status::StatusArgs),
+    Status(cli::status::StatusArgs),
     /// Spawn several instances in a temporary directory and narrate an
     /// election: failover, cooperative claim, graceful exit.
-    Demo(demo::DemoArgs),
+    Demo(lab::demo::DemoArgs),
     /// Measure failover, handoff, claim and more in spec and extended mode,
     /// side by side, and print a table.
-    Bench(bench::BenchArgs),
+    Bench(lab::bench::BenchArgs),
     /// Random SIGKILL/SIGTERM/SIGSTOP, restarts and claims against a mixed
     /// cluster with a mention feed; fails on split-brain the NIP does not force.
     #[cfg(unix)]
-    Chaos(chaos::ChaosArgs),
+    Chaos(lab::chaos::ChaosArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,14 +41,13 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Run(a) => run::run(a),
-        Command::Status(a) => status::status(a),
-        Command::Demo(a) => demo::demo(a),
-        Command::Bench(a) => bench::bench(a),
+    let result = match Cli::parse().command {
+        Command::Run(a) => cli::run::run(a),
+        Command::Status(a) => cli::status::status(a),
+        Command::Demo(a) => lab::demo::demo(a),
+        Command::Bench(a) => lab::bench::bench(a),
         #[cfg(unix)]
-        Command::Chaos(a) => chaos::chaos(a),
+        Command::Chaos(a) => lab::chaos::chaos(a),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,247 @@
+//! `nip-le bench`: every row of the "beyond the spec" table, in spec and
+//! extended mode, in one run, with real processes (`nip-le run`) and real
+//! signals. Prints p50 / p99 per row and variant, and the spec/extended
+//! ratio. `--before EXE` adds the same rows run with another build of
+//! `nip-le` (say, the last commit's), so a change is measured against its
+//! predecessor side by side, on the same machine, in the same run.
+
+mod scenarios;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use nip_le::Mode;
+
+use scenarios::Bench;
+
+/// Options of `nip-le bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Runs per latency row and variant (the SIGSTOP row uses a quarter, at
+    /// least 3: each run waits out the stale bound).
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    /// Processes for the start-together row.
+    #[arg(long, default_value_t = 64)]
+    processes: usize,
+    /// Keys per process for the start-together row.
+    #[arg(long, default_value_t = 8)]
+    keys: usize,
+    /// Another `nip-le` executable (an earlier build) to run every row with
+    /// too, in columns of its own.
+    #[arg(long)]
+    before: Option<PathBuf>,
+    #[command(flatten)]
+    timings: crate::cli::TimingArgs,
+}
+
+/// An executable and a mode: one column group of the table.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    /// Column label.
+    pub label: String,
+    /// The `nip-le` executable its instances run.
+    pub exe: PathBuf,
+    /// `--mode` of its instances.
+    pub mode: Mode,
+}
+
+/// One row's samples and the violations seen while taking them.
+#[derive(Debug, Default)]
+pub struct Row {
+    /// One number per run.
+    pub samples: Vec<f64>,
+    /// What went wrong, one entry per occurrence.
+    pub violations: Vec<String>,
+}
+
+/// The `p`th percentile of sorted samples (nearest rank).
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    pct(&v, 50.0)
+}
+
+type Scenario = fn(&Bench, &Variant, &mut Row) -> std::io::Result<()>;
+/// A row's scenario, possibly with parameters of its own.
+type RowFn = Box<dyn Fn(&Bench, &Variant, &mut Row) -> std::io::Result<()>>;
+
+/// Runs the bench and prints the table; fails on any violation.
+pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
+    let cfg = crate::cli::config_from(Some(std::env::temp_dir()), &a.timings, None)?;
+    let exe = std::env::current_exe().map_err(|e| nip_le::Error::Io {
+        path: "<current exe>".into(),
+        source: e,
+    })?;
+    let mut variants = vec![
+        Variant {
+            label: "spec".into(),
+            exe: exe.clone(),
+            mode: Mode::Spec,
+        },
+        Variant {
+            label: "ext".into(),
+            exe,
+            mode: Mode::Extended,
+        },
+    ];
+    if let Some(before) = &a.before {
+        for (label, mode) in [("spec before", Mode::Spec), ("ext before", Mode::Extended)] {
+            variants.push(Variant {
+                label: label.into(),
+                exe: before.clone(),
+                mode,
+            });
+        }
+    }
+    let b = Bench { cfg: cfg.clone() };
+    let slow_runs = (a.runs / 4).max(3);
+    println!(
+        "nip-le bench: refresh {:?}, stale {:?}, stand-down {:?}, {} runs per row ({} for SIGSTOP, 3 for the cost rows), {} cores",
+        cfg.refresh,
+        cfg.stale,
+        cfg.stand_down,
+        a.runs,
+        slow_runs,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+    if let Some(before) = &a.before {
+        println!("before: {}", before.display());
+    }
+    let start_name = format!(
+        "{} processes × {} keys start together → settled (ms)",
+        a.processes, a.keys
+    );
+    let (procs, keys) = (a.processes, a.keys);
+    let start_together: RowFn = Box::new(move |b, v, r| b.start_together(v, procs, keys, r));
+    let rows: Vec<(String, RowFn, usize)> = vec![
+        row(
+            "SIGKILL of the leader → a survivor leads (ms)",
+            Bench::sigkill,
+            a.runs,
+        ),
+        row(
+            "graceful exit → a survivor leads (ms)",
+            Bench::graceful,
+            a.runs,
+        ),
+        row(
+            "cooperative claim → the target leads (ms)",
+            Bench::claim,
+            a.runs,
+        ),
+        row(
+            "foreign release → reflected in is_leader (ms)",
+            Bench::foreign_write,
+            a.runs,
+        ),
+        row(
+            "SIGSTOP of the leader alone → replaced (ms)",
+            Bench::sigstop,
+            slow_runs,
+        ),
+        (start_name, start_together, 3),
+        row(
+            "idle observer: voluntary wake-ups per second",
+            Bench::idle,
+            3,
+        ),
+        row(
+            "machine slept > stale, then woke: leadership moved (1 = yes)",
+            Bench::slept,
+            3,
+        ),
+    ];
+    let mut table = Vec::new();
+    for (name, f, runs) in &rows {
+        let mut cells: Vec<Row> = variants.iter().map(|_| Row::default()).collect();
+        for (v, cell) in variants.iter().zip(cells.iter_mut()) {
+            for run in 0..*runs {
+                eprint!("\r{name} [{}] run {}/{}   ", v.label, run + 1, runs);
+                if let Err(e) = f(&b, v, cell) {
+                    cell.violations.push(format!("run failed: {e}"));
+                }
+            }
+        }
+        table.push((name.clone(), cells));
+    }
+    eprintln!("\r{:100}", "");
+    let failed = print_table(&variants, &mut table);
+    for mode in [Mode::Spec, Mode::Extended] {
+        match scenarios::in_process(mode) {
+            Ok((ns, us)) => println!(
+                "in-process [{}]: is_leader {ns:.1} ns median (LeaderFlag), refresh of a led key {us:.1} µs median (round trip through the writer)",
+                mode.as_str(),
+            ),
+            Err(e) => println!("in-process [{}]: failed: {e}", mode.as_str()),
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn row(name: &str, f: Scenario, runs: usize) -> (String, RowFn, usize) {
+    (name.to_owned(), Box::new(f), runs)
+}
+
+/// Prints the table; returns whether any violation other than the NIP's own
+/// truncation (expected in spec mode) was seen.
+fn print_table(variants: &[Variant], table: &mut [(String, Vec<Row>)]) -> bool {
+    println!();
+    let mut header = format!("{:<60}", "row");
+    for v in variants {
+        header += &format!(" | {:>11} {:>8}", format!("{} p50", v.label), "p99");
+    }
+    header += " | spec/ext p50";
+    println!("{header}");
+    let mut failed = false;
+    for (name, cells) in table.iter_mut() {
+        let mut line = format!("{name:<60}");
+        for c in cells.iter_mut() {
+            c.samples.sort_by(f64::total_cmp);
+            line += &format!(
+                " | {:>11.1} {:>8.1}",
+                pct(&c.samples, 50.0),
+                pct(&c.samples, 99.0)
+            );
+        }
+        let (s50, e50) = (pct(&cells[0].samples, 50.0), pct(&cells[1].samples, 50.0));
+        line += &format!(" | {:>8}", ratio(s50, e50));
+        println!("{line}");
+        for (v, c) in variants.iter().zip(cells.iter()) {
+            let mut kinds = c.violations.clone();
+            kinds.sort();
+            kinds.dedup();
+            for x in kinds {
+                let n = c.violations.iter().filter(|y| **y == x).count();
+                println!("    {}: {x} ({n}×)", v.label);
+                // The NIP itself empties the file on release: expected there.
+                if !(v.mode == Mode::Spec && x.contains("emptied")) {
+                    failed = true;
+                }
+            }
+        }
+    }
+    failed
+}
+
+fn ratio(spec: f64, ext: f64) -> String {
+    if ext > 0.0 && spec / ext >= 10.0 {
+        format!("{:.0}×", spec / ext)
+    } else if ext > 0.0 {
+        format!("{:.2}×", spec / ext)
+    } else {
+        format!(">{spec:.0}×")
+    }
+}

@@ -1,0 +1,263 @@
+//! The analysis, pure: from the lives the runner recorded, the mentions it
+//! sent and the replies file, count each mention's replies, explain every
+//! duplicate or fail, and measure the leadership timeline and failovers.
+//!
+//! A duplicate is forced by the NIP (and excused) only when a spec-only
+//! replier was not running normally when the mention came: it was stopped,
+//! or starved past its tick, and answered from its backlog while it still
+//! believed it led (the wall-clock stale rule had already replaced it).
+//! Extended repliers fence themselves in that case, so a duplicate with
+//! only extended repliers is a split-brain.
+
+use std::collections::BTreeMap;
+
+use nip_le::Mode;
+
+use super::runner::{Life, Outcome};
+use crate::lines::ReplyLine;
+
+/// What the run amounted to.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Mentions sent.
+    pub sent: usize,
+    /// Answered exactly once.
+    pub once: usize,
+    /// Duplicates the NIP forces (a late spec replier).
+    pub dup_forced: usize,
+    /// Duplicates nothing excuses.
+    pub dup_unexplained: usize,
+    /// Never answered.
+    pub missed: usize,
+    /// The unexplained duplicates, described.
+    pub unexplained: Vec<String>,
+    /// Time with two or more running instances reporting leadership, ms.
+    pub two_leaders_ms: u64,
+    /// Of which a spec instance was one of them, ms.
+    pub two_with_spec_ms: u64,
+    /// Time with no running instance reporting leadership, ms.
+    pub no_leader_ms: u64,
+    /// After each SIGKILL of a leader, ms until the next report of leading.
+    pub failovers: Vec<u64>,
+}
+
+/// Sampling step of the leadership timeline.
+const STEP_MS: u64 = 5;
+
+/// Judges the run. `refresh_ms` is the instances' refresh interval.
+pub fn analyse(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64) -> Summary {
+    let mut s = Summary {
+        sent: out.sent.len(),
+        ..Summary::default()
+    };
+    count_replies(out, replies, refresh_ms, &mut s);
+    timeline(&out.lives, &mut s);
+    s.failovers = failovers(out);
+    s
+}
+
+fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut Summary) {
+    let mut by_mention: BTreeMap<String, Vec<(&str, u64)>> = BTreeMap::new();
+    for r in replies {
+        by_mention
+            .entry(r.mention_id())
+            .or_default()
+            .push((&r.instance_id, r.at_ms));
+    }
+    let mode_of = |id: &str| {
+        out.lives
+            .iter()
+            .find(|l| l.instance_id == id)
+            .map(|l| l.mode)
+    };
+    let recently_resumed = |id: &str, t: u64, within: u64| {
+        out.lives
+            .iter()
+            .filter(|l| l.instance_id == id)
+            .any(|l| l.stops.iter().any(|(_, c)| *c <= t && t <= c + within))
+    };
+    for (id, at) in &out.sent {
+        let r = by_mention.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        match r.len() {
+            0 => s.missed += 1,
+            1 => s.once += 1,
+            _ => {
+                let forced = r.iter().any(|(who, t)| {
+                    mode_of(who) == Some(Mode::Spec)
+                        && (recently_resumed(who, *t, refresh_ms + 1000)
+                            || t.saturating_sub(*at) > refresh_ms)
+                });
+                if forced {
+                    s.dup_forced += 1;
+                } else {
+                    s.dup_unexplained += 1;
+                    let who: Vec<String> = r
+                        .iter()
+                        .map(|(w, t)| {
+                            let mode = mode_of(w).map_or("?", Mode::as_str);
+                            format!("{w} [{mode}] +{} ms", t.saturating_sub(*at))
+                        })
+                        .collect();
+                    s.unexplained
+                        .push(format!("{id} at {at}: {}", who.join(", ")));
+                }
+            }
+        }
+    }
+}
+
+fn leads_at(life: &Life, t: u64) -> bool {
+    life.views
+        .iter()
+        .rev()
+        .find(|(at, _)| *at <= t)
+        .is_some_and(|(_, l)| *l)
+}
+
+fn running_at(life: &Life, t: u64) -> bool {
+    life.start <= t
+        && life.end.is_none_or(|e| t < e)
+        && !life.stops.iter().any(|(s, c)| *s <= t && t < *c)
+}
+
+/// Samples every 5 ms, from a second after the first start to the last end.
+fn timeline(lives: &[Life], s: &mut Summary) {
+    let t0 = lives.iter().map(|l| l.start).min().unwrap_or(0);
+    let t1 = lives.iter().filter_map(|l| l.end).max().unwrap_or(t0);
+    let mut t = t0 + 1000;
+    while t < t1 {
+        let leaders: Vec<&Life> = lives
+            .iter()
+            .filter(|l| running_at(l, t) && leads_at(l, t))
+            .collect();
+        match leaders.len() {
+            0 => s.no_leader_ms += STEP_MS,
+            1 => {}
+            _ => {
+                s.two_leaders_ms += STEP_MS;
+                if leaders.iter().any(|l| l.mode == Mode::Spec) {
+                    s.two_with_spec_ms += STEP_MS;
+                }
+            }
+        }
+        t += STEP_MS;
+    }
+}
+
+fn failovers(out: &Outcome) -> Vec<u64> {
+    let mut v: Vec<u64> = out
+        .deaths
+        .iter()
+        .filter(|(_, was_leading)| *was_leading)
+        .filter_map(|(td, _)| {
+            out.lives
+                .iter()
+                .flat_map(|l| l.views.iter())
+                .filter(|(at, lead)| *lead && at >= td)
+                .map(|(at, _)| at - td)
+                .min()
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn life(id: &str, mode: Mode, views: &[(u64, bool)]) -> Life {
+        Life {
+            instance_id: id.into(),
+            mode,
+            start: 0,
+            end: Some(10_000),
+            stops: Vec::new(),
+            views: views.to_vec(),
+        }
+    }
+
+    fn reply(m: &str, who: &str, at: u64) -> ReplyLine {
+        ReplyLine {
+            mention: m.into(),
+            instance_id: who.into(),
+            at_ms: at,
+        }
+    }
+
+    fn outcome(lives: Vec<Life>, sent: &[(&str, u64)]) -> Outcome {
+        Outcome {
+            lives,
+            sent: sent.iter().map(|(i, t)| ((*i).into(), *t)).collect(),
+            ..Outcome::default()
+        }
+    }
+
+    #[test]
+    fn counts_once_missed_and_unexplained_duplicates() {
+        let o = outcome(
+            vec![
+                life("a", Mode::Extended, &[(0, true)]),
+                life("b", Mode::Extended, &[(0, false)]),
+            ],
+            &[("m0", 2000), ("m1", 3000), ("m2", 4000)],
+        );
+        let replies = [
+            reply("m0", "a", 2001),
+            reply("m2", "a", 4001),
+            reply("m2", "b", 4002),
+        ];
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.sent, s.once, s.missed), (3, 1, 1));
+        assert_eq!((s.dup_unexplained, s.dup_forced), (1, 0));
+        assert!(
+            s.unexplained[0].starts_with("m2 at 4000: a [extended]"),
+            "{:?}",
+            s.unexplained
+        );
+    }
+
+    #[test]
+    fn a_late_or_resumed_spec_replier_is_the_nips_forced_duplicate() {
+        let mut spec = life("s", Mode::Spec, &[(0, true)]);
+        spec.stops.push((1000, 3900));
+        let o = outcome(
+            vec![life("a", Mode::Extended, &[(0, true)]), spec],
+            &[("m0", 2000), ("m1", 5000)],
+        );
+        // m0: the spec replier answered 1.95 s late (starved or stopped).
+        // m1: it had just resumed from a stop.
+        let replies = [
+            reply("m0", "a", 2001),
+            reply("m0", "s", 3950),
+            reply("m1", "a", 5001),
+            reply("m1", "s", 5002),
+        ];
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.dup_forced, s.dup_unexplained), (2, 0));
+    }
+
+    #[test]
+    fn timeline_and_failover() {
+        let mut a = life("a", Mode::Extended, &[(0, true)]);
+        a.end = Some(5000);
+        let b = life("b", Mode::Spec, &[(0, false), (5100, true)]);
+        let mut o = outcome(vec![a, b], &[]);
+        o.deaths.push((5000, true));
+        o.deaths.push((6000, false));
+        let s = analyse(&o, &[], 300);
+        assert_eq!(s.failovers, vec![100]);
+        assert_eq!(s.no_leader_ms, 100);
+        assert_eq!(s.two_leaders_ms, 0);
+        // Both lead at once for a while: counted, and flagged as spec.
+        let o = outcome(
+            vec![
+                life("a", Mode::Extended, &[(0, true)]),
+                life("b", Mode::Spec, &[(0, false), (2000, true), (2050, false)]),
+            ],
+            &[],
+        );
+        let s = analyse(&o, &[], 300);
+        assert_eq!((s.two_leaders_ms, s.two_with_spec_ms), (50, 50));
+    }
+}

@@ -1,0 +1,104 @@
+//! `nip-le chaos`: extended and spec-only instances on one lock directory,
+//! with a mention feed, under random SIGKILL, SIGTERM, SIGSTOP/SIGCONT,
+//! restarts and cooperative claims. Four parts: the fault [`plan`], the
+//! [`runner`] that carries it out on real processes, the pure [`analysis`]
+//! of what the instances reported and replied, and the [`report`].
+//!
+//! It fails on a duplicate reply (split-brain with user impact) that the
+//! NIP's own rules do not force (see [`analysis`]). Misses are reported:
+//! no live leader after a death or during a hang, and the zero-leader gap of
+//! a handoff.
+
+pub mod analysis;
+pub mod plan;
+pub mod report;
+pub mod runner;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::lab::cluster::{random_pubkey, RunOptions};
+use crate::lines::ReplyLine;
+use crate::unix_ms;
+
+/// Options of `nip-le chaos`.
+#[derive(Args, Debug)]
+pub struct ChaosArgs {
+    /// How long to inject faults, in seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Extended-mode instances.
+    #[arg(long, default_value_t = 4)]
+    extended: usize,
+    /// Spec-only instances.
+    #[arg(long, default_value_t = 2)]
+    spec: usize,
+    /// Mean pause between faults and mentions, in milliseconds.
+    #[arg(long, default_value_t = 250)]
+    pace_ms: u64,
+    /// Refresh interval [default: 300 ms for chaos].
+    #[arg(long, default_value_t = 300)]
+    refresh_ms: u64,
+    /// Stale bound [default: 1200 ms for chaos].
+    #[arg(long, default_value_t = 1200)]
+    stale_ms: u64,
+    /// Stand-down timeout [default: 1200 ms for chaos].
+    #[arg(long, default_value_t = 1200)]
+    stand_down_ms: u64,
+    /// Seed of the fault plan [default: from the clock and pid].
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+/// Runs chaos; fails on a split-brain the NIP does not force.
+pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
+    let io =
+        |path: std::path::PathBuf| move |e: std::io::Error| nip_le::Error::Io { path, source: e };
+    let tmp = tempfile::Builder::new()
+        .prefix("nip-le-chaos-")
+        .tempdir()
+        .map_err(io(std::env::temp_dir()))?;
+    let timings = crate::cli::TimingArgs {
+        refresh_ms: Some(a.refresh_ms),
+        stale_ms: Some(a.stale_ms),
+        stand_down_ms: Some(a.stand_down_ms),
+        mode: None,
+    };
+    // The same validation every instance will apply.
+    let cfg = crate::cli::config_from(Some(tmp.path().join("locks")), &timings, None)?;
+    let mentions = tmp.path().join("mentions.jsonl");
+    let replies = tmp.path().join("replies.jsonl");
+    for f in [&mentions, &replies] {
+        std::fs::File::create(f).map_err(io(f.clone()))?;
+    }
+    let exe = std::env::current_exe().map_err(io("<exe>".into()))?;
+    let mut opts = RunOptions::new(&exe, &cfg.lock_dir, random_pubkey()).timings(
+        a.refresh_ms,
+        a.stale_ms,
+        a.stand_down_ms,
+    );
+    opts.feed = Some((mentions.clone(), replies.clone()));
+    let seed = a
+        .seed
+        .unwrap_or_else(|| unix_ms() ^ (u64::from(std::process::id()) << 32));
+    println!(
+        "nip-le chaos: {} extended + {} spec instances, {} s, refresh {} ms, stale {} ms, seed {seed}",
+        a.extended, a.spec, a.seconds, a.refresh_ms, a.stale_ms
+    );
+    let mut runner =
+        runner::Runner::start(opts, mentions, a.extended, a.spec).map_err(io(exe.clone()))?;
+    let mut plan = plan::Plan::new(seed, a.stale_ms);
+    runner
+        .run(&mut plan, a.seconds, a.pace_ms)
+        .map_err(io(exe.clone()))?;
+    let faults = runner.counts_line();
+    let outcome = runner.finish(Duration::from_millis(a.stale_ms + 3 * a.refresh_ms));
+    let summary = analysis::analyse(&outcome, &ReplyLine::read_all(&replies), a.refresh_ms);
+    Ok(if report::print(&summary, a.seconds, &faults) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,151 @@
+//! The fault plan: which fault comes next, from a seeded generator and the
+//! cluster as the runner sees it. Pure: no process is touched here.
+
+/// xorshift64*: plenty for choosing faults, and reproducible from its seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator; a zero seed is made odd (xorshift never leaves zero).
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// One fault (or mention) to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Append a mention to the feed.
+    Mention,
+    /// SIGKILL the slot's instance; restart it after `restart_ms`.
+    Kill {
+        /// The slot.
+        slot: usize,
+        /// Delay before the restart.
+        restart_ms: u64,
+    },
+    /// SIGTERM the slot's instance (graceful exit); restart after `restart_ms`.
+    Term {
+        /// The slot.
+        slot: usize,
+        /// Delay before the restart.
+        restart_ms: u64,
+    },
+    /// SIGSTOP the slot's instance for `hold_ms`, then SIGCONT.
+    Stop {
+        /// The slot.
+        slot: usize,
+        /// How long it stays stopped.
+        hold_ms: u64,
+    },
+    /// Send `claim` to the slot's instance.
+    Claim {
+        /// The slot.
+        slot: usize,
+    },
+}
+
+/// What the plan needs to know about the cluster now.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// Slots whose instance runs (not stopped, not dead).
+    pub running: Vec<usize>,
+    /// The running slot whose latest report says it leads, if any.
+    pub leader: Option<usize>,
+}
+
+/// Chooses faults: 40 % mentions, 15 % SIGKILL, 10 % SIGTERM, 12 % SIGSTOP,
+/// 15 % claims, the rest nothing. Faults hit the leader half the time, and
+/// signals are sent only while more than two instances run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    rng: Rng,
+    stale_ms: u64,
+}
+
+impl Plan {
+    /// A plan from `seed`; SIGSTOPs last up to twice `stale_ms`.
+    pub fn new(seed: u64, stale_ms: u64) -> Self {
+        Self {
+            rng: Rng::new(seed),
+            stale_ms,
+        }
+    }
+
+    /// The pause before the next fault, around `pace_ms`.
+    pub fn pause_ms(&mut self, pace_ms: u64) -> u64 {
+        pace_ms / 2 + self.rng.below(pace_ms)
+    }
+
+    /// The next fault, if any.
+    pub fn next(&mut self, view: &View) -> Option<Fault> {
+        let roll = self.rng.below(100);
+        let enough = view.running.len() > 2;
+        let restart_ms = 100 + self.rng.below(400);
+        match roll {
+            0..=39 => Some(Fault::Mention),
+            40..=54 if enough => self.pick(view).map(|slot| Fault::Kill { slot, restart_ms }),
+            55..=64 if enough => self.pick(view).map(|slot| Fault::Term { slot, restart_ms }),
+            65..=76 if enough => {
+                let hold_ms = 100 + self.rng.below(2 * self.stale_ms);
+                self.pick(view).map(|slot| Fault::Stop { slot, hold_ms })
+            }
+            77..=91 => {
+                let i = self.rng.below(view.running.len() as u64) as usize;
+                view.running.get(i).map(|&slot| Fault::Claim { slot })
+            }
+            _ => None,
+        }
+    }
+
+    /// A running slot, the leader half the time.
+    fn pick(&mut self, view: &View) -> Option<usize> {
+        if view.running.is_empty() {
+            return None;
+        }
+        match view.leader {
+            Some(l) if view.running.contains(&l) && self.rng.below(2) == 0 => Some(l),
+            _ => Some(view.running[self.rng.below(view.running.len() as u64) as usize]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_faults_and_no_signals_with_two_running() {
+        let view = View {
+            running: vec![0, 1, 2],
+            leader: Some(1),
+        };
+        let run = |seed| {
+            let mut p = Plan::new(seed, 1000);
+            (0..200).map(|_| p.next(&view)).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert!(run(7).iter().any(|f| matches!(f, Some(Fault::Kill { .. }))));
+        let two = View {
+            running: vec![0, 1],
+            leader: Some(0),
+        };
+        let mut p = Plan::new(3, 1000);
+        for _ in 0..500 {
+            assert!(matches!(
+                p.next(&two),
+                None | Some(Fault::Mention) | Some(Fault::Claim { .. })
+            ));
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The runner: carries the plan's faults out on real `nip-le run` processes
+//! and records every incarnation's life (start, stops, end) and views, and
+//! every mention sent. What happened is judged later, by the analysis.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use nip_le::Mode;
+
+use super::plan::{Fault, Plan, View};
+use crate::lab::cluster::{Instance, RunOptions};
+use crate::lines::MentionLine;
+use crate::unix_ms;
+
+/// One incarnation of an instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Life {
+    /// Its election id.
+    pub instance_id: String,
+    /// Its mode.
+    pub mode: Mode,
+    /// Start, unix ms.
+    pub start: u64,
+    /// End (killed, exited, or the run's end), unix ms.
+    pub end: Option<u64>,
+    /// (stop, cont) intervals, unix ms.
+    pub stops: Vec<(u64, u64)>,
+    /// Leadership reports: (at_ms, is_leader).
+    pub views: Vec<(u64, bool)>,
+}
+
+/// Everything the runner recorded.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Every incarnation of every slot.
+    pub lives: Vec<Life>,
+    /// Mentions sent: (id, unix ms).
+    pub sent: Vec<(String, u64)>,
+    /// SIGKILLs: (unix ms, whether the victim was leading).
+    pub deaths: Vec<(u64, bool)>,
+    /// How many faults of each kind.
+    pub counts: BTreeMap<&'static str, u64>,
+}
+
+/// A place in the cluster that an instance occupies, restarted after death.
+struct Slot {
+    mode: Mode,
+    inst: Option<Instance>,
+    lives: Vec<Life>,
+    stopped_since: Option<u64>,
+    cont_at: Option<Instant>,
+    restart_at: Option<Instant>,
+}
+
+/// The cluster under faults.
+pub struct Runner {
+    opts: HashMap<Mode, RunOptions>,
+    mentions: std::path::PathBuf,
+    slots: Vec<Slot>,
+    out: Outcome,
+}
+
+impl Runner {
+    /// Starts `extended` + `spec` instances with `opts` (the mode is added
+    /// per instance).
+    pub fn start(
+        opts: RunOptions,
+        mentions: std::path::PathBuf,
+        extended: usize,
+        spec: usize,
+    ) -> std::io::Result<Self> {
+        let mut per_mode = HashMap::new();
+        for mode in [Mode::Extended, Mode::Spec] {
+            let mut o = opts.clone();
+            o.extra_args = vec!["--mode".into(), mode.as_str().into()];
+            per_mode.insert(mode, o);
+        }
+        let mut r = Self {
+            opts: per_mode,
+            mentions,
+            slots: Vec::new(),
+            out: Outcome::default(),
+        };
+        let modes = std::iter::repeat_n(Mode::Extended, extended)
+            .chain(std::iter::repeat_n(Mode::Spec, spec));
+        for mode in modes {
+            let n = r.slots.len();
+            let (inst, life) = r.spawn(mode, n)?;
+            r.slots.push(Slot {
+                mode,
+                inst: Some(inst),
+                lives: vec![life],
+                stopped_since: None,
+                cont_at: None,
+                restart_at: None,
+            });
+        }
+        Ok(r)
+    }
+
+    fn spawn(&self, mode: Mode, n: usize) -> std::io::Result<(Instance, Life)> {
+        let inst = Instance::spawn(
+            format!("{}{n}", mode.as_str()),
+            self.opts[&mode].command(None),
+            Duration::from_secs(10),
+        )?;
+        let life = Life {
+            instance_id: inst.instance_id.clone(),
+            mode,
+            start: unix_ms(),
+            end: None,
+            stops: Vec::new(),
+            views: Vec::new(),
+        };
+        Ok((inst, life))
+    }
+
+    /// Injects faults from `plan` for `secs` seconds, about every `pace_ms`.
+    pub fn run(&mut self, plan: &mut Plan, secs: u64, pace_ms: u64) -> std::io::Result<()> {
+        let start = Instant::now();
+        let end = start + Duration::from_secs(secs);
+        let mut last_progress = Instant::now();
+        while Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(plan.pause_ms(pace_ms)));
+            self.resume_and_restart()?;
+            if let Some(f) = plan.next(&self.view()) {
+                self.inject(f)?;
+            }
+            if last_progress.elapsed() > Duration::from_secs(10) {
+                last_progress = Instant::now();
+                println!("[{:>4}s] {}", start.elapsed().as_secs(), self.counts_line());
+                let _ = std::io::stdout().flush();
+            }
+        }
+        Ok(())
+    }
+
+    /// "SIGKILL 3, claim 5, …".
+    pub fn counts_line(&self) -> String {
+        self.out
+            .counts
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn view(&self) -> View {
+        let running: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].inst.is_some() && self.slots[i].stopped_since.is_none())
+            .collect();
+        let leader = running
+            .iter()
+            .copied()
+            .find(|&i| self.slots[i].inst.as_ref().and_then(Instance::is_leader) == Some(true));
+        View { running, leader }
+    }
+
+    /// Resumes stopped instances whose time has come; restarts dead ones.
+    fn resume_and_restart(&mut self) -> std::io::Result<()> {
+        let now = Instant::now();
+        for slot in self.slots.iter_mut() {
+            if slot.cont_at.is_some_and(|t| t <= now) {
+                cont(slot);
+            }
+        }
+        for i in 0..self.slots.len() {
+            if self.slots[i].restart_at.is_some_and(|t| t <= now) {
+                let (inst, life) = self.spawn(self.slots[i].mode, i)?;
+                let slot = &mut self.slots[i];
+                slot.inst = Some(inst);
+                slot.lives.push(life);
+                slot.restart_at = None;
+                *self.out.counts.entry("restart").or_default() += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn inject(&mut self, f: Fault) -> std::io::Result<()> {
+        let now = Instant::now();
+        match f {
+            Fault::Mention => self.mention()?,
+            Fault::Kill { slot, restart_ms } => {
+                let s = &mut self.slots[slot];
+                record_views(s);
+                let was = s.inst.as_ref().and_then(Instance::is_leader) == Some(true);
+                if let Some(mut inst) = s.inst.take() {
+                    let _ = inst.kill_and_reap();
+                }
+                let t = unix_ms();
+                if let Some(l) = s.lives.last_mut() {
+                    l.end = Some(t);
+                }
+                s.restart_at = Some(now + Duration::from_millis(restart_ms));
+                self.out.deaths.push((t, was));
+                *self.out.counts.entry("SIGKILL").or_default() += 1;
+            }
+            Fault::Term { slot, restart_ms } => {
+                let s = &mut self.slots[slot];
+                if let Some(inst) = s.inst.as_mut() {
+                    let _ = inst.signal(libc::SIGTERM);
+                    let _ = inst.wait_exit(Duration::from_secs(5));
+                }
+                let t = unix_ms();
+                record_views(s);
+                s.inst = None;
+                if let Some(l) = s.lives.last_mut() {
+                    l.end = Some(t);
+                }
+                s.restart_at = Some(now + Duration::from_millis(restart_ms));
+                *self.out.counts.entry("SIGTERM").or_default() += 1;
+            }
+            Fault::Stop { slot, hold_ms } => {
+                let s = &mut self.slots[slot];
+                if let Some(inst) = &s.inst {
+                    let _ = inst.signal(libc::SIGSTOP);
+                }
+                s.stopped_since = Some(unix_ms());
+                s.cont_at = Some(now + Duration::from_millis(hold_ms));
+                *self.out.counts.entry("SIGSTOP/SIGCONT").or_default() += 1;
+            }
+            Fault::Claim { slot } => {
+                if let Some(inst) = self.slots[slot].inst.as_mut() {
+                    let _ = inst.send("claim");
+                }
+                *self.out.counts.entry("claim").or_default() += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn mention(&mut self) -> std::io::Result<()> {
+        let id = format!("m{}", self.out.sent.len());
+        let at = unix_ms();
+        let line = MentionLine {
+            id: id.clone().into(),
+            at_ms: Some(at),
+        };
+        let text = format!(
+            "{}\n",
+            serde_json::to_string(&line).map_err(std::io::Error::other)?
+        );
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.mentions)?
+            .write_all(text.as_bytes())?;
+        self.out.sent.push((id, at));
+        *self.out.counts.entry("mention").or_default() += 1;
+        Ok(())
+    }
+
+    /// Resumes everything, lets the cluster settle for `settle`, stops every
+    /// instance and returns what was recorded.
+    pub fn finish(mut self, settle: Duration) -> Outcome {
+        for slot in self.slots.iter_mut() {
+            if slot.stopped_since.is_some() {
+                cont(slot);
+            }
+        }
+        std::thread::sleep(settle);
+        for slot in self.slots.iter_mut() {
+            record_views(slot);
+            if let Some(mut inst) = slot.inst.take() {
+                let _ = inst.kill_and_reap();
+            }
+            if let Some(l) = slot.lives.last_mut() {
+                l.end.get_or_insert(unix_ms());
+            }
+        }
+        self.out.lives = self.slots.into_iter().flat_map(|s| s.lives).collect();
+        self.out
+    }
+}
+
+fn cont(slot: &mut Slot) {
+    if let Some(inst) = &slot.inst {
+        let _ = inst.signal(libc::SIGCONT);
+    }
+    let since = slot.stopped_since.take().unwrap_or_else(unix_ms);
+    if let Some(l) = slot.lives.last_mut() {
+        l.stops.push((since, unix_ms()));
+    }
+    slot.cont_at = None;
+}
+
+fn record_views(slot: &mut Slot) {
+    let Some(inst) = &slot.inst else { return };
+    let Some(life) = slot.lives.last_mut() else {
+        return;
+    };
+    life.views = inst
+        .views()
+        .iter()
+        .map(|l| (l.at_ms, l.is_leader))
+        .collect();
+}

@@ -1,0 +1,14 @@
+//! The lab: real `nip-le run` processes under real signals, driven and
+//! observed through the same JSON lines.
+//! * [`cluster`]: spawn, signal and wait on instances;
+//! * [`feed`]: follow an appended JSON-lines file (the simulated relay);
+//! * [`demo`]: the narrated election of the README's main job;
+//! * [`bench`](mod@bench): every latency and cost row, spec and extended side by side;
+//! * [`chaos`]: random faults on a mixed cluster, with a pure analysis.
+
+pub mod bench;
+#[cfg(unix)]
+pub mod chaos;
+pub mod cluster;
+pub mod demo;
+pub mod feed;

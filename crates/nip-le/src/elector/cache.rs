@@ -1,0 +1,229 @@
+//! The hot path: what `is_leader` reads. The writer publishes; readers do an
+//! atomic load or two and, in extended mode, a coarse monotonic clock read
+//! for self-fencing. No lock, no syscall, no allocation.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use arc_swap::ArcSwap;
+
+use crate::pubkey::AgentPubkey;
+
+use super::types::ElectionStatus;
+
+/// `valid_until` meaning "no self-fencing" (spec mode, or a fail-safe
+/// leader that holds no lock).
+pub(crate) const ALWAYS_VALID: u64 = u64::MAX;
+
+/// Monotonic nanoseconds on the clock self-fencing uses. It stands still
+/// while the machine sleeps, so a slept leader is not fenced for having
+/// slept. On Linux the coarse clock (a few ns through the vDSO, millisecond
+/// resolution, plenty for a bound counted in seconds) keeps `is_leader`
+/// cheap.
+#[cfg(target_os = "linux")]
+pub(crate) fn mono_nanos() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Monotonic nanoseconds since the first call (see the Linux variant).
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn mono_nanos() -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+/// The published state of one key: the leader flag, its validity (the
+/// self-fencing deadline) and the last status snapshot.
+#[derive(Debug)]
+pub(crate) struct KeyCell {
+    leader: AtomicBool,
+    valid_until: AtomicU64,
+    status: ArcSwap<Published>,
+}
+
+/// A status snapshot and the holder's `claimed_at`, so that the holder's
+/// age is computed when the status is read, not when it was published.
+#[derive(Debug, Clone)]
+pub(crate) struct Published {
+    pub(crate) status: ElectionStatus,
+    pub(crate) claimed_at: Option<SystemTime>,
+    pub(crate) standing_down_until: Option<Instant>,
+    pub(crate) claim_pending_until: Option<Instant>,
+}
+
+impl Published {
+    /// Before the first look.
+    pub(crate) fn initial(pubkey: AgentPubkey) -> Self {
+        Self {
+            status: ElectionStatus {
+                pubkey,
+                is_leader: false,
+                lock_state: super::types::LockState::Absent,
+                holder: None,
+                standing_down: false,
+                claim_pending: false,
+                last_error: None,
+            },
+            claimed_at: None,
+            standing_down_until: None,
+            claim_pending_until: None,
+        }
+    }
+}
+
+impl KeyCell {
+    /// A key not led yet. An extended key starts fenced: its first
+    /// successful write validates it.
+    pub(crate) fn new(extended: bool, status: Published) -> Self {
+        Self {
+            leader: AtomicBool::new(false),
+            valid_until: AtomicU64::new(if extended { 0 } else { ALWAYS_VALID }),
+            status: ArcSwap::from_pointee(status),
+        }
+    }
+
+    /// The cached answer: leader, and not past its self-fencing deadline.
+    #[inline]
+    pub(crate) fn is_leader(&self) -> bool {
+        if !self.leader.load(Ordering::Acquire) {
+            return false;
+        }
+        let until = self.valid_until.load(Ordering::Acquire);
+        until == ALWAYS_VALID || mono_nanos() < until
+    }
+
+    /// Sets the flag; returns the previous value.
+    pub(crate) fn set_leader(&self, leader: bool) -> bool {
+        self.leader.swap(leader, Ordering::AcqRel)
+    }
+
+    /// Never fenced.
+    pub(crate) fn never_fence(&self) {
+        self.valid_until.store(ALWAYS_VALID, Ordering::Release);
+    }
+
+    /// Valid for `d` from `from` (a [`mono_nanos`] instant).
+    pub(crate) fn renew_from(&self, from: u64, d: Duration) {
+        let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let until = from.saturating_add(d).min(ALWAYS_VALID - 1);
+        self.valid_until.store(until, Ordering::Release);
+    }
+
+    /// Publishes a new status snapshot.
+    pub(crate) fn publish(&self, status: Published) {
+        self.status.store(Arc::new(status));
+    }
+
+    /// The last published snapshot, with `is_leader` as the hot path says
+    /// it now (so the two can never disagree) and the holder's age as of
+    /// `now`.
+    pub(crate) fn status(&self, now: SystemTime) -> ElectionStatus {
+        let p = self.status.load();
+        let mut s = p.status.clone();
+        s.is_leader = self.is_leader();
+        let mono = Instant::now();
+        s.standing_down = p.standing_down_until.is_some_and(|u| u > mono);
+        s.claim_pending = p.claim_pending_until.is_some_and(|u| u > mono);
+        if let (Some(h), Some(t)) = (s.holder.as_mut(), p.claimed_at) {
+            h.age_ms = Some(match now.duration_since(t) {
+                Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+                Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+            });
+        }
+        s
+    }
+}
+
+/// Zero-cost view of one key's cached leadership, for hot paths (the
+/// dispatch, 👀 and heartbeat checks).
+#[derive(Debug, Clone)]
+pub struct LeaderFlag(pub(crate) Arc<KeyCell>);
+
+impl LeaderFlag {
+    /// The cached answer: atomic loads and, in extended mode, a monotonic
+    /// clock read (vDSO, no syscall); no allocation.
+    #[inline]
+    pub fn is_leader(&self) -> bool {
+        self.0.is_leader()
+    }
+}
+
+/// Hashes an [`AgentPubkey`] by folding its bytes: keys are random hex, so
+/// SipHash's protection buys nothing and costs most of a lookup.
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0 ^ u64::from_le_bytes(w))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .rotate_left(29);
+        }
+    }
+}
+
+/// The joined keys as readers see them. Replaced whole by the writer on
+/// join and leave (rare); read with one atomic load.
+pub(crate) type KeyMap =
+    HashMap<AgentPubkey, Arc<KeyCell>, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// The snapshot every reader loads.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    keys: ArcSwap<KeyMap>,
+}
+
+impl Snapshot {
+    /// The cell of `pubkey`, if joined.
+    #[inline]
+    pub(crate) fn get(&self, pubkey: &AgentPubkey) -> Option<Arc<KeyCell>> {
+        self.keys.load().get(pubkey).cloned()
+    }
+
+    /// `is_leader` without cloning the cell's `Arc`.
+    #[inline]
+    pub(crate) fn is_leader(&self, pubkey: &AgentPubkey) -> bool {
+        self.keys.load().get(pubkey).is_some_and(|c| c.is_leader())
+    }
+
+    /// Every joined key, ordered.
+    pub(crate) fn keys(&self) -> Vec<AgentPubkey> {
+        let mut v: Vec<_> = self.keys.load().keys().copied().collect();
+        v.sort();
+        v
+    }
+
+    /// Every key's status, ordered by pubkey.
+    pub(crate) fn statuses(&self) -> Vec<ElectionStatus> {
+        let map = self.keys.load();
+        let now = SystemTime::now();
+        let mut v: Vec<_> = map.values().map(|c| c.status(now)).collect();
+        v.sort_by_key(|s| s.pubkey);
+        v
+    }
+
+    /// Writer only: adds or removes a key.
+    pub(crate) fn update(&self, f: impl FnOnce(&mut KeyMap)) {
+        let mut next = KeyMap::clone(&self.keys.load());
+        f(&mut next);
+        self.keys.store(Arc::new(next));
+    }
+}

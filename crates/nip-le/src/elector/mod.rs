@@ -1,0 +1,254 @@
+//! The elector: this process's part in the elections of many agent keys.
+//!
+//! One concept per file:
+//! * [`types`]: the public vocabulary (changes, reasons, claim outcomes,
+//!   status);
+//! * `machine`: the per-key state machine, pure, tested with an injected
+//!   clock;
+//! * `store`: the `LockStore` seam and the lock file behind it;
+//! * `wake`: what wakes the writer (commands, file events, holder deaths),
+//!   as owned handles;
+//! * `cache`: the hot path readers use (`is_leader`, `status`);
+//! * `writer`: the one task that owns all key state and does all file I/O;
+//! * this file: the facade, [`Elector`], whose calls are messages to the
+//!   writer or reads of the published snapshot.
+
+mod cache;
+mod machine;
+mod store;
+pub mod types;
+mod wake;
+mod writer;
+
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::broadcast;
+
+use crate::config::Config;
+use crate::control::{ControlFrame, ControlResult};
+use crate::error::{Error, Result};
+use crate::identity::InstanceId;
+use crate::lockfile;
+use crate::pubkey::AgentPubkey;
+
+pub use cache::LeaderFlag;
+pub use types::{
+    ChangeReason, ClaimOutcome, ElectionStatus, HolderStatus, LeadershipChange, LockState,
+};
+
+use store::{FileStore, LockStore};
+use wake::{Mailbox, Msg, WakeSources};
+use writer::{Command, Reply, Shared, StoreFactory, Writer};
+
+/// This process's participation in the elections of many agent keys.
+///
+/// Calls that change something (`join`, `claim`, `release`, …) are
+/// messages to the elector's one writer thread, which does all file I/O;
+/// they block the caller until it answered (each file operation is bounded
+/// by the configured lock wait). Reads (`is_leader`, `leader_flag`,
+/// `status`, `joined`) never wait: they load the snapshot the writer
+/// published.
+///
+/// Dropping it (or calling [`Elector::shutdown`]) releases every lock it
+/// holds.
+pub struct Elector {
+    config: Config,
+    id: InstanceId,
+    shared: Arc<Shared>,
+    mailbox: Mailbox<Command>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("instance_id", &self.id)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Elector {
+    /// Validates `config` and starts the writer thread. `id` is this
+    /// window's election id (see [`InstanceId::from_env_or_random`]).
+    pub fn start(config: Config, id: InstanceId) -> Result<Self> {
+        config.validate()?;
+        let (dir, wait) = (config.lock_dir.clone(), config.lock_wait);
+        let stores: StoreFactory = Box::new(move |pk| {
+            Box::new(FileStore::new(&dir, lockfile::lock_path(&dir, pk), wait))
+                as Box<dyn LockStore>
+        });
+        Self::start_with(config, id, stores)
+    }
+
+    fn start_with(config: Config, id: InstanceId, stores: StoreFactory) -> Result<Self> {
+        let mut sources = WakeSources::new(&config.lock_dir).map_err(|e| Error::io("<poll>", e))?;
+        if config.mode == crate::Mode::Extended {
+            sources.watch_dir();
+        }
+        let mailbox = sources.mailbox();
+        let shared = Arc::new(Shared {
+            snapshot: Default::default(),
+            events: broadcast::channel(1024).0,
+        });
+        let writer = Writer::new(
+            config.clone(),
+            Arc::from(id.as_str()),
+            Arc::clone(&shared),
+            sources,
+            stores,
+        );
+        let thread = std::thread::Builder::new()
+            .name("nip-le-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| Error::io("<writer thread>", e))?;
+        Ok(Self {
+            config,
+            id,
+            shared,
+            mailbox,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Sends a command and waits for the writer's answer.
+    fn call<T>(&self, command: impl FnOnce(Reply<T>) -> Command) -> Result<T> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.mailbox
+            .send(Msg::Command(command(tx)))
+            .map_err(|()| Error::ShutDown)?;
+        rx.recv().unwrap_or(Err(Error::ShutDown))
+    }
+
+    /// This window's election id: pass it to spawned agent processes in
+    /// `BUZZ_INSTANCE_ELECTION_ID`.
+    pub fn instance_id(&self) -> &InstanceId {
+        &self.id
+    }
+
+    /// The validated configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Subscribes to every later [`LeadershipChange`]. A receiver that falls
+    /// more than 1024 changes behind gets `Lagged` and should re-read
+    /// [`Elector::status`].
+    pub fn subscribe(&self) -> broadcast::Receiver<LeadershipChange> {
+        self.shared.events.subscribe()
+    }
+
+    /// Joins the election for `pubkey` and claims at once (auto-claim on
+    /// launch). Returns the resulting leadership. Joining twice is a no-op.
+    pub fn join(&self, pubkey: &AgentPubkey) -> Result<bool> {
+        self.call(|r| Command::Join(*pubkey, r))
+    }
+
+    /// Leaves the election for `pubkey`, releasing the lock if we hold it.
+    /// When it returns, nothing of ours for that key will be written again.
+    pub fn leave(&self, pubkey: &AgentPubkey) -> Result<()> {
+        self.call(|r| Command::Leave(*pubkey, r))
+    }
+
+    /// The keys joined, ordered.
+    pub fn joined(&self) -> Vec<AgentPubkey> {
+        self.shared.snapshot.keys()
+    }
+
+    /// The cached answer for `pubkey`: no syscall, no allocation, no lock.
+    /// `false` for a key that was never joined (use
+    /// [`Elector::leader_flag`] on hot paths to skip even the map lookup).
+    #[inline]
+    pub fn is_leader(&self, pubkey: &AgentPubkey) -> bool {
+        self.shared.snapshot.is_leader(pubkey)
+    }
+
+    /// A handle whose [`LeaderFlag::is_leader`] is one or two atomic loads.
+    pub fn leader_flag(&self, pubkey: &AgentPubkey) -> Result<LeaderFlag> {
+        self.shared
+            .snapshot
+            .get(pubkey)
+            .map(LeaderFlag)
+            .ok_or(Error::NotJoined(*pubkey))
+    }
+
+    /// The user's claim: "this instance wants to lead" (the sidebar's
+    /// claim). Co-located instances learn it through the local lead request,
+    /// without a relay: the holder stands down on its next look and we take
+    /// the lock on ours. Never evicts a live leader by force.
+    pub fn claim(&self, pubkey: &AgentPubkey) -> Result<ClaimOutcome> {
+        self.call(|r| Command::Claim(*pubkey, r))
+    }
+
+    /// Releases the lock if the file names us (never a successor's record)
+    /// and stands down, so our own next tick does not take it straight back.
+    /// Returns whether a record of ours was released. The stand-down
+    /// expires like any other.
+    pub fn release(&self, pubkey: &AgentPubkey) -> Result<bool> {
+        self.call(|r| Command::Release(*pubkey, r))
+    }
+
+    /// NIP-LE `stand_down()` + `release()`: stop leading now (hard-steal:
+    /// the change says cancel the in-flight turn) and suppress acquiring
+    /// until [`Elector::resume`] or the stand-down timeout.
+    pub fn stand_down(&self, pubkey: &AgentPubkey) -> Result<()> {
+        self.call(|r| Command::StandDown(*pubkey, r))
+    }
+
+    /// Ends a stand-down and re-claims at once.
+    pub fn resume(&self, pubkey: &AgentPubkey) -> Result<bool> {
+        self.call(|r| Command::Resume(*pubkey, r))
+    }
+
+    /// Handles a relay-delivered control frame (decrypted JSON content) for
+    /// `pubkey`. Authorisation (NIP-AO: only the agent's owner may send
+    /// control frames) is the caller's job. Returns the `control_result` to
+    /// send, if any:
+    /// * we are the target → claim; `Some(claimed)` once we hold the lock,
+    ///   else `None` and later looks retry (a [`ChangeReason::Claimed`]
+    ///   change says when to send the result);
+    /// * we hold the lock and are not the target → stand down and release;
+    /// * otherwise, and for unknown frame types → ignored.
+    pub fn handle_control_frame(
+        &self,
+        pubkey: &AgentPubkey,
+        frame: &str,
+    ) -> Result<Option<ControlResult>> {
+        let target = match ControlFrame::parse(frame)? {
+            ControlFrame::ClaimLeadership { target_instance_id } => target_instance_id,
+            ControlFrame::Other => return Ok(None),
+        };
+        let claimed = self.call(|r| Command::ClaimFrame(*pubkey, target, r))?;
+        Ok(claimed.then(ControlResult::claimed))
+    }
+
+    /// Runs one refresh of every key now, without waiting for the tick.
+    pub fn refresh_now(&self) {
+        let _ = self.call(Command::RefreshNow);
+    }
+
+    /// A snapshot of every joined key, ordered by pubkey. Never touches a
+    /// file and never waits for the writer.
+    pub fn status(&self) -> Vec<ElectionStatus> {
+        self.shared.snapshot.statuses()
+    }
+
+    /// Releases every lock we hold and stops the writer and every wake
+    /// source. Idempotent; when it returns, nothing of ours will be written
+    /// again, and later calls that would touch files return
+    /// [`Error::ShutDown`].
+    pub fn shutdown(&self) {
+        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = thread.take() {
+            let _ = self.call(Command::Shutdown);
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Elector {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,89 @@
+//! Where a key's record lives, behind a seam in the spirit of client-go's
+//! resource lock: an unguarded read (the NIP's read side) and a
+//! read-decide-write under the store's mutual exclusion (acquire, refresh,
+//! release, handoff). The store knows no election state: the writer passes
+//! the decision in. [`FileStore`] is the NIP's lock file; a cross-host
+//! backend plugs in here.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::lockfile::{self, LockedFile};
+use crate::record::LockContent;
+
+use super::machine::Write;
+
+/// What an update did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Updated {
+    /// What the store holds afterwards.
+    pub content: LockContent,
+    /// Whether the decision wrote (or cleared) the record.
+    pub wrote: bool,
+}
+
+/// One key's record in some store.
+pub(crate) trait LockStore: Send {
+    /// The read side: takes no lock, so it may see a torn write (which
+    /// parses as malformed). An error means "unreadable".
+    fn read(&self) -> Result<LockContent>;
+
+    /// Shows the current content to `decide` under the store's exclusion
+    /// and carries out what it returns. The exclusion is waited for at most
+    /// the configured lock wait; on timeout nothing changes.
+    fn update(&mut self, decide: &mut dyn FnMut(&LockContent) -> Write) -> Result<Updated>;
+}
+
+/// The NIP's lock file, `<lock dir>/<pubkey>.lock`: the exclusive `flock` is
+/// taken on the file itself (never renamed, never unlinked), writes are in
+/// place, reads are capped and never follow a symlink (see
+/// [`crate::lockfile`]).
+#[derive(Debug)]
+pub(crate) struct FileStore {
+    dir: PathBuf,
+    path: PathBuf,
+    wait: Duration,
+}
+
+impl FileStore {
+    pub(crate) fn new(dir: &Path, path: PathBuf, wait: Duration) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            path,
+            wait,
+        }
+    }
+}
+
+impl LockStore for FileStore {
+    fn read(&self) -> Result<LockContent> {
+        lockfile::read_unguarded(&self.path)
+    }
+
+    fn update(&mut self, decide: &mut dyn FnMut(&LockContent) -> Write) -> Result<Updated> {
+        lockfile::ensure_dir(&self.dir)?;
+        let mut f = LockedFile::open_and_lock(&self.path, self.wait)?;
+        let content = f.read()?;
+        Ok(match decide(&content) {
+            Write::Keep => Updated {
+                content,
+                wrote: false,
+            },
+            Write::Put(bytes) => {
+                f.write(&bytes)?;
+                Updated {
+                    content: LockContent::parse(&bytes),
+                    wrote: true,
+                }
+            }
+            Write::Clear => {
+                f.truncate()?;
+                Updated {
+                    content: LockContent::Empty,
+                    wrote: true,
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,188 @@
+//! The public vocabulary of the elector: what changed and why, what a claim
+//! did, and a status snapshot. These same types cross IPC in the plugin
+//! (camelCase JSON; TypeScript types from ts-rs behind the `ts` feature), so
+//! there is one set of names from the engine to the webview.
+
+use serde::{Deserialize, Serialize};
+
+use crate::pubkey::AgentPubkey;
+
+/// Why this instance's view of a key's leadership changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "ChangeReason.ts"))]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeReason {
+    /// We took a free lock (absent, empty/released, or malformed).
+    Acquired,
+    /// We took over the record of a dead, stale or hung holder.
+    Failover,
+    /// The user's claim (or a `claim_leadership` frame naming us) completed:
+    /// send the `control_result` if the claim came from the relay.
+    Claimed,
+    /// We lead only because the lock file cannot be read as a record and we
+    /// could not write it (the NIP's fail-safe rule).
+    FailSafe,
+    /// First view after joining: another instance holds a live record.
+    Observer,
+    /// Another instance holds the lock now.
+    Lost,
+    /// We stood down for another instance's claim. Hard-steal: cancel the
+    /// in-flight turn now.
+    StoodDown,
+    /// We released the lock (explicitly, on leave or on shutdown).
+    Released,
+    /// Extension: the previous leader handed the lock straight to us
+    /// (graceful exit, or its stand-down for a claim that named us).
+    HandedOver,
+}
+
+impl ChangeReason {
+    /// The snake_case name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeReason::Acquired => "acquired",
+            ChangeReason::Failover => "failover",
+            ChangeReason::Claimed => "claimed",
+            ChangeReason::FailSafe => "fail_safe",
+            ChangeReason::Observer => "observer",
+            ChangeReason::Lost => "lost",
+            ChangeReason::StoodDown => "stood_down",
+            ChangeReason::Released => "released",
+            ChangeReason::HandedOver => "handed_over",
+        }
+    }
+
+    /// Whether the window must abort its in-flight agent turn (NIP-LE
+    /// hard-steal, via NIP-AO `cancel_turn`).
+    pub fn must_cancel_turn(self) -> bool {
+        matches!(self, ChangeReason::StoodDown)
+    }
+}
+
+/// One change of this instance's view of one key: the payload of the
+/// plugin's `leader-election://changed` event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "ts",
+    derive(ts_rs::TS),
+    ts(export_to = "LeadershipChange.ts")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LeadershipChange {
+    /// The agent key (64 lower-case hex).
+    #[cfg_attr(feature = "ts", ts(type = "string"))]
+    pub pubkey: AgentPubkey,
+    /// Whether we are the prompter now.
+    pub is_leader: bool,
+    /// The holder named by the lock file, when it names one.
+    pub leader_instance_id: Option<String>,
+    /// Why.
+    pub reason: ChangeReason,
+    /// True when this window must abort its in-flight agent turn now
+    /// (hard-steal: NIP-AO `cancel_turn`). Same as
+    /// [`ChangeReason::must_cancel_turn`], carried so that no reader has to
+    /// know the rule.
+    pub must_cancel_turn: bool,
+    /// Extension: the holder's fencing epoch, when its record carries one.
+    /// It grows with every change of holder: tag work started as leader with
+    /// it and check it before acting on the work's result.
+    #[cfg_attr(feature = "ts", ts(type = "number | null"))]
+    pub epoch: Option<u64>,
+    /// Wall-clock time of the change, unix milliseconds.
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub at_ms: u64,
+}
+
+/// What the user's claim did (see [`crate::Elector::claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "ClaimOutcome.ts"))]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimOutcome {
+    /// We already held the lock.
+    AlreadyLeader,
+    /// We hold the lock now.
+    Claimed,
+    /// The holder has been asked to stand down; a [`ChangeReason::Claimed`]
+    /// change follows when the lock is ours (or the request expires after
+    /// the stand-down timeout).
+    Pending,
+}
+
+/// What the lock file held at the last look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "LockState.ts"))]
+#[serde(rename_all = "snake_case")]
+pub enum LockState {
+    /// A record (see [`ElectionStatus::holder`]).
+    Record,
+    /// No file (or no look yet).
+    Absent,
+    /// Zero bytes: released, or caught mid-rewrite.
+    Empty,
+    /// Not a record we can read.
+    Malformed,
+    /// Larger than any record; never read further.
+    Oversized,
+    /// The file could not be opened or read (permissions, a symlink, a
+    /// directory at the path, an unusable lock directory).
+    Unreadable,
+}
+
+impl LockState {
+    /// The snake_case name, for tables and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockState::Record => "record",
+            LockState::Absent => "absent",
+            LockState::Empty => "empty",
+            LockState::Malformed => "malformed",
+            LockState::Oversized => "oversized",
+            LockState::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// The holder named by a lock record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "HolderStatus.ts"))]
+#[serde(rename_all = "camelCase")]
+pub struct HolderStatus {
+    /// The holder's election id.
+    pub instance_id: String,
+    /// The holder's pid.
+    pub pid: u32,
+    /// `claimed_at` as RFC 3339, when it parsed.
+    pub claimed_at: Option<String>,
+    /// Milliseconds since `claimed_at` when the status was read (negative
+    /// when in the future).
+    #[cfg_attr(feature = "ts", ts(type = "number | null"))]
+    pub age_ms: Option<i64>,
+    /// Extension: the record's fencing epoch, when it carries one.
+    #[cfg_attr(feature = "ts", ts(type = "number | null"))]
+    pub epoch: Option<u64>,
+    /// Whether the holder is this instance.
+    pub is_us: bool,
+}
+
+/// A snapshot of one key's election, for UIs and `status` commands. Reading
+/// it never touches a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "ElectionStatus.ts"))]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionStatus {
+    /// The agent key.
+    #[cfg_attr(feature = "ts", ts(type = "string"))]
+    pub pubkey: AgentPubkey,
+    /// The cached answer, exactly what `is_leader` says.
+    pub is_leader: bool,
+    /// What the file held at the last look.
+    pub lock_state: LockState,
+    /// The holder, when the file names one.
+    pub holder: Option<HolderStatus>,
+    /// Whether we are standing down (acquire suppressed).
+    pub standing_down: bool,
+    /// Whether a claim of ours is waiting for the holder to stand down.
+    pub claim_pending: bool,
+    /// The last error met while refreshing, if the last refresh failed.
+    pub last_error: Option<String>,
+}

@@ -1,0 +1,613 @@
+//! The election task: one thread per [`crate::Elector`] owns the state of
+//! every joined key and does all of its file I/O. Commands from the facade,
+//! refresh ticks, file events and holder deaths are handled one at a time,
+//! in order, so `leave` and `shutdown` can never race a refresh and nothing
+//! is written after `shutdown` returns. Readers never wait for it: after
+//! each evaluation it publishes the key's answer and status
+//! (see [`super::cache`]).
+//!
+//! Arrows: the writer reads the store, asks the machine
+//! ([`super::machine`]) what to do, and carries the decision out through the
+//! store and the wake sources. The machine calls neither.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+use std::time::{Instant, SystemTime};
+
+use tokio::sync::broadcast;
+
+use crate::config::Config;
+use crate::control::{self, LeadRequest};
+use crate::error::{Error, Result};
+use crate::liveness::{self, Liveness};
+use crate::lockfile;
+use crate::presence::{self, PeerPresence, Presence, Sibling};
+use crate::pubkey::AgentPubkey;
+use crate::record::{LockContent, LockRecord};
+
+use super::cache::{self, KeyCell, Published, Snapshot};
+use super::machine::{
+    Cause, Conclusion, KeyMachine, Look, Now, Observed, Probes, Rules, Seen, Validity,
+};
+use super::store::LockStore;
+use super::types::{
+    ChangeReason, ClaimOutcome, ElectionStatus, HolderStatus, LeadershipChange, LockState,
+};
+use super::wake::WakeSources;
+
+/// Where a command's answer goes.
+pub(crate) type Reply<T> = mpsc::SyncSender<Result<T>>;
+
+/// What the facade asks of the writer.
+pub(crate) enum Command {
+    Join(AgentPubkey, Reply<bool>),
+    Leave(AgentPubkey, Reply<()>),
+    Claim(AgentPubkey, Reply<ClaimOutcome>),
+    Release(AgentPubkey, Reply<bool>),
+    StandDown(AgentPubkey, Reply<()>),
+    Resume(AgentPubkey, Reply<bool>),
+    /// A `claim_leadership` frame naming this target.
+    ClaimFrame(AgentPubkey, String, Reply<bool>),
+    RefreshNow(Reply<()>),
+    Shutdown(Reply<()>),
+}
+
+/// Makes the store of a newly joined key.
+pub(crate) type StoreFactory = Box<dyn Fn(&AgentPubkey) -> Box<dyn LockStore> + Send>;
+
+/// What the writer and the facade share: the readers' snapshot and the
+/// change events.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub snapshot: Snapshot,
+    pub events: broadcast::Sender<LeadershipChange>,
+}
+
+/// Everything the writer owns besides the keys.
+struct Ctx {
+    config: Config,
+    rules: Rules,
+    our_id: Arc<str>,
+    pid: u32,
+    shared: Arc<Shared>,
+    sources: WakeSources<Command>,
+    new_store: StoreFactory,
+}
+
+/// One joined key.
+struct Key {
+    pubkey: AgentPubkey,
+    m: KeyMachine,
+    cell: Arc<KeyCell>,
+    store: Box<dyn LockStore>,
+    request_path: PathBuf,
+    /// Extension: our presence lock in this election (none in spec mode, or
+    /// when it could not be created: then the NIP's rules apply to us).
+    presence: Option<Presence>,
+    next_tick: Instant,
+}
+
+/// The writer.
+pub(crate) struct Writer {
+    ctx: Ctx,
+    keys: BTreeMap<AgentPubkey, Key>,
+}
+
+enum Flow {
+    Go,
+    Stop,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Now {
+    pub(crate) fn system() -> Self {
+        Self {
+            mono: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+}
+
+impl Writer {
+    pub(crate) fn new(
+        config: Config,
+        our_id: Arc<str>,
+        shared: Arc<Shared>,
+        sources: WakeSources<Command>,
+        new_store: StoreFactory,
+    ) -> Self {
+        let rules = Rules {
+            extended: config.mode == crate::Mode::Extended,
+            refresh: config.refresh,
+            stale: config.stale,
+            stand_down: config.stand_down,
+        };
+        Self {
+            ctx: Ctx {
+                config,
+                rules,
+                our_id,
+                pid: liveness::current_pid(),
+                shared,
+                sources,
+                new_store,
+            },
+            keys: BTreeMap::new(),
+        }
+    }
+
+    /// Runs until a `Shutdown` command (or until every handle to the
+    /// mailbox is gone).
+    pub(crate) fn run(mut self) {
+        loop {
+            let timeout = self
+                .next_tick()
+                .map(|t| t.saturating_duration_since(Instant::now()));
+            let woken = self.ctx.sources.wait(timeout);
+            for c in woken.commands {
+                if let Flow::Stop = self.command(c) {
+                    return;
+                }
+            }
+            self.refresh_due(&woken.keys, woken.all);
+        }
+    }
+
+    fn next_tick(&self) -> Option<Instant> {
+        self.keys.values().map(|k| k.next_tick).min()
+    }
+
+    /// Ticks every key that is due (or nearly: ticks are coalesced, a
+    /// refresh a little early is harmless) and looks again at the keys a
+    /// file event or a holder's death named.
+    fn refresh_due(&mut self, woken: &BTreeSet<AgentPubkey>, all: bool) {
+        let due = Instant::now() + self.ctx.rules.refresh / 16;
+        for key in self.keys.values_mut() {
+            if key.next_tick <= due {
+                key.evaluate(&mut self.ctx, Cause::Tick);
+            } else if all || woken.contains(&key.pubkey) {
+                key.evaluate(&mut self.ctx, Cause::Wake);
+            }
+        }
+    }
+
+    fn key(&mut self, pubkey: &AgentPubkey) -> Result<&mut Key> {
+        self.keys.get_mut(pubkey).ok_or(Error::NotJoined(*pubkey))
+    }
+
+    fn command(&mut self, c: Command) -> Flow {
+        match c {
+            Command::Join(pk, r) => {
+                let _ = r.send(Ok(self.join(pk)));
+            }
+            Command::Leave(pk, r) => {
+                let _ = r.send(self.leave(&pk));
+            }
+            Command::Claim(pk, r) => {
+                let out = match self.keys.get_mut(&pk) {
+                    Some(k) => k.claim(&mut self.ctx),
+                    None => Err(Error::NotJoined(pk)),
+                };
+                let _ = r.send(out);
+            }
+            Command::Release(pk, r) => {
+                let ctx = &mut self.ctx;
+                let out = self
+                    .keys
+                    .get_mut(&pk)
+                    .ok_or(Error::NotJoined(pk))
+                    .map(|k| k.step_down(ctx, ChangeReason::Released, None, false));
+                let _ = r.send(out);
+            }
+            Command::StandDown(pk, r) => {
+                let ctx = &mut self.ctx;
+                let out = self.keys.get_mut(&pk).ok_or(Error::NotJoined(pk)).map(|k| {
+                    k.step_down(ctx, ChangeReason::StoodDown, None, false);
+                });
+                let _ = r.send(out);
+            }
+            Command::Resume(pk, r) => {
+                let out = self.key(&pk).map(|_| ()).map(|()| {
+                    let ctx = &mut self.ctx;
+                    let k = self.keys.get_mut(&pk).expect("checked above");
+                    k.m.resume();
+                    k.evaluate(ctx, Cause::Tick);
+                    k.cell.is_leader()
+                });
+                let _ = r.send(out);
+            }
+            Command::ClaimFrame(pk, target, r) => {
+                let _ = r.send(self.claim_frame(&pk, &target));
+            }
+            Command::RefreshNow(r) => {
+                for key in self.keys.values_mut() {
+                    key.evaluate(&mut self.ctx, Cause::Tick);
+                }
+                let _ = r.send(Ok(()));
+            }
+            Command::Shutdown(r) => {
+                self.shutdown();
+                let _ = r.send(Ok(()));
+                return Flow::Stop;
+            }
+        }
+        Flow::Go
+    }
+
+    /// Joins `pk` and claims at once (auto-claim on launch). Returns the
+    /// resulting leadership; joining twice is a no-op.
+    fn join(&mut self, pk: AgentPubkey) -> bool {
+        if let Some(k) = self.keys.get(&pk) {
+            return k.cell.is_leader();
+        }
+        let dir = self.ctx.config.lock_dir.clone();
+        // A lock directory we cannot create is the NIP's fail-safe case (we
+        // lead, and say why in `last_error`), not a reason to refuse to run.
+        if let Err(e) = lockfile::ensure_dir(&dir) {
+            tracing::warn!("lock directory unusable, failing safe to leader: {e}");
+        }
+        // Without a presence (full disk, read-only directory) we still take
+        // part, by the NIP's rules: our records then carry no token and
+        // peers judge them by pid and claimed_at.
+        let presence = if self.ctx.rules.extended {
+            Presence::create(&dir, &pk, &self.ctx.our_id)
+                .map_err(|e| tracing::warn!(pubkey = %pk, "no presence lock, NIP rules only: {e}"))
+                .ok()
+        } else {
+            None
+        };
+        let mut key = Key {
+            pubkey: pk,
+            m: KeyMachine::new(self.ctx.rules, Arc::clone(&self.ctx.our_id), self.ctx.pid),
+            cell: Arc::new(KeyCell::new(
+                self.ctx.rules.extended,
+                Published::initial(pk),
+            )),
+            store: (self.ctx.new_store)(&pk),
+            request_path: control::lead_request_path(&dir, &pk),
+            presence,
+            next_tick: Instant::now() + self.ctx.rules.refresh,
+        };
+        let cell = Arc::clone(&key.cell);
+        self.ctx
+            .shared
+            .snapshot
+            .update(|m| drop(m.insert(pk, Arc::clone(&cell))));
+        key.evaluate(&mut self.ctx, Cause::Join);
+        self.keys.insert(pk, key);
+        cell.is_leader()
+    }
+
+    /// Leaves `pk`, releasing the lock if we hold it.
+    fn leave(&mut self, pk: &AgentPubkey) -> Result<()> {
+        let mut key = self.keys.remove(pk).ok_or(Error::NotJoined(*pk))?;
+        key.step_down(&mut self.ctx, ChangeReason::Released, None, true);
+        self.forget(key);
+        Ok(())
+    }
+
+    /// Drops a key that has stepped down: its holder watch, its place in
+    /// the snapshot and (with the key) its presence.
+    fn forget(&mut self, key: Key) {
+        self.ctx.sources.watch_holder(&key.pubkey, None);
+        self.ctx
+            .shared
+            .snapshot
+            .update(|m| drop(m.remove(&key.pubkey)));
+        key.cell.set_leader(false);
+    }
+
+    fn claim_frame(&mut self, pk: &AgentPubkey, target: &str) -> Result<bool> {
+        let ctx = &mut self.ctx;
+        let key = self.keys.get_mut(pk).ok_or(Error::NotJoined(*pk))?;
+        if target == &*ctx.our_id {
+            return Ok(key.claim(ctx)? != ClaimOutcome::Pending);
+        }
+        if key.m.holds_lock() {
+            key.step_down(ctx, ChangeReason::StoodDown, Some(target), false);
+        }
+        Ok(false)
+    }
+
+    /// Releases every lock we hold and stops every wake source.
+    fn shutdown(&mut self) {
+        let keys = std::mem::take(&mut self.keys);
+        for (_, mut key) in keys {
+            key.step_down(&mut self.ctx, ChangeReason::Released, None, false);
+            self.forget(key);
+        }
+        self.ctx.sources.stop_all();
+    }
+}
+
+/// Probes with real I/O. On a wake-up, a holder whose death we are
+/// watching is alive until the watch fires: no need to open its presence
+/// file again. Ticks always probe, so a missed event costs at most a
+/// refresh interval.
+struct FileProbes<'a> {
+    dir: &'a Path,
+    pubkey: &'a AgentPubkey,
+    sources: &'a WakeSources<Command>,
+    trust_watch: bool,
+}
+
+impl Probes for FileProbes<'_> {
+    fn pid(&self, pid: u32) -> Liveness {
+        liveness::probe(pid)
+    }
+    fn presence(&self, token: &str) -> PeerPresence {
+        if self.trust_watch && self.sources.watching(self.pubkey, token) {
+            PeerPresence::Alive
+        } else {
+            presence::probe(self.dir, self.pubkey, token)
+        }
+    }
+}
+
+impl Key {
+    /// One evaluation: honour a local lead request, look at the lock, and
+    /// carry out what the machine concludes.
+    fn evaluate(&mut self, ctx: &mut Ctx, cause: Cause) {
+        let now = Now::system();
+        let request = control::read_lead_request(&self.request_path);
+        let begin = self.m.begin(now, request.as_ref());
+        if let Some(sd) = begin.step_down.clone() {
+            tracing::info!(pubkey = %self.pubkey, target = ?sd.target, "standing down for a local claim");
+            self.step_down(ctx, sd.reason, sd.target.as_deref(), false);
+            self.m.serve_request(sd.nonce);
+        }
+        let look = self.m.look(now, cause, request.as_ref(), &begin);
+        let (seen, locked_at) = self.look(ctx, look, cause);
+        let wrote = seen.took.is_some();
+        let c = self.m.conclude(cause, &begin, look, seen);
+        tracing::debug!(pubkey = %self.pubkey, ?cause, ?c, "evaluated");
+        self.apply(ctx, c, locked_at);
+        // Ticks keep the NIP's cadence. In extended mode an observer's look
+        // (prompted by the holder's refresh) is as good as a tick, so its
+        // tick waits another interval: at rest it wakes once per refresh of
+        // the holder, like a spec instance.
+        if cause != Cause::Wake || wrote || !self.m.holds_lock() {
+            self.next_tick = Instant::now() + ctx.rules.refresh;
+        }
+    }
+
+    /// Looks at the lock as `look` says. Returns what was seen and, when we
+    /// wrote, the monotonic instant taken under the exclusion before the
+    /// write (our validity counts from there).
+    fn look(&mut self, ctx: &Ctx, look: Look, cause: Cause) -> (Seen, Option<u64>) {
+        if look == Look::Read {
+            let seen = Seen {
+                content: self.store.read().map_err(|e| e.to_string()),
+                took: None,
+                locked: false,
+                error: None,
+            };
+            return (seen, None);
+        }
+        let probes = FileProbes {
+            dir: &ctx.config.lock_dir,
+            pubkey: &self.pubkey,
+            sources: &ctx.sources,
+            trust_watch: cause == Cause::Wake,
+        };
+        // Extension: read first. The exclusion is needed only to write; when
+        // the read shows a record we would leave alone (a live holder, or
+        // ours on a wake-up), the locked look would decide the same.
+        if ctx.rules.extended && (cause == Cause::Wake || !self.m.holds_lock()) {
+            if let Ok(content) = self.store.read() {
+                if !self.m.would_write(&content, Now::system(), look, &probes) {
+                    let seen = Seen {
+                        content: Ok(content),
+                        took: None,
+                        locked: false,
+                        error: self.m.last_error().map(str::to_owned),
+                    };
+                    return (seen, None);
+                }
+            }
+        }
+        let token = self.presence.as_ref().map(|p| p.token().to_owned());
+        let (mut took, mut locked_at) = (None, None);
+        let m = &mut self.m;
+        let result = self.store.update(&mut |content| {
+            locked_at = Some(cache::mono_nanos());
+            let (w, t) = m.decide(content, Now::system(), look, token.as_deref(), &probes);
+            took = t;
+            w
+        });
+        match result {
+            Ok(u) => (
+                Seen {
+                    content: Ok(u.content),
+                    took,
+                    locked: true,
+                    error: None,
+                },
+                locked_at,
+            ),
+            Err(e) => {
+                tracing::debug!(pubkey = %self.pubkey, "acquire failed: {e}");
+                let seen = Seen {
+                    content: self.store.read().map_err(|e| e.to_string()),
+                    took: None,
+                    locked: false,
+                    error: Some(e.to_string()),
+                };
+                (seen, None)
+            }
+        }
+    }
+
+    /// Carries out a conclusion: validity, holder watch, request removal,
+    /// then the new view (and its change event) and the status.
+    fn apply(&mut self, ctx: &mut Ctx, c: Conclusion, locked_at: Option<u64>) {
+        match c.validity {
+            Validity::Keep => {}
+            Validity::Always => self.cell.never_fence(),
+            Validity::Renew => self.cell.renew_from(
+                locked_at.unwrap_or_else(cache::mono_nanos),
+                ctx.rules.validity(),
+            ),
+        }
+        ctx.sources.watch_holder(&self.pubkey, c.watch.as_deref());
+        if let Some(nonce) = &c.remove_request {
+            control::remove_lead_request(&self.request_path, nonce);
+        }
+        let was = self.cell.set_leader(c.leader);
+        self.notify(ctx, was, c.leader, c.reason, c.always);
+        self.publish();
+    }
+
+    /// The one step-down path (release, stand-down, leave, shutdown): stop
+    /// acting as leader *before* the file changes, so that no moment exists
+    /// where a successor and we both lead; then give the lock up iff the
+    /// file names us (extension: straight to a live sibling, `target` when
+    /// it has a presence) and report. Returns whether a record of ours was
+    /// given up.
+    fn step_down(
+        &mut self,
+        ctx: &mut Ctx,
+        reason: ChangeReason,
+        target: Option<&str>,
+        always: bool,
+    ) -> bool {
+        self.m.step_down(Now::system());
+        let was = self.cell.set_leader(false);
+        let heir = self.heir(ctx, target);
+        let mut released = false;
+        let m = &mut self.m;
+        let result = self.store.update(&mut |content| {
+            let (w, r) = m.decide_release(content, Now::system(), heir.as_ref());
+            released = r;
+            w
+        });
+        let result = result.map(|u| u.content).map_err(|e| {
+            tracing::warn!(pubkey = %self.pubkey, "release failed: {e}");
+            released = false;
+            e.to_string()
+        });
+        if released {
+            match &heir {
+                Some(h) => {
+                    tracing::info!(pubkey = %self.pubkey, heir = %h.instance_id, "handed the lock over")
+                }
+                None => tracing::info!(pubkey = %self.pubkey, "released the lock"),
+            }
+        }
+        self.m.released(result);
+        self.notify(ctx, was, false, reason, always);
+        self.publish();
+        released
+    }
+
+    /// Extension: the live sibling to hand the lock to (`target` when it
+    /// has a presence, else any other participant).
+    fn heir(&self, ctx: &Ctx, target: Option<&str>) -> Option<Sibling> {
+        if !ctx.rules.extended {
+            return None;
+        }
+        let token = self.presence.as_ref()?.token();
+        let siblings = presence::live_siblings(&ctx.config.lock_dir, &self.pubkey, token);
+        match target {
+            Some(t) => siblings.into_iter().find(|s| s.instance_id == t),
+            None => siblings.into_iter().find(|s| s.instance_id != *ctx.our_id),
+        }
+    }
+
+    /// The user's claim: co-located instances learn it through the local
+    /// lead request, without a relay; the holder stands down on its next
+    /// look and we take the lock on ours. Never evicts a live leader.
+    fn claim(&mut self, ctx: &mut Ctx) -> Result<ClaimOutcome> {
+        self.m.claim_started();
+        if self.m.holds_lock() {
+            self.evaluate(ctx, Cause::Tick);
+            if self.m.holds_lock() {
+                return Ok(ClaimOutcome::AlreadyLeader);
+            }
+        }
+        // The lock may be free already (the holder stood down first).
+        self.m.claim_pending_from(Now::system(), None);
+        self.evaluate(ctx, Cause::Tick);
+        if self.m.holds_lock() {
+            return Ok(ClaimOutcome::Claimed);
+        }
+        let req = LeadRequest::new(&ctx.our_id);
+        control::write_lead_request(&self.request_path, &req)?;
+        self.m.claim_pending_from(Now::system(), Some(req.nonce));
+        self.evaluate(ctx, Cause::Tick);
+        Ok(if self.m.holds_lock() {
+            ClaimOutcome::Claimed
+        } else {
+            ClaimOutcome::Pending
+        })
+    }
+
+    fn notify(&self, ctx: &Ctx, was: bool, leader: bool, reason: ChangeReason, always: bool) {
+        if was == leader && !always {
+            return;
+        }
+        let record = self.m.observed().record();
+        let change = LeadershipChange {
+            pubkey: self.pubkey,
+            is_leader: leader,
+            leader_instance_id: record.map(|r| r.instance_id.clone()),
+            reason,
+            must_cancel_turn: reason.must_cancel_turn(),
+            epoch: record.and_then(|r| r.epoch),
+            at_ms: unix_ms(SystemTime::now()),
+        };
+        tracing::debug!(?change, "leadership change");
+        let _ = ctx.shared.events.send(change);
+    }
+
+    /// Publishes the status snapshot readers see.
+    fn publish(&self) {
+        let (lock_state, record) = match self.m.observed() {
+            Observed::Nothing => (LockState::Absent, None),
+            Observed::Unreadable(_) => (LockState::Unreadable, None),
+            Observed::Content(c) => (lock_state(c), c.record()),
+        };
+        let our_id = self.m.our_id();
+        self.cell.publish(Published {
+            status: ElectionStatus {
+                pubkey: self.pubkey,
+                is_leader: false,
+                lock_state,
+                holder: record.map(|r| holder_status(r, our_id)),
+                standing_down: false,
+                claim_pending: false,
+                last_error: self.m.last_error().map(str::to_owned),
+            },
+            claimed_at: record.and_then(|r| r.claimed_at.instant()),
+            standing_down_until: self.m.stand_down_until(),
+            claim_pending_until: self.m.pending_until(),
+        });
+    }
+}
+
+fn lock_state(c: &LockContent) -> LockState {
+    match c {
+        LockContent::Absent => LockState::Absent,
+        LockContent::Empty => LockState::Empty,
+        LockContent::Oversized => LockState::Oversized,
+        LockContent::Malformed(_) => LockState::Malformed,
+        LockContent::Record(_) => LockState::Record,
+    }
+}
+
+fn holder_status(r: &LockRecord, our_id: &str) -> HolderStatus {
+    HolderStatus {
+        instance_id: r.instance_id.clone(),
+        pid: r.pid,
+        claimed_at: r.claimed_at.instant().map(crate::record::format_claimed_at),
+        age_ms: None,
+        epoch: r.epoch,
+        is_us: r.instance_id == our_id,
+    }
+}
