@@ -12,5 +12,9 @@ const COMMANDS: &[&str] = &[
 ];
 
 fn main() {
-    tauri_plugin::Builder::new(COMMANDS).build();
+    tauri_plugin::Builder::new(COMMANDS)
+        // The API on `window.__TAURI__.leaderElection` for apps with
+        // `withGlobalTauri` (built by `npm run build`, committed).
+        .global_api_script_path("./api-iife.js")
+        .build();
 }

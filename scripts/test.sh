@@ -20,11 +20,19 @@ done
 # --- TypeScript: guest-js bindings and the example's frontend ---------------
 echo "== npm ci"
 npm ci --no-audit --no-fund
-echo "== guest-js: typecheck, build (ESM, CJS, .d.ts), vitest"
+echo "== guest-js: typecheck, build (ESM, CJS, .d.ts, api-iife.js), vitest"
 npm run typecheck
 npm run build
+# api-iife.js is committed (build.rs hands it to Tauri, and the crate ships
+# it): it must be what the build makes of guest-js.
+git diff --quiet -- api-iife.js || { echo "api-iife.js is stale: commit the output of npm run build" >&2; exit 1; }
 npm test
-echo "== example app frontend (vite)"
+echo "== npm pack: dist-js, types and README, built by prepack"
+pack=$(npm pack --dry-run --json 2>/dev/null)
+for f in dist-js/index.js dist-js/index.cjs dist-js/index.d.ts dist-js/bindings/LeadershipChange.d.ts README.md package.json; do
+  grep -q "\"path\": \"$f\"" <<<"$pack" || { echo "npm pack is missing $f" >&2; exit 1; }
+done
+echo "== example app frontend (installs the API package from this checkout, as the README says)"
 npm run build:example
 
 # --- Rust --------------------------------------------------------------------
@@ -42,8 +50,19 @@ else
   echo "clippy not installed; skipping lints"
 fi
 
-echo "== cargo test (engine unit/in-process/multi-process/interop, plugin IPC, bindings freshness)"
+echo "== cargo doc -D warnings (engine, plugin)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli
+
+echo "== cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
 cargo test --workspace
+
+echo "== the engine links no CLI dependency"
+if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile) '; then
+  echo "the plugin pulls a CLI-only crate (above)" >&2; exit 1
+fi
+
+echo "== cargo publish --dry-run (engine and plugin)"
+cargo publish --dry-run --allow-dirty -p nip-le -p tauri-plugin-leader-election
 
 echo "== cargo build of the example app"
 cargo build -p leader-election-example
@@ -52,7 +71,7 @@ echo "== end-to-end in real webviews"
 bash scripts/e2e.sh
 
 echo "== chaos: 60 s of random faults on a mixed cluster"
-cargo run -q -p nip-le -- chaos --seconds 60
+cargo run -q -p nip-le-cli -- chaos --seconds 60
 
 echo "== nip-le demo (the main job, short timings)"
-cargo run -q -p nip-le -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500
+cargo run -q -p nip-le-cli -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500

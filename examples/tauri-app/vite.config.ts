@@ -1,14 +1,14 @@
 import { fileURLToPath } from 'node:url'
 import { defineConfig } from 'vite'
 
-// Built from the repository root (`npm run build:example`), so the example
-// uses the root's node_modules and the plugin's guest-js source directly.
+// The API package comes from `tauri-plugin-leader-election-api` in
+// package.json (a file: dependency on this checkout, as the README tells an
+// app to install it); it must have been built (`npm ci && npm run build` at
+// the repository root).
 export default defineConfig({
   root: fileURLToPath(new URL('.', import.meta.url)),
   resolve: {
-    alias: {
-      'tauri-plugin-leader-election-api': fileURLToPath(new URL('../../guest-js/index.ts', import.meta.url))
-    },
+    // The linked package and the app each have @tauri-apps/api: use one.
     dedupe: ['@tauri-apps/api']
   },
   build: {
