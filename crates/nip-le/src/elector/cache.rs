@@ -109,6 +109,11 @@ impl KeyCell {
         self.leader.swap(leader, Ordering::AcqRel)
     }
 
+    /// Fenced until renewed.
+    pub(crate) fn fence(&self) {
+        self.valid_until.store(0, Ordering::Release);
+    }
+
     /// Never fenced.
     pub(crate) fn never_fence(&self) {
         self.valid_until.store(ALWAYS_VALID, Ordering::Release);

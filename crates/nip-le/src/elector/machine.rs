@@ -191,6 +191,9 @@ pub(crate) enum Validity {
     Always,
     /// Valid for [`Rules::validity`] from the moment of our write.
     Renew,
+    /// Fenced until our next write: we hold a record we did not write
+    /// ourselves (handed to us) and could not confirm it.
+    Fenced,
 }
 
 /// The outcome of an evaluation.
@@ -502,6 +505,11 @@ impl KeyMachine {
             // that write, so we are fenced before any of them may take over.
             // A read that finds our record unchanged proves nothing to them.
             Validity::Renew
+        } else if !self.held_before {
+            // A record naming us that we did not write (a handoff) and
+            // could not confirm (the exclusive lock timed out): nobody has
+            // seen a write of ours, so nothing bounds it yet.
+            Validity::Fenced
         } else {
             Validity::Keep
         };
@@ -909,6 +917,36 @@ mod tests {
             m.decide_release(&theirs, c.now(), None),
             (Write::Keep, false)
         );
+    }
+
+    #[test]
+    fn a_handed_over_record_we_could_not_confirm_is_fenced() {
+        let c = Clock::new();
+        let mut m = machine(true, "me");
+        let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+        evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+        // The holder handed the lock to us; our confirming write timed out
+        // and the fallback read shows our record.
+        let ours = LockContent::parse(&encode_record(
+            "me",
+            42,
+            c.now().wall,
+            Some(RecordExt {
+                epoch: 4,
+                live: "42-0123456789abcdef",
+            }),
+        ));
+        let begin = m.begin(c.now(), None);
+        let look = m.look(c.now(), Cause::Wake, None, &begin);
+        let seen = Seen {
+            content: Ok(ours),
+            took: None,
+            locked: false,
+            error: Some("exclusive lock not obtained".into()),
+        };
+        let out = m.conclude(Cause::Wake, &begin, look, seen);
+        assert!(out.leader);
+        assert_eq!(out.validity, Validity::Fenced);
     }
 
     #[test]

@@ -24,10 +24,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Weak};
 use std::time::Duration;
 
-use mio::{Events, Interest, Poll, Token};
+#[cfg(target_os = "linux")]
+use mio::Interest;
+use mio::{Events, Poll, Token};
 
 use crate::lockfile;
 use crate::presence::{self, PeerPresence};
@@ -53,17 +55,18 @@ pub(crate) enum Msg<C> {
     PresenceGone(AgentPubkey, String),
 }
 
-/// How the facade and helper threads reach the writer.
+/// How the facade and helper threads reach the writer. It holds the waker
+/// weakly: when the writer is gone, so is its eventfd.
 pub(crate) struct Mailbox<C> {
     tx: mpsc::Sender<Msg<C>>,
-    waker: Arc<mio::Waker>,
+    waker: Weak<mio::Waker>,
 }
 
 impl<C> Clone for Mailbox<C> {
     fn clone(&self) -> Self {
         Self {
             tx: self.tx.clone(),
-            waker: Arc::clone(&self.waker),
+            waker: Weak::clone(&self.waker),
         }
     }
 }
@@ -74,7 +77,9 @@ impl<C> Mailbox<C> {
         self.tx.send(msg).map_err(|_| ())?;
         // The queue holds the message; a failed wake-up only means the
         // writer is gone, and then nobody reads the queue either.
-        let _ = self.waker.wake();
+        if let Some(w) = self.waker.upgrade() {
+            let _ = w.wake();
+        }
         Ok(())
     }
 }
@@ -109,6 +114,7 @@ impl<C> Default for Woken<C> {
 /// The writer's wake sources.
 pub(crate) struct WakeSources<C> {
     poll: Poll,
+    _waker: Arc<mio::Waker>,
     events: Events,
     rx: mpsc::Receiver<Msg<C>>,
     mailbox: Mailbox<C>,
@@ -125,11 +131,16 @@ impl<C: Send + 'static> WakeSources<C> {
         let poll = Poll::new()?;
         let waker = Arc::new(mio::Waker::new(poll.registry(), MAILBOX)?);
         let (tx, rx) = mpsc::channel();
+        let mailbox = Mailbox {
+            tx,
+            waker: Arc::downgrade(&waker),
+        };
         Ok(Self {
             poll,
+            _waker: waker,
             events: Events::with_capacity(64),
             rx,
-            mailbox: Mailbox { tx, waker },
+            mailbox,
             dir: dir.to_owned(),
             dir_watch: None,
             holders: HashMap::new(),

@@ -450,6 +450,7 @@ impl Key {
         match c.validity {
             Validity::Keep => {}
             Validity::Always => self.cell.never_fence(),
+            Validity::Fenced => self.cell.fence(),
             Validity::Renew => self.cell.renew_from(
                 locked_at.unwrap_or_else(cache::mono_nanos),
                 ctx.rules.validity(),

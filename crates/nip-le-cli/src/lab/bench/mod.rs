@@ -32,6 +32,10 @@ pub struct BenchArgs {
     /// too, in columns of its own.
     #[arg(long)]
     before: Option<PathBuf>,
+    /// Only the rows whose key is listed (comma-separated): sigkill,
+    /// graceful, claim, foreign, sigstop, start, idle, slept, in-process.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     #[command(flatten)]
     timings: crate::cli::TimingArgs,
 }
@@ -122,46 +126,54 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     );
     let (procs, keys) = (a.processes, a.keys);
     let start_together: RowFn = Box::new(move |b, v, r| b.start_together(v, procs, keys, r));
-    let rows: Vec<(String, RowFn, usize)> = vec![
+    let rows: Vec<RowSpec> = vec![
         row(
+            "sigkill",
             "SIGKILL of the leader → a survivor leads (ms)",
             Bench::sigkill,
             a.runs,
         ),
         row(
+            "graceful",
             "graceful exit → a survivor leads (ms)",
             Bench::graceful,
             a.runs,
         ),
         row(
+            "claim",
             "cooperative claim → the target leads (ms)",
             Bench::claim,
             a.runs,
         ),
         row(
+            "foreign",
             "foreign release → reflected in is_leader (ms)",
             Bench::foreign_write,
             a.runs,
         ),
         row(
+            "sigstop",
             "SIGSTOP of the leader alone → replaced (ms)",
             Bench::sigstop,
             slow_runs,
         ),
-        (start_name, start_together, 3),
+        ("start", start_name, start_together, 3),
         row(
+            "idle",
             "idle observer: voluntary wake-ups per second",
             Bench::idle,
             3,
         ),
         row(
+            "slept",
             "machine slept > stale, then woke: leadership moved (1 = yes)",
             Bench::slept,
             3,
         ),
     ];
+    let wanted = |key: &str| a.only.is_empty() || a.only.iter().any(|o| o == key);
     let mut table = Vec::new();
-    for (name, f, runs) in &rows {
+    for (_, name, f, runs) in rows.iter().filter(|r| wanted(r.0)) {
         let mut cells: Vec<Row> = variants.iter().map(|_| Row::default()).collect();
         for (v, cell) in variants.iter().zip(cells.iter_mut()) {
             for run in 0..*runs {
@@ -175,7 +187,10 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     }
     eprintln!("\r{:100}", "");
     let failed = print_table(&variants, &mut table);
-    for mode in [Mode::Spec, Mode::Extended] {
+    for mode in [Mode::Spec, Mode::Extended]
+        .into_iter()
+        .filter(|_| wanted("in-process"))
+    {
         match scenarios::in_process(mode) {
             Ok((ns, us)) => println!(
                 "in-process [{}]: is_leader {ns:.1} ns median (LeaderFlag), refresh of a led key {us:.1} µs median (round trip through the writer)",
@@ -191,8 +206,11 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     })
 }
 
-fn row(name: &str, f: Scenario, runs: usize) -> (String, RowFn, usize) {
-    (name.to_owned(), Box::new(f), runs)
+/// A row: its key for `--only`, its label, its scenario and its runs.
+type RowSpec = (&'static str, String, RowFn, usize);
+
+fn row(key: &'static str, name: &str, f: Scenario, runs: usize) -> RowSpec {
+    (key, name.to_owned(), Box::new(f), runs)
 }
 
 /// Prints the table; returns whether any violation other than the NIP's own

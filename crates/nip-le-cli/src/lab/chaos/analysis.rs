@@ -95,7 +95,29 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                         .iter()
                         .map(|(w, t)| {
                             let mode = mode_of(w).map_or("?", Mode::as_str);
-                            format!("{w} [{mode}] +{} ms", t.saturating_sub(*at))
+                            let stops: Vec<String> = out
+                                .lives
+                                .iter()
+                                .filter(|l| l.instance_id == *w)
+                                .flat_map(|l| l.stops.iter())
+                                .filter(|(s, c)| *c + 3000 >= *at && *s <= t + 1000)
+                                .map(|(s, c)| {
+                                    format!(
+                                        "stopped {:+}..{:+} ms",
+                                        *s as i64 - *at as i64,
+                                        *c as i64 - *at as i64
+                                    )
+                                })
+                                .collect();
+                            format!(
+                                "{w} [{mode}] +{} ms{}",
+                                t.saturating_sub(*at),
+                                if stops.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(" ({})", stops.join(", "))
+                                }
+                            )
                         })
                         .collect();
                     s.unexplained

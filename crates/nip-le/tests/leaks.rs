@@ -1,0 +1,64 @@
+//! Wake sources are owned and closed: a thousand join/leave cycles next to a
+//! live leader leave the process with as many threads and open files as
+//! before, and shutdown returns to the count before the elector started.
+//! (Its own test binary: nothing else runs in this process meanwhile.)
+
+#![cfg(target_os = "linux")]
+
+use std::time::Duration;
+
+use nip_le::{AgentPubkey, Config, Elector, InstanceId};
+
+fn count(dir: &str) -> usize {
+    std::fs::read_dir(dir).unwrap().count()
+}
+
+fn threads() -> usize {
+    count("/proc/self/task")
+}
+
+fn fds() -> usize {
+    count("/proc/self/fd")
+}
+
+#[test]
+fn threads_and_fds_stay_flat_across_join_leave_and_return_after_shutdown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Config::new(tmp.path());
+    c.refresh = Duration::from_millis(50);
+    c.stale = Duration::from_millis(500);
+    c.lock_wait = Duration::from_millis(20);
+    let k = AgentPubkey::parse(&"7".repeat(64)).unwrap();
+    let (t0, f0) = (threads(), fds());
+    // A live leader (with a presence lock): every join of ours watches it.
+    let leader = Elector::start(c.clone(), InstanceId::new("leader").unwrap()).unwrap();
+    assert!(leader.join(&k).unwrap());
+    let me = Elector::start(c, InstanceId::new("me").unwrap()).unwrap();
+    assert!(!me.join(&k).unwrap());
+    me.leave(&k).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let (t1, f1) = (threads(), fds());
+    for n in 0..1000 {
+        assert!(
+            !me.join(&k).unwrap(),
+            "cycle {n}: the live leader is respected"
+        );
+        me.leave(&k).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let (t2, f2) = (threads(), fds());
+    assert_eq!(t2, t1, "threads after 1000 join/leave cycles");
+    assert_eq!(f2, f1, "open files after 1000 join/leave cycles");
+    me.shutdown();
+    leader.shutdown();
+    let (t3, f3) = (threads(), fds());
+    println!("threads {t0} → {t1} → {t2} → {t3}; fds {f0} → {f1} → {f2} → {f3}");
+    assert_eq!(t3, t0, "threads after shutdown");
+    assert_eq!(f3, f0, "open files after shutdown");
+    // Nothing of ours is left in the lock directory.
+    let names: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec![format!("{}.lock", k.as_str())]);
+}
