@@ -23,6 +23,8 @@ use crate::{ClaimOutcome, ControlResult};
 #[derive(Clone, Debug)]
 pub struct LeaderElection {
     elector: Arc<Elector>,
+    /// The agents the builder named, joined at setup.
+    launch_agents: Arc<[AgentPubkey]>,
 }
 
 fn key(pubkey: &str) -> Result<AgentPubkey> {
@@ -30,10 +32,17 @@ fn key(pubkey: &str) -> Result<AgentPubkey> {
 }
 
 impl LeaderElection {
-    pub(crate) fn new(elector: Elector) -> Self {
+    pub(crate) fn new(elector: Elector, launch_agents: Vec<AgentPubkey>) -> Self {
         Self {
             elector: Arc::new(elector),
+            launch_agents: launch_agents.into(),
         }
+    }
+
+    /// Joins the builder's agents, in one message to the engine.
+    pub(crate) fn join_launch_agents(&self) -> Result<()> {
+        self.elector.join_all(&self.launch_agents)?;
+        Ok(())
     }
 
     /// This window's election id. Pass it to agent processes you spawn in

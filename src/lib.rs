@@ -172,18 +172,24 @@ impl Builder {
         Ok(c)
     }
 
+    /// Starts the engine and joins the launch agents (all validated before
+    /// any file is touched, so a typo fails the launch cleanly).
     fn start(&self) -> Result<LeaderElection> {
         let config = self.config()?;
         let id = match &self.election_id {
             Some(id) => nip_le::InstanceId::new(id.clone()).map_err(nip_le::Error::from)?,
             None => nip_le::InstanceId::from_env_or_random(),
         };
-        // Validate every key before joining any, so a typo fails the launch
-        // without touching files.
-        for a in &self.agents {
-            nip_le::AgentPubkey::parse(a).map_err(nip_le::Error::from)?;
-        }
-        Ok(LeaderElection::new(nip_le::Elector::start(config, id)?))
+        let agents = self
+            .agents
+            .iter()
+            .map(|a| nip_le::AgentPubkey::parse(a))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(nip_le::Error::from)?;
+        Ok(LeaderElection::new(
+            nip_le::Elector::start(config, id)?,
+            agents,
+        ))
     }
 
     /// Builds the plugin.
@@ -202,9 +208,7 @@ impl Builder {
             .setup(move |app, _api| {
                 let le = self.start()?;
                 forward_changes(app.clone(), le.subscribe());
-                for a in &self.agents {
-                    le.join(a)?;
-                }
+                le.join_launch_agents()?;
                 app.manage(le);
                 Ok(())
             })

@@ -10,7 +10,7 @@
 //! * The directory is created `0700` and files `0600`.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -149,10 +149,41 @@ pub fn file_kind(ft: &std::fs::FileType) -> &'static str {
 }
 
 fn read_capped(f: &mut File) -> std::io::Result<LockContent> {
-    f.seek(SeekFrom::Start(0))?;
-    let mut buf = Vec::with_capacity(256);
-    f.take(MAX_RECORD_BYTES as u64 + 1).read_to_end(&mut buf)?;
-    Ok(LockContent::parse(&buf))
+    let mut buf = [0u8; MAX_RECORD_BYTES + 1];
+    let n = read_prefix(f, &mut buf)?;
+    Ok(LockContent::parse(&buf[..n]))
+}
+
+/// Reads from offset 0 into `buf` until it is full or the file ends, with
+/// positioned reads (no seek): a record is one `pread`, and a regular file
+/// returns a short read only at its end.
+pub(crate) fn read_prefix(f: &File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match read_at(f, &mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => {
+                n += k;
+                // Regular files return short reads only at their end.
+                if n < buf.len() {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(unix)]
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    std::os::unix::fs::FileExt::read_at(f, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    std::os::windows::fs::FileExt::seek_read(f, buf, offset)
 }
 
 /// The read side: no lock taken, so it may observe a half-written file (which

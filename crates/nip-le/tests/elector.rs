@@ -312,7 +312,8 @@ fn extended_does_not_evict_a_live_holder_for_an_old_claimed_at_but_spec_does() {
     // wall-clock rule takes it.
     let tmp = tempfile::tempdir().unwrap();
     let k = pk('1');
-    let sleeper = nip_le::presence::Presence::create(tmp.path(), &k, "sleeper").unwrap();
+    let mut sleeper = nip_le::presence::Presence::create(tmp.path(), "sleeper").unwrap();
+    sleeper.set_keys([k]).unwrap();
     let old = std::time::SystemTime::now() - Duration::from_secs(3600);
     let record = nip_le::record::encode_record(
         "sleeper",
@@ -334,7 +335,17 @@ fn extended_does_not_evict_a_live_holder_for_an_old_claimed_at_but_spec_does() {
     assert!(spec.join(&k).unwrap(), "the NIP's stale rule takes it");
     // Once the sleeper is really gone, extended instances take over at once.
     spec.leave(&k).unwrap();
-    std::fs::write(&path, &record).unwrap();
+    // Written as a writer does (in place, under the flock): never empty.
+    nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1))
+        .unwrap()
+        .write(&record)
+        .unwrap();
+    // ext may have taken the lock in the moment the spec instance left it
+    // empty; it observes the sleeper again first.
+    assert!(
+        wait_until(|| !ext.is_leader(&k)),
+        "ext ignored the live sleeper"
+    );
     drop(sleeper);
     // The holder-death waiter wakes ext; no refresh call needed.
     assert!(

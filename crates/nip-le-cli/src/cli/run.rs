@@ -113,9 +113,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
         pubkeys: keys.iter().map(|k| k.to_string()).collect(),
         mode: Some(elector.config().mode.as_str().to_owned()),
     });
-    for k in &keys {
-        elector.join(k)?;
-    }
+    elector.join_all(&keys)?;
     read_stdin(tx.clone());
     if let (Some(m), Some(r)) = (a.mentions, a.replies) {
         let feed = Feed {

@@ -142,7 +142,16 @@ impl Elector {
     /// Joins the election for `pubkey` and claims at once (auto-claim on
     /// launch). Returns the resulting leadership. Joining twice is a no-op.
     pub fn join(&self, pubkey: &AgentPubkey) -> Result<bool> {
-        self.call(|r| Command::Join(*pubkey, r))
+        let led = self.call(|r| Command::Join(vec![*pubkey], r))?;
+        Ok(led.first().copied().unwrap_or(false))
+    }
+
+    /// Joins several elections at once (the agents a window runs at
+    /// launch): one message to the writer and, in extended mode, one update
+    /// of our presence file for them all. Returns each key's leadership, in
+    /// order.
+    pub fn join_all(&self, pubkeys: &[AgentPubkey]) -> Result<Vec<bool>> {
+        self.call(|r| Command::Join(pubkeys.to_vec(), r))
     }
 
     /// Leaves the election for `pubkey`, releasing the lock if we hold it.

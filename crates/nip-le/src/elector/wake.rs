@@ -5,11 +5,14 @@
 //! deadline comes.
 //!
 //! On Linux everything is one `mio::Poll`, with no helper thread:
-//! * the directory watch is inotify with a mask of changes only (`MODIFY`,
-//!   `CREATE`, `DELETE`, `MOVED_*`): reads (ours and every peer's) wake
-//!   nobody, so each refresh of a leader wakes each observer once. The
-//!   `notify` crate would also subscribe to `OPEN`, making every read in the
-//!   directory wake every instance;
+//! * the watch is inotify, with masks of changes only: `MODIFY` on the lock
+//!   file of each joined key, and `DELETE` and `MOVED_*` on the directory
+//!   (a lead request renamed into place or removed, a presence file
+//!   removed). Reads (ours and every peer's) wake nobody, a leader's refresh
+//!   wakes only the observers of that key, once, and a peer creating or
+//!   rewriting its presence file wakes nobody. The `notify` crate would also
+//!   subscribe to `OPEN`, making every read in the directory wake every
+//!   instance;
 //! * a holder's death is a `pidfd` of the pid in its presence token: it
 //!   becomes readable when that process has exited (after the kernel
 //!   dropped its locks). It is opened only after the holder's presence lock
@@ -32,7 +35,7 @@ use mio::Interest;
 use mio::{Events, Poll, Token};
 
 use crate::lockfile;
-use crate::presence::{self, PeerPresence};
+use crate::presence;
 use crate::pubkey::AgentPubkey;
 
 const MAILBOX: Token = Token(0);
@@ -50,9 +53,9 @@ pub(crate) enum Msg<C> {
     /// Look at this key again (a file event or a holder's death reported by
     /// a helper thread).
     Key(AgentPubkey),
-    /// A presence file was removed (reported by the `notify` watcher).
-    #[cfg_attr(target_os = "linux", allow(dead_code))]
-    PresenceGone(AgentPubkey, String),
+    /// A holder is gone: its presence file was removed (reported by the
+    /// `notify` watcher) or its waiter thread returned.
+    PresenceGone(String),
 }
 
 /// How the facade and helper threads reach the writer. It holds the waker
@@ -93,11 +96,10 @@ pub(crate) struct Woken<C> {
     pub keys: BTreeSet<AgentPubkey>,
     /// Events were lost (the watch overflowed): look at every key.
     pub all: bool,
-    /// Presence files that were removed: (key, token). A participant that
-    /// leaves without exiting removes its presence file, which no `pidfd`
-    /// reports.
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-    gone: Vec<(AgentPubkey, String)>,
+    /// Tokens of presence files that were removed. An elector that shuts
+    /// down without its process exiting removes its presence file, which no
+    /// `pidfd` reports.
+    gone: Vec<String>,
 }
 
 impl<C> Default for Woken<C> {
@@ -120,7 +122,11 @@ pub(crate) struct WakeSources<C> {
     mailbox: Mailbox<C>,
     dir: PathBuf,
     dir_watch: Option<DirWatch>,
-    holders: HashMap<AgentPubkey, HolderWatch>,
+    /// One watch per holder (a holder usually holds several keys), with the
+    /// keys it holds in our view.
+    holders: HashMap<String, Watched>,
+    /// The holder token each key is watching.
+    holder_of: HashMap<AgentPubkey, String>,
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     next_token: usize,
 }
@@ -144,6 +150,7 @@ impl<C: Send + 'static> WakeSources<C> {
             dir: dir.to_owned(),
             dir_watch: None,
             holders: HashMap::new(),
+            holder_of: HashMap::new(),
             next_token: FIRST_HOLDER,
         })
     }
@@ -199,7 +206,7 @@ impl<C: Send + 'static> WakeSources<C> {
                     }
                 }
                 #[cfg(target_os = "linux")]
-                t => self.holder_gone(t, &mut out),
+                t => self.pidfd_ready(t, &mut out),
                 #[cfg(not(target_os = "linux"))]
                 _ => {}
             }
@@ -210,61 +217,102 @@ impl<C: Send + 'static> WakeSources<C> {
                 Msg::Key(k) => {
                     out.keys.insert(k);
                 }
-                Msg::PresenceGone(k, token) => out.gone.push((k, token)),
+                Msg::PresenceGone(token) => out.gone.push(token),
             }
         }
-        // A watched holder that left without exiting: stop trusting the
-        // watch (its pid lives on) and look again.
-        for (k, token) in std::mem::take(&mut out.gone) {
-            if self.watching(&k, &token) {
-                if let Some(w) = self.holders.remove(&k) {
-                    w.stop(&self.poll);
-                }
-                out.keys.insert(k);
-            }
+        // A watched holder that left without exiting (or whose waiter thread
+        // returned): stop trusting the watch and look again.
+        for token in std::mem::take(&mut out.gone) {
+            self.holder_gone(&token, &mut out);
         }
         out
     }
 
+    /// Wakes every key `token` held and drops its watch.
+    fn holder_gone(&mut self, token: &str, out: &mut Woken<C>) {
+        if let Some(w) = self.holders.remove(token) {
+            for k in &w.keys {
+                self.holder_of.remove(k);
+                out.keys.insert(*k);
+            }
+            w.watch.stop(&self.poll);
+        }
+    }
+
+    /// Watches `pubkey`'s lock file for writes, if it exists and is not
+    /// watched yet (Linux; elsewhere the directory watch sees everything).
+    pub(crate) fn watch_lock_file(&mut self, pubkey: &AgentPubkey, path: &Path) {
+        #[cfg(target_os = "linux")]
+        if let Some(w) = self.dir_watch.as_mut() {
+            w.watch_file(pubkey, path);
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (pubkey, path);
+    }
+
+    /// Stops watching `pubkey`'s lock file.
+    pub(crate) fn unwatch_lock_file(&mut self, pubkey: &AgentPubkey) {
+        #[cfg(target_os = "linux")]
+        if let Some(w) = self.dir_watch.as_mut() {
+            w.unwatch_file(pubkey);
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = pubkey;
+    }
+
     /// Watches the holder of `pubkey`'s lock (its presence `token`) for its
     /// death, replacing any earlier watch of that key; `None` stops
-    /// watching.
+    /// watching. Keys held by the same holder share one watch.
     pub(crate) fn watch_holder(&mut self, pubkey: &AgentPubkey, token: Option<&str>) {
-        if self.holders.get(pubkey).and_then(HolderWatch::token) == token {
+        if self.holder_of.get(pubkey).map(String::as_str) == token {
             return;
         }
-        if let Some(old) = self.holders.remove(pubkey) {
-            old.stop(&self.poll);
+        if let Some(old) = self.holder_of.remove(pubkey) {
+            let empty = self.holders.get_mut(&old).is_some_and(|w| {
+                w.keys.remove(pubkey);
+                w.keys.is_empty()
+            });
+            if empty {
+                if let Some(w) = self.holders.remove(&old) {
+                    w.watch.stop(&self.poll);
+                }
+            }
         }
         let Some(token) = token.filter(|t| presence::valid_token(t)) else {
             return;
         };
-        match self.start_holder_watch(pubkey, token) {
-            Some(w) => {
-                self.holders.insert(*pubkey, w);
-            }
-            None => {
-                tracing::warn!("cannot watch a holder; the refresh tick remains the bound");
+        if !self.holders.contains_key(token) {
+            // The holder may be gone since the look: a pidfd of an exited
+            // process is readable at once, a waiter thread returns at once,
+            // and a process already reaped makes the watch fail: look again
+            // then.
+            match self.start_holder_watch(token) {
+                Some(watch) => {
+                    let keys = BTreeSet::new();
+                    self.holders
+                        .insert(token.to_owned(), Watched { watch, keys });
+                }
+                None => {
+                    let _ = self.mailbox.send(Msg::Key(*pubkey));
+                    return;
+                }
             }
         }
-        // The holder may have gone between the look and the watch: if so,
-        // look again now (the watch itself may never fire).
-        if presence::probe(&self.dir, pubkey, token) == PeerPresence::Gone {
-            let _ = self.mailbox.send(Msg::Key(*pubkey));
+        if let Some(w) = self.holders.get_mut(token) {
+            w.keys.insert(*pubkey);
+            self.holder_of.insert(*pubkey, token.to_owned());
         }
     }
 
-    /// Whether `token` is the holder being watched for `pubkey` (its death
-    /// will wake us, so it is alive until then).
-    pub(crate) fn watching(&self, pubkey: &AgentPubkey, token: &str) -> bool {
-        self.holders
-            .get(pubkey)
-            .is_some_and(|w| w.token() == Some(token))
+    /// Whether the holder with `token` is watched (for any key): its death
+    /// will wake us, so it is alive until then.
+    pub(crate) fn watching(&self, token: &str) -> bool {
+        self.holders.contains_key(token)
     }
 
     #[cfg(target_os = "linux")]
-    fn start_holder_watch(&mut self, pubkey: &AgentPubkey, token: &str) -> Option<HolderWatch> {
-        if let Some(pid) = token_pid(token) {
+    fn start_holder_watch(&mut self, token: &str) -> Option<HolderWatch> {
+        if let Some(pid) = presence::token_pid(token) {
             match pidfd::open(pid) {
                 Ok(fd) => {
                     let t = Token(self.next_token);
@@ -277,69 +325,65 @@ impl<C: Send + 'static> WakeSources<C> {
                         .register(&mut mio::unix::SourceFd(&raw), t, Interest::READABLE)
                         .is_ok()
                     {
-                        return Some(HolderWatch::Pidfd {
-                            token: token.to_owned(),
-                            mio: t,
-                            fd,
-                        });
+                        return Some(HolderWatch::Pidfd { mio: t, fd });
                     }
                 }
-                // The process is gone already: the probe after this says so.
+                // The process is gone already.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return None,
                 Err(_) => {}
             }
         }
-        self.start_holder_thread(pubkey, token)
+        self.start_holder_thread(token)
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn start_holder_watch(&mut self, pubkey: &AgentPubkey, token: &str) -> Option<HolderWatch> {
-        self.start_holder_thread(pubkey, token)
+    fn start_holder_watch(&mut self, token: &str) -> Option<HolderWatch> {
+        self.start_holder_thread(token)
     }
 
-    fn start_holder_thread(&mut self, pubkey: &AgentPubkey, token: &str) -> Option<HolderWatch> {
+    fn start_holder_thread(&mut self, token: &str) -> Option<HolderWatch> {
         let cancelled = Arc::new(AtomicBool::new(false));
-        let (dir, pk, t, mailbox, c) = (
+        let (dir, t, mailbox, c) = (
             self.dir.clone(),
-            *pubkey,
             token.to_owned(),
             self.mailbox.clone(),
             Arc::clone(&cancelled),
         );
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("nip-le-holder".into())
             .spawn(move || {
-                presence::wait_gone(&dir, &pk, &t);
+                presence::wait_gone(&dir, &t);
                 if !c.load(Ordering::Acquire) {
-                    let _ = mailbox.send(Msg::Key(pk));
+                    let _ = mailbox.send(Msg::PresenceGone(t));
                 }
-            })
-            .ok()?;
-        Some(HolderWatch::Thread {
-            token: token.to_owned(),
-            cancelled,
-        })
+            });
+        if spawned.is_err() {
+            tracing::warn!(
+                "cannot start a holder watch thread; the refresh tick remains the bound"
+            );
+            return None;
+        }
+        Some(HolderWatch::Thread { cancelled })
     }
 
+    /// The pidfd with this mio token became readable: its process exited.
     #[cfg(target_os = "linux")]
-    fn holder_gone(&mut self, t: Token, out: &mut Woken<C>) {
-        let key = self
+    fn pidfd_ready(&mut self, t: Token, out: &mut Woken<C>) {
+        let token = self
             .holders
             .iter()
-            .find(|(_, w)| matches!(w, HolderWatch::Pidfd { mio, .. } if *mio == t))
-            .map(|(k, _)| *k);
-        if let Some(k) = key {
-            if let Some(w) = self.holders.remove(&k) {
-                w.stop(&self.poll);
-            }
-            out.keys.insert(k);
+            .find(|(_, w)| matches!(w.watch, HolderWatch::Pidfd { mio, .. } if mio == t))
+            .map(|(k, _)| k.clone());
+        if let Some(token) = token {
+            self.holder_gone(&token, out);
         }
     }
 
     /// Stops every holder watch and the directory watch.
     pub(crate) fn stop_all(&mut self) {
+        self.holder_of.clear();
         for (_, w) in self.holders.drain() {
-            w.stop(&self.poll);
+            w.watch.stop(&self.poll);
         }
         if let Some(w) = self.dir_watch.take() {
             w.stop(&self.poll);
@@ -347,35 +391,25 @@ impl<C: Send + 'static> WakeSources<C> {
     }
 }
 
-/// The pid in a presence token `<pid>-<16 hex>`.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-fn token_pid(token: &str) -> Option<u32> {
-    token.split_once('-')?.0.parse().ok()
+/// A watch on one holder's death, and the keys it holds in our view.
+struct Watched {
+    watch: HolderWatch,
+    keys: BTreeSet<AgentPubkey>,
 }
 
 /// A watch on one holder's death.
 enum HolderWatch {
     #[cfg(target_os = "linux")]
     Pidfd {
-        token: String,
         mio: Token,
         fd: std::os::fd::OwnedFd,
     },
     Thread {
-        token: String,
         cancelled: Arc<AtomicBool>,
     },
 }
 
 impl HolderWatch {
-    fn token(&self) -> Option<&str> {
-        match self {
-            #[cfg(target_os = "linux")]
-            HolderWatch::Pidfd { token, .. } => Some(token),
-            HolderWatch::Thread { token, .. } => Some(token),
-        }
-    }
-
     fn stop(self, poll: &Poll) {
         match self {
             #[cfg(target_os = "linux")]
@@ -385,7 +419,7 @@ impl HolderWatch {
                 let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
                 drop(fd);
             }
-            HolderWatch::Thread { cancelled, .. } => {
+            HolderWatch::Thread { cancelled } => {
                 let _ = poll;
                 cancelled.store(true, Ordering::Release);
             }
@@ -414,11 +448,12 @@ mod pidfd {
     }
 }
 
-/// The directory watch.
+/// The directory watch, and a watch of each joined key's lock file.
 #[cfg(target_os = "linux")]
 struct DirWatch {
     ino: inotify::Inotify,
     buf: Vec<u8>,
+    files: HashMap<AgentPubkey, inotify::WatchDescriptor>,
 }
 
 #[cfg(target_os = "linux")]
@@ -427,14 +462,15 @@ impl DirWatch {
         use inotify::{Inotify, WatchMask};
         use std::os::fd::AsRawFd;
         let ino = Inotify::init()?;
-        // MODIFY, not CLOSE_WRITE: every acquire opens the lock file
-        // read-write, so its close would wake everyone even when nothing was
-        // written.
-        let mask = WatchMask::MODIFY
-            | WatchMask::CREATE
-            | WatchMask::DELETE
-            | WatchMask::MOVED_TO
-            | WatchMask::MOVED_FROM;
+        // Neither MODIFY nor CREATE on the directory: presence files are
+        // created when an elector starts and rewritten when it joins or
+        // leaves a key, and that must wake nobody (64 windows starting
+        // together would wake each other 4,000 times). Lock files are
+        // watched one by one (`watch_file`) once our first look has made
+        // sure they exist; lead requests are renamed into place (MOVED_TO);
+        // a removed presence file means its elector left (DELETE).
+        let mask =
+            WatchMask::DELETE | WatchMask::MOVED_TO | WatchMask::MOVED_FROM | WatchMask::ONLYDIR;
         ino.watches().add(dir, mask)?;
         let raw = ino.as_raw_fd();
         poll.registry().register(
@@ -445,30 +481,71 @@ impl DirWatch {
         Ok(Self {
             ino,
             buf: vec![0; 4096],
+            files: HashMap::new(),
         })
+    }
+
+    /// MODIFY, not CLOSE_WRITE: every acquire opens the lock file
+    /// read-write, so its close would wake everyone even when nothing was
+    /// written. A file that does not exist yet (our acquire could not
+    /// create it) is watched from a later look; the tick is the bound
+    /// meanwhile.
+    fn watch_file(&mut self, pubkey: &AgentPubkey, path: &Path) {
+        use inotify::WatchMask;
+        if self.files.contains_key(pubkey) {
+            return;
+        }
+        let mask = WatchMask::MODIFY | WatchMask::DONT_FOLLOW;
+        if let Ok(wd) = self.ino.watches().add(path, mask) {
+            self.files.insert(*pubkey, wd);
+        }
+    }
+
+    fn unwatch_file(&mut self, pubkey: &AgentPubkey) {
+        if let Some(wd) = self.files.remove(pubkey) {
+            let _ = self.ino.watches().remove(wd);
+        }
     }
 
     /// Reads every queued event (the fd is non-blocking).
     fn read<C>(&mut self, out: &mut Woken<C>) {
+        use inotify::EventMask;
         loop {
             match self.ino.read_events(&mut self.buf) {
                 Ok(events) => {
                     for ev in events {
-                        use inotify::EventMask;
                         if ev.mask.contains(EventMask::Q_OVERFLOW) {
                             out.all = true;
                         }
-                        let removed = ev
-                            .mask
-                            .intersects(EventMask::DELETE | EventMask::MOVED_FROM);
-                        match ev.name.and_then(|n| n.to_str()).and_then(name_event) {
+                        let name = ev.name.and_then(|n| n.to_str());
+                        match name.and_then(name_event) {
                             Some(NameEvent::Key(k)) => {
                                 out.keys.insert(k);
                             }
-                            Some(NameEvent::Presence(k, token)) if removed => {
-                                out.gone.push((k, token));
+                            Some(NameEvent::Presence(token))
+                                if ev
+                                    .mask
+                                    .intersects(EventMask::DELETE | EventMask::MOVED_FROM) =>
+                            {
+                                out.gone.push(token);
                             }
-                            _ => {}
+                            Some(NameEvent::Presence(_)) => {}
+                            None if name.is_none() => {
+                                // A watched lock file: written, or its watch
+                                // is gone (the file was removed or replaced).
+                                let key = self
+                                    .files
+                                    .iter()
+                                    .find(|(_, wd)| **wd == ev.wd)
+                                    .map(|(k, _)| *k);
+                                if let Some(k) = key {
+                                    if ev.mask.contains(EventMask::IGNORED) {
+                                        self.files.remove(&k);
+                                    }
+                                    out.keys.insert(k);
+                                }
+                            }
+                            None => {}
                         }
                     }
                 }
@@ -516,8 +593,8 @@ impl DirWatch {
                     Some(NameEvent::Key(k)) => {
                         let _ = mailbox.send(Msg::Key(k));
                     }
-                    Some(NameEvent::Presence(k, token)) if removed => {
-                        let _ = mailbox.send(Msg::PresenceGone(k, token));
+                    Some(NameEvent::Presence(token)) if removed => {
+                        let _ = mailbox.send(Msg::PresenceGone(token));
                     }
                     _ => {}
                 }
@@ -537,17 +614,13 @@ impl DirWatch {
 enum NameEvent {
     /// `<pubkey>.lock` or `<pubkey>.claim`.
     Key(AgentPubkey),
-    /// `<pubkey>.<token>.live`.
-    Presence(AgentPubkey, String),
+    /// `<token>.live`.
+    Presence(String),
 }
 
 fn name_event(name: &str) -> Option<NameEvent> {
-    if let Some(stem) = name.strip_suffix(".live") {
-        let (pk, token) = stem.split_once('.')?;
-        return presence::valid_token(token)
-            .then(|| AgentPubkey::parse(pk).ok())
-            .flatten()
-            .map(|k| NameEvent::Presence(k, token.to_owned()));
+    if let Some(token) = presence::departed_token_of_name(name) {
+        return Some(NameEvent::Presence(token.to_owned()));
     }
     let stem = name
         .strip_suffix(".lock")
@@ -566,10 +639,17 @@ mod tests {
         assert_eq!(name_event(&format!("{pk}.lock")), Some(NameEvent::Key(k)));
         assert_eq!(name_event(&format!("{pk}.claim")), Some(NameEvent::Key(k)));
         assert_eq!(
-            name_event(&format!("{pk}.12-0123456789abcdef.live")),
-            Some(NameEvent::Presence(k, "12-0123456789abcdef".into()))
+            name_event("12-0123456789abcdef.live"),
+            Some(NameEvent::Presence("12-0123456789abcdef".into()))
+        );
+        assert_eq!(
+            name_event(".12-0123456789abcdef-s4.gone"),
+            Some(NameEvent::Presence("12-0123456789abcdef-s4".into()))
         );
         for other in [
+            format!("{pk}.12-0123456789abcdef.live"),
+            "presence.live".to_owned(),
+            ".12-0123456789abcdef.live.tmp".to_owned(),
             format!("{pk}.../x.live"),
             format!("{pk}.lock.tmp"),
             ".claim-123".to_owned(),

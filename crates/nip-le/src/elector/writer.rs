@@ -10,7 +10,8 @@
 //! ([`super::machine`]) what to do, and carries the decision out through the
 //! store and the wake sources. The machine calls neither.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::time::{Instant, SystemTime};
@@ -22,7 +23,7 @@ use crate::control::{self, LeadRequest};
 use crate::error::{Error, Result};
 use crate::liveness::{self, Liveness};
 use crate::lockfile;
-use crate::presence::{self, PeerPresence, Presence, Sibling};
+use crate::presence::{self, HolderPresence, PeerPresence, Presence, Sibling};
 use crate::pubkey::AgentPubkey;
 use crate::record::{LockContent, LockRecord};
 
@@ -41,7 +42,7 @@ pub(crate) type Reply<T> = mpsc::SyncSender<Result<T>>;
 
 /// What the facade asks of the writer.
 pub(crate) enum Command {
-    Join(AgentPubkey, Reply<bool>),
+    Join(Vec<AgentPubkey>, Reply<Vec<bool>>),
     Leave(AgentPubkey, Reply<()>),
     Claim(AgentPubkey, Reply<ClaimOutcome>),
     Release(AgentPubkey, Reply<bool>),
@@ -73,6 +74,57 @@ struct Ctx {
     shared: Arc<Shared>,
     sources: WakeSources<Command>,
     new_store: StoreFactory,
+    /// Extension: our presence lock, listing the keys we take part in
+    /// (none in spec mode, or while it cannot be created: then the NIP's
+    /// rules apply to us).
+    presence: Option<Presence>,
+    /// Whether a failure to create the presence was logged already.
+    presence_warned: bool,
+    /// The keys our presence must list.
+    joined: BTreeSet<AgentPubkey>,
+    /// Whether the presence file lags behind `joined`.
+    presence_dirty: bool,
+    /// Holders probed since the last answer: a holder of several keys is
+    /// probed once per command, not once per key.
+    probed: RefCell<HashMap<String, HolderPresence>>,
+}
+
+impl Ctx {
+    fn token(&self) -> Option<&str> {
+        self.presence.as_ref().map(Presence::token)
+    }
+
+    /// Extension: makes sure we have a presence file listing exactly the
+    /// joined keys. Without one (full disk, read-only directory) we still
+    /// take part, by the NIP's rules: our records carry no token and peers
+    /// judge them by pid and claimed_at. Called on join and leave, before
+    /// any write of our record, and after each command (to retry a
+    /// presence that could not be created).
+    fn flush_presence(&mut self) {
+        if !self.rules.extended || !(self.presence_dirty || self.presence.is_none()) {
+            return;
+        }
+        if self.presence.is_none() && self.joined.is_empty() {
+            return;
+        }
+        if self.presence.is_none() {
+            match Presence::create(&self.config.lock_dir, &self.our_id) {
+                Ok(p) => self.presence = Some(p),
+                Err(e) => {
+                    if !std::mem::replace(&mut self.presence_warned, true) {
+                        tracing::warn!("no presence lock, NIP rules only: {e}");
+                    }
+                    return;
+                }
+            }
+        }
+        if let Some(p) = self.presence.as_mut() {
+            match p.set_keys(self.joined.iter().copied()) {
+                Ok(()) => self.presence_dirty = false,
+                Err(e) => tracing::warn!("cannot update the presence file: {e}"),
+            }
+        }
+    }
 }
 
 /// One joined key.
@@ -81,11 +133,12 @@ struct Key {
     m: KeyMachine,
     cell: Arc<KeyCell>,
     store: Box<dyn LockStore>,
+    lock_path: PathBuf,
     request_path: PathBuf,
-    /// Extension: our presence lock in this election (none in spec mode, or
-    /// when it could not be created: then the NIP's rules apply to us).
-    presence: Option<Presence>,
     next_tick: Instant,
+    /// The holder to watch, decided by the last look and not carried out
+    /// yet (`Some(None)`: watch no holder).
+    watch: Option<Option<String>>,
 }
 
 /// The writer.
@@ -137,6 +190,11 @@ impl Writer {
                 shared,
                 sources,
                 new_store,
+                presence: None,
+                presence_warned: false,
+                joined: BTreeSet::new(),
+                presence_dirty: false,
+                probed: RefCell::new(HashMap::new()),
             },
             keys: BTreeMap::new(),
         }
@@ -154,8 +212,26 @@ impl Writer {
                 if let Flow::Stop = self.command(c) {
                     return;
                 }
+                // What waited for the answer: our presence, the watches.
+                self.after_answer();
             }
             self.refresh_due(&woken.keys, woken.all);
+            self.after_answer();
+        }
+    }
+
+    /// The work no answer needs to wait for: the presence file and the
+    /// watches of the keys whose view changed.
+    fn after_answer(&mut self) {
+        self.ctx.probed.get_mut().clear();
+        self.ctx.flush_presence();
+        for key in self.keys.values_mut() {
+            if let Some(watch) = key.watch.take() {
+                self.ctx.sources.watch_holder(&key.pubkey, watch.as_deref());
+                self.ctx
+                    .sources
+                    .watch_lock_file(&key.pubkey, &key.lock_path);
+            }
         }
     }
 
@@ -183,8 +259,8 @@ impl Writer {
 
     fn command(&mut self, c: Command) -> Flow {
         match c {
-            Command::Join(pk, r) => {
-                let _ = r.send(Ok(self.join(pk)));
+            Command::Join(keys, r) => {
+                let _ = r.send(Ok(self.join(&keys)));
             }
             Command::Leave(pk, r) => {
                 let _ = r.send(self.leave(&pk));
@@ -240,28 +316,30 @@ impl Writer {
         Flow::Go
     }
 
-    /// Joins `pk` and claims at once (auto-claim on launch). Returns the
-    /// resulting leadership; joining twice is a no-op.
-    fn join(&mut self, pk: AgentPubkey) -> bool {
-        if let Some(k) = self.keys.get(&pk) {
-            return k.cell.is_leader();
-        }
+    /// Joins `keys` and claims each at once (auto-claim on launch). Returns
+    /// the resulting leadership of each; joining a key twice is a no-op.
+    fn join(&mut self, keys: &[AgentPubkey]) -> Vec<bool> {
         let dir = self.ctx.config.lock_dir.clone();
         // A lock directory we cannot create is the NIP's fail-safe case (we
         // lead, and say why in `last_error`), not a reason to refuse to run.
         if let Err(e) = lockfile::ensure_dir(&dir) {
             tracing::warn!("lock directory unusable, failing safe to leader: {e}");
         }
-        // Without a presence (full disk, read-only directory) we still take
-        // part, by the NIP's rules: our records then carry no token and
-        // peers judge them by pid and claimed_at.
-        let presence = if self.ctx.rules.extended {
-            Presence::create(&dir, &pk, &self.ctx.our_id)
-                .map_err(|e| tracing::warn!(pubkey = %pk, "no presence lock, NIP rules only: {e}"))
-                .ok()
-        } else {
-            None
-        };
+        // Listed in our presence (one write for them all) before the first
+        // look and before the answer: a record we write names a presence
+        // that says we take part, and a leader leaving right after our join
+        // finds us as its heir.
+        let before = self.ctx.joined.len();
+        self.ctx.joined.extend(keys.iter().copied());
+        self.ctx.presence_dirty |= self.ctx.joined.len() != before;
+        self.ctx.flush_presence();
+        keys.iter().map(|pk| self.join_one(*pk, &dir)).collect()
+    }
+
+    fn join_one(&mut self, pk: AgentPubkey, dir: &Path) -> bool {
+        if let Some(k) = self.keys.get(&pk) {
+            return k.cell.is_leader();
+        }
         let mut key = Key {
             pubkey: pk,
             m: KeyMachine::new(self.ctx.rules, Arc::clone(&self.ctx.our_id), self.ctx.pid),
@@ -270,9 +348,10 @@ impl Writer {
                 Published::initial(pk),
             )),
             store: (self.ctx.new_store)(&pk),
-            request_path: control::lead_request_path(&dir, &pk),
-            presence,
+            lock_path: lockfile::lock_path(dir, &pk),
+            request_path: control::lead_request_path(dir, &pk),
             next_tick: Instant::now() + self.ctx.rules.refresh,
+            watch: None,
         };
         let cell = Arc::clone(&key.cell);
         self.ctx
@@ -292,10 +371,13 @@ impl Writer {
         Ok(())
     }
 
-    /// Drops a key that has stepped down: its holder watch, its place in
-    /// the snapshot and (with the key) its presence.
+    /// Drops a key that has stepped down: its watches, its place in the
+    /// snapshot and in our presence file.
     fn forget(&mut self, key: Key) {
         self.ctx.sources.watch_holder(&key.pubkey, None);
+        self.ctx.sources.unwatch_lock_file(&key.pubkey);
+        self.ctx.presence_dirty |= self.ctx.joined.remove(&key.pubkey);
+        self.ctx.flush_presence();
         self.ctx
             .shared
             .snapshot
@@ -323,18 +405,33 @@ impl Writer {
             self.forget(key);
         }
         self.ctx.sources.stop_all();
+        self.ctx.presence = None;
     }
 }
 
-/// Probes with real I/O. On a wake-up, a holder whose death we are
-/// watching is alive until the watch fires: no need to open its presence
-/// file again. Ticks always probe, so a missed event costs at most a
+/// Probes with real I/O. Between ticks, a holder whose death we are
+/// watching (for any key it holds) is alive until the watch fires: no need
+/// to open its presence file again. Ticks always probe, so a missed event
+/// (or a holder that left one key without writing it) costs at most a
 /// refresh interval.
 struct FileProbes<'a> {
     dir: &'a Path,
     pubkey: &'a AgentPubkey,
     sources: &'a WakeSources<Command>,
     trust_watch: bool,
+    probed: &'a RefCell<HashMap<String, HolderPresence>>,
+}
+
+impl<'a> FileProbes<'a> {
+    fn new(ctx: &'a Ctx, pubkey: &'a AgentPubkey, trust_watch: bool) -> Self {
+        Self {
+            dir: &ctx.config.lock_dir,
+            pubkey,
+            sources: &ctx.sources,
+            trust_watch,
+            probed: &ctx.probed,
+        }
+    }
 }
 
 impl Probes for FileProbes<'_> {
@@ -342,11 +439,14 @@ impl Probes for FileProbes<'_> {
         liveness::probe(pid)
     }
     fn presence(&self, token: &str) -> PeerPresence {
-        if self.trust_watch && self.sources.watching(self.pubkey, token) {
-            PeerPresence::Alive
-        } else {
-            presence::probe(self.dir, self.pubkey, token)
+        if self.trust_watch && self.sources.watching(token) {
+            return PeerPresence::Alive;
         }
+        let mut probed = self.probed.borrow_mut();
+        probed
+            .entry(token.to_owned())
+            .or_insert_with(|| presence::probe_holder(self.dir, token))
+            .in_election(self.pubkey)
     }
 }
 
@@ -380,7 +480,7 @@ impl Key {
     /// Looks at the lock as `look` says. Returns what was seen and, when we
     /// wrote, the monotonic instant taken under the exclusion before the
     /// write (our validity counts from there).
-    fn look(&mut self, ctx: &Ctx, look: Look, cause: Cause) -> (Seen, Option<u64>) {
+    fn look(&mut self, ctx: &mut Ctx, look: Look, cause: Cause) -> (Seen, Option<u64>) {
         if look == Look::Read {
             let seen = Seen {
                 content: self.store.read().map_err(|e| e.to_string()),
@@ -390,17 +490,13 @@ impl Key {
             };
             return (seen, None);
         }
-        let probes = FileProbes {
-            dir: &ctx.config.lock_dir,
-            pubkey: &self.pubkey,
-            sources: &ctx.sources,
-            trust_watch: cause == Cause::Wake,
-        };
+        let trust_watch = cause != Cause::Tick;
         // Extension: read first. The exclusion is needed only to write; when
         // the read shows a record we would leave alone (a live holder, or
         // ours on a wake-up), the locked look would decide the same.
         if ctx.rules.extended && (cause == Cause::Wake || !self.m.holds_lock()) {
             if let Ok(content) = self.store.read() {
+                let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
                 if !self.m.would_write(&content, Now::system(), look, &probes) {
                     let seen = Seen {
                         content: Ok(content),
@@ -412,7 +508,11 @@ impl Key {
                 }
             }
         }
-        let token = self.presence.as_ref().map(|p| p.token().to_owned());
+        // A record of ours names our presence, which must list this key
+        // before anyone can read the record.
+        ctx.flush_presence();
+        let token = ctx.token().map(str::to_owned);
+        let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
         let (mut took, mut locked_at) = (None, None);
         let m = &mut self.m;
         let result = self.store.update(&mut |content| {
@@ -444,8 +544,10 @@ impl Key {
         }
     }
 
-    /// Carries out a conclusion: validity, holder watch, request removal,
-    /// then the new view (and its change event) and the status.
+    /// Carries out a conclusion: the validity, the new view (and its change
+    /// event) and the status, so readers and subscribers learn it at once;
+    /// then the request removal. The watches follow after the answer
+    /// (`Writer::after_answer`).
     fn apply(&mut self, ctx: &mut Ctx, c: Conclusion, locked_at: Option<u64>) {
         match c.validity {
             Validity::Keep => {}
@@ -456,13 +558,13 @@ impl Key {
                 ctx.rules.validity(),
             ),
         }
-        ctx.sources.watch_holder(&self.pubkey, c.watch.as_deref());
-        if let Some(nonce) = &c.remove_request {
-            control::remove_lead_request(&self.request_path, nonce);
-        }
         let was = self.cell.set_leader(c.leader);
         self.notify(ctx, was, c.leader, c.reason, c.always);
         self.publish();
+        self.watch = Some(c.watch);
+        if let Some(nonce) = &c.remove_request {
+            control::remove_lead_request(&self.request_path, nonce);
+        }
     }
 
     /// The one step-down path (release, stand-down, leave, shutdown): stop
@@ -513,7 +615,7 @@ impl Key {
         if !ctx.rules.extended {
             return None;
         }
-        let token = self.presence.as_ref()?.token();
+        let token = ctx.token()?;
         let siblings = presence::live_siblings(&ctx.config.lock_dir, &self.pubkey, token);
         match target {
             Some(t) => siblings.into_iter().find(|s| s.instance_id == t),

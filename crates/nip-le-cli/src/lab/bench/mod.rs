@@ -109,7 +109,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     let b = Bench { cfg: cfg.clone() };
     let slow_runs = (a.runs / 4).max(3);
     println!(
-        "nip-le bench: refresh {:?}, stale {:?}, stand-down {:?}, {} runs per row ({} for SIGSTOP, 3 for the cost rows), {} cores",
+        "nip-le bench: refresh {:?}, stale {:?}, stand-down {:?}, {} runs per row ({} for SIGSTOP and start-together, 3 for idle and slept), {} cores",
         cfg.refresh,
         cfg.stale,
         cfg.stand_down,
@@ -157,7 +157,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             Bench::sigstop,
             slow_runs,
         ),
-        ("start", start_name, start_together, 3),
+        ("start", start_name, start_together, slow_runs),
         row(
             "idle",
             "idle observer: voluntary wake-ups per second",
@@ -175,8 +175,10 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     let mut table = Vec::new();
     for (_, name, f, runs) in rows.iter().filter(|r| wanted(r.0)) {
         let mut cells: Vec<Row> = variants.iter().map(|_| Row::default()).collect();
-        for (v, cell) in variants.iter().zip(cells.iter_mut()) {
-            for run in 0..*runs {
+        // Variants take turns run by run, so a slow phase of the machine
+        // weighs on all of them alike.
+        for run in 0..*runs {
+            for (v, cell) in variants.iter().zip(cells.iter_mut()) {
                 eprint!("\r{name} [{}] run {}/{}   ", v.label, run + 1, runs);
                 if let Err(e) = f(&b, v, cell) {
                     cell.violations.push(format!("run failed: {e}"));

@@ -290,8 +290,9 @@ impl Bench {
         let tmp = tempfile::tempdir()?;
         let pk = random_pubkey();
         nip_le::lockfile::ensure_dir(tmp.path()).map_err(std::io::Error::other)?;
-        let holder = nip_le::presence::Presence::create(tmp.path(), &pk, "slept-leader")
+        let mut holder = nip_le::presence::Presence::create(tmp.path(), "slept-leader")
             .map_err(std::io::Error::other)?;
+        holder.set_keys([pk]).map_err(std::io::Error::other)?;
         let record = nip_le::record::encode_record(
             "slept-leader",
             std::process::id(),
