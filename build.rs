@@ -9,6 +9,10 @@ const COMMANDS: &[&str] = &[
     "join",
     "leave",
     "handle_control_frame",
+    "take",
+    "done",
+    "give_back",
+    "owed",
 ];
 
 fn main() {

@@ -22,7 +22,9 @@ import type { HolderStatus } from './bindings/HolderStatus'
 import type { LeaderElectionError } from './bindings/LeaderElectionError'
 import type { LeadershipChange } from './bindings/LeadershipChange'
 import type { LockState } from './bindings/LockState'
+import type { QueuedEvent } from './bindings/QueuedEvent'
 import type { Status } from './bindings/Status'
+import type { TakeOutcome } from './bindings/TakeOutcome'
 
 export type {
   ChangeReason,
@@ -34,7 +36,9 @@ export type {
   LeaderElectionError,
   LeadershipChange,
   LockState,
-  Status
+  QueuedEvent,
+  Status,
+  TakeOutcome
 }
 
 /** The event emitted to every webview on each leadership change. */
@@ -94,8 +98,32 @@ export async function handleControlFrame(
   })
 }
 
+/**
+ * Work ledger: takes `eventId` for an agent turn. Dispatch only when the
+ * outcome is `granted`: it is granted to the leader alone, at its current
+ * epoch, and only if the event is neither done nor taken now.
+ */
+export async function take(pubkey: string, eventId: string): Promise<TakeOutcome> {
+  return await invoke<TakeOutcome>(cmd('take'), { pubkey, eventId })
+}
+
+/** Work ledger: the reply to `eventId` was sent. Call it right after sending. Resolves to `false` when this window no longer leads. */
+export async function done(pubkey: string, eventId: string): Promise<boolean> {
+  return await invoke<boolean>(cmd('done'), { pubkey, eventId })
+}
+
+/** Work ledger: the turn for `eventId` was cancelled; it is owed again, to whoever leads. */
+export async function giveBack(pubkey: string, eventId: string): Promise<void> {
+  await invoke<null>(cmd('give_back'), { pubkey, eventId })
+}
+
+/** Work ledger: of `queue` (in order), the events this window must dispatch now (none unless it leads). */
+export async function owed(pubkey: string, queue: QueuedEvent[]): Promise<string[]> {
+  return await invoke<string[]>(cmd('owed'), { pubkey, queue })
+}
+
 /** Calls `cb` on every leadership change of this window. Resolves to the function that stops listening. */
-export async function onLeadershipChange(
+export async function onLeadershipChanged(
   cb: (change: LeadershipChange) => void
 ): Promise<UnlistenFn> {
   return await listen<LeadershipChange>(CHANGED_EVENT, (e) => {
@@ -110,7 +138,7 @@ export async function onLeadershipChange(
  * ```ts
  * const gate = await LeaderGate.create()
  * gate.onCancelTurn((pubkey) => cancelInFlightTurn(pubkey)) // hard-steal
- * if (gate.mayDispatch(agent)) dispatchPrompt(event)
+ * if ((await gate.take(agent, event.id)).outcome === 'granted') dispatchPrompt(event)
  * if (gate.mayReact(agent)) addEyesReaction(event)
  * if (gate.mayHeartbeat(agent)) runHeartbeat()
  * ```
@@ -121,7 +149,9 @@ export class LeaderGate {
   private readonly leaders = new Map<string, boolean>()
   private readonly holders = new Map<string, string | null>()
   private readonly subscribers = new Set<(change: LeadershipChange) => void>()
-  private readonly cancelSubscribers = new Set<(pubkey: string) => void>()
+  private readonly cancelSubscribers = new Set<(pubkey: string, eventIds: string[]) => void>()
+  /** Events taken and not yet done or given back, per agent. */
+  private readonly inFlight = new Map<string, Set<string>>()
   private unlisten: UnlistenFn | null = null
 
   private constructor() {}
@@ -129,7 +159,7 @@ export class LeaderGate {
   /** Starts listening, then reads the current status once. */
   static async create(): Promise<LeaderGate> {
     const gate = new LeaderGate()
-    gate.unlisten = await onLeadershipChange((c) => {
+    gate.unlisten = await onLeadershipChanged((c) => {
       gate.apply(c)
     })
     await gate.refresh()
@@ -195,10 +225,61 @@ export class LeaderGate {
     return () => this.subscribers.delete(cb)
   }
 
-  /** Called when this window stood down and must cancel its in-flight turn (hard-steal). */
-  onCancelTurn(cb: (pubkey: string) => void): () => void {
+  /**
+   * Called when this window must cancel its in-flight turn (hard-steal),
+   * with the events it had taken: the gate has already given them back, so
+   * the new leader answers them.
+   */
+  onCancelTurn(cb: (pubkey: string, eventIds: string[]) => void): () => void {
     this.cancelSubscribers.add(cb)
     return () => this.cancelSubscribers.delete(cb)
+  }
+
+  /**
+   * Of `queue` (the agent's queued events, in order), the ones this window
+   * must dispatch now. Call it on every change that makes this window
+   * leader, then `take` each before dispatching it.
+   */
+  async dispatchable(pubkey: string, queue: QueuedEvent[]): Promise<string[]> {
+    if (!this.isLeader(pubkey)) return []
+    return await owed(pubkey.toLowerCase(), queue)
+  }
+
+  /** Takes `eventId` for a turn (see {@link take}) and tracks it as in flight. */
+  async take(pubkey: string, eventId: string): Promise<TakeOutcome> {
+    const key = pubkey.toLowerCase()
+    if (!this.isLeader(key)) return { outcome: 'not_leader' }
+    const outcome = await take(key, eventId)
+    if (outcome.outcome === 'granted') this.flying(key).add(eventId)
+    return outcome
+  }
+
+  /** The reply to `eventId` was sent (see {@link done}). */
+  async done(pubkey: string, eventId: string): Promise<boolean> {
+    const key = pubkey.toLowerCase()
+    this.flying(key).delete(eventId)
+    return await done(key, eventId)
+  }
+
+  /** Gives `eventId` back after a cancelled turn (see {@link giveBack}). */
+  async giveBack(pubkey: string, eventId: string): Promise<void> {
+    const key = pubkey.toLowerCase()
+    this.flying(key).delete(eventId)
+    await giveBack(key, eventId)
+  }
+
+  /** The events this window has taken for `pubkey` and not yet completed. */
+  inFlightOf(pubkey: string): string[] {
+    return [...this.flying(pubkey.toLowerCase())]
+  }
+
+  private flying(key: string): Set<string> {
+    let s = this.inFlight.get(key)
+    if (!s) {
+      s = new Set()
+      this.inFlight.set(key, s)
+    }
+    return s
   }
 
   /** Stops listening. */
@@ -211,6 +292,12 @@ export class LeaderGate {
     this.leaders.set(c.pubkey, c.isLeader)
     this.holders.set(c.pubkey, c.leaderInstanceId)
     for (const s of [...this.subscribers]) s(c)
-    if (c.mustCancelTurn) for (const s of [...this.cancelSubscribers]) s(c.pubkey)
+    if (c.mustCancelTurn) {
+      const ids = this.inFlightOf(c.pubkey)
+      this.inFlight.delete(c.pubkey)
+      // Owed again: whoever leads now answers them.
+      for (const id of ids) void giveBack(c.pubkey, id).catch(() => {})
+      for (const s of [...this.cancelSubscribers]) s(c.pubkey, ids)
+    }
   }
 }

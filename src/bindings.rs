@@ -36,6 +36,8 @@ fn generated_bindings_are_up_to_date() {
     check::<nip_le::ElectionStatus>(&mut stale);
     check::<nip_le::ClaimOutcome>(&mut stale);
     check::<nip_le::ControlResult>(&mut stale);
+    check::<nip_le::TakeOutcome>(&mut stale);
+    check::<nip_le::QueuedEvent>(&mut stale);
     check::<crate::Status>(&mut stale);
     check::<crate::ErrorKind>(&mut stale);
     check::<crate::LeaderElectionError>(&mut stale);

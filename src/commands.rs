@@ -10,7 +10,9 @@ use tauri::{command, AppHandle, Runtime};
 
 use crate::error::{Error, Result};
 use crate::models::Status;
-use crate::{ClaimOutcome, ControlResult, LeaderElection, LeaderElectionExt};
+use crate::{
+    ClaimOutcome, ControlResult, LeaderElection, LeaderElectionExt, QueuedEvent, TakeOutcome,
+};
 
 async fn blocking<R: Runtime, T: Send + 'static>(
     app: &AppHandle<R>,
@@ -64,4 +66,40 @@ pub(crate) async fn handle_control_frame<R: Runtime>(
     frame: String,
 ) -> Result<Option<ControlResult>> {
     blocking(&app, move |le| le.handle_control_frame(&pubkey, &frame)).await
+}
+
+#[command]
+pub(crate) async fn take<R: Runtime>(
+    app: AppHandle<R>,
+    pubkey: String,
+    event_id: String,
+) -> Result<TakeOutcome> {
+    blocking(&app, move |le| le.take(&pubkey, &event_id)).await
+}
+
+#[command]
+pub(crate) async fn done<R: Runtime>(
+    app: AppHandle<R>,
+    pubkey: String,
+    event_id: String,
+) -> Result<bool> {
+    blocking(&app, move |le| le.done(&pubkey, &event_id)).await
+}
+
+#[command]
+pub(crate) async fn give_back<R: Runtime>(
+    app: AppHandle<R>,
+    pubkey: String,
+    event_id: String,
+) -> Result<()> {
+    blocking(&app, move |le| le.give_back(&pubkey, &event_id)).await
+}
+
+#[command]
+pub(crate) async fn owed<R: Runtime>(
+    app: AppHandle<R>,
+    pubkey: String,
+    queue: Vec<QueuedEvent>,
+) -> Result<Vec<String>> {
+    blocking(&app, move |le| le.owed(&pubkey, &queue)).await
 }

@@ -19,6 +19,8 @@ pub enum ErrorKind {
     NotJoined,
     /// A `claim_leadership` frame is malformed.
     InvalidControlFrame,
+    /// An event id is unusable in the work ledger.
+    InvalidEventId,
     /// A peer held the lock file longer than the configured wait.
     LockTimeout,
     /// The lock path is a symlink, a directory or another non-file.
@@ -60,6 +62,7 @@ impl Error {
             Error::Engine(E::Config(_)) => ErrorKind::InvalidConfig,
             Error::Engine(E::NotJoined(_)) => ErrorKind::NotJoined,
             Error::Engine(E::ControlFrame(_)) => ErrorKind::InvalidControlFrame,
+            Error::Engine(E::EventId(_)) => ErrorKind::InvalidEventId,
             Error::Engine(E::LockTimeout { .. }) => ErrorKind::LockTimeout,
             Error::Engine(
                 E::Symlink { .. } | E::NotRegularFile { .. } | E::NotADirectory { .. },

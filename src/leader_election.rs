@@ -9,7 +9,7 @@ use tokio::sync::broadcast;
 
 use crate::error::Result;
 use crate::models::Status;
-use crate::{ClaimOutcome, ControlResult};
+use crate::{ClaimOutcome, ControlResult, QueuedEvent, TakeOutcome, Work};
 
 /// This window's participation in the elections of its agents. Cheap to
 /// clone; all clones share one engine.
@@ -93,6 +93,35 @@ impl LeaderElection {
     /// authorisation (the frame comes from the agent's owner) first.
     pub fn handle_control_frame(&self, pubkey: &str, frame: &str) -> Result<Option<ControlResult>> {
         Ok(self.elector.handle_control_frame(&key(pubkey)?, frame)?)
+    }
+
+    /// The agent's work ledger (exactly-once dispatch across leadership
+    /// changes): `take` before a turn, `done` after the reply, `give_back`
+    /// on `mustCancelTurn`, `owed` on becoming leader. See [`Work`].
+    pub fn work(&self, pubkey: &str) -> Result<Work> {
+        Ok(self.elector.work(&key(pubkey)?)?)
+    }
+
+    /// Takes `event_id` for a turn (see [`Work::take`]).
+    pub fn take(&self, pubkey: &str, event_id: &str) -> Result<TakeOutcome> {
+        Ok(self.work(pubkey)?.take(event_id)?)
+    }
+
+    /// Records that the reply to `event_id` was sent (see [`Work::done`]).
+    pub fn done(&self, pubkey: &str, event_id: &str) -> Result<bool> {
+        Ok(self.work(pubkey)?.done(event_id)?)
+    }
+
+    /// Gives `event_id` back after a cancelled turn (see
+    /// [`Work::give_back`]).
+    pub fn give_back(&self, pubkey: &str, event_id: &str) -> Result<()> {
+        Ok(self.work(pubkey)?.give_back(event_id)?)
+    }
+
+    /// Of `queue`, the events this window must dispatch now (see
+    /// [`Work::owed`]).
+    pub fn owed(&self, pubkey: &str, queue: &[QueuedEvent]) -> Result<Vec<String>> {
+        Ok(self.work(pubkey)?.owed(queue)?)
     }
 
     /// Looks at every joined agent's lock now, without waiting for the

@@ -48,7 +48,7 @@ pub use models::Status;
 /// from the engine to the webview.
 pub use nip_le::{
     ChangeReason, ClaimOutcome, ControlResult, ElectionStatus, HolderStatus, LeaderFlag,
-    LeadershipChange, LockState, Mode, ELECTION_ID_ENV,
+    LeadershipChange, LockState, Mode, QueuedEvent, TakeOutcome, Work, ELECTION_ID_ENV,
 };
 
 /// The event emitted to every webview on each leadership change, with a
@@ -204,6 +204,10 @@ impl Builder {
                 commands::join,
                 commands::leave,
                 commands::handle_control_frame,
+                commands::take,
+                commands::done,
+                commands::give_back,
+                commands::owed,
             ])
             .setup(move |app, _api| {
                 let le = self.start()?;

@@ -11,7 +11,7 @@ import {
   isLeader,
   join,
   leave,
-  onLeadershipChange,
+  onLeadershipChanged,
   release,
   status,
   type LeadershipChange,
@@ -60,6 +60,14 @@ beforeEach(() => {
           return null
         case 'plugin:leader-election|handle_control_frame':
           return { type: 'claim_leadership', status: 'claimed' }
+        case 'plugin:leader-election|take':
+          return { outcome: 'granted', epoch: 7 }
+        case 'plugin:leader-election|done':
+          return true
+        case 'plugin:leader-election|give_back':
+          return null
+        case 'plugin:leader-election|owed':
+          return (args as { queue: { id: string }[] }).queue.map((e) => e.id).filter((id) => id !== 'answered')
         default:
           return undefined
       }
@@ -105,9 +113,9 @@ describe('command wrappers', () => {
     expect(sent[1]).toEqual(sent[0])
   })
 
-  it('onLeadershipChange delivers payloads until unlistened', async () => {
+  it('onLeadershipChanged delivers payloads until unlistened', async () => {
     const seen: LeadershipChange[] = []
-    const unlisten = await onLeadershipChange((c) => seen.push(c))
+    const unlisten = await onLeadershipChanged((c) => seen.push(c))
     await emit(CHANGED_EVENT, change(A, false, 'lost'))
     unlisten()
     await emit(CHANGED_EVENT, change(A, true, 'acquired'))
@@ -157,7 +165,7 @@ describe('LeaderGate', () => {
     gate.onCancelTurn(cancelled)
     const unsubscribe = gate.subscribe(changes)
     await emit(CHANGED_EVENT, change(A, false, 'stood_down', true))
-    expect(cancelled).toHaveBeenCalledWith(A)
+    expect(cancelled).toHaveBeenCalledWith(A, [])
     expect(gate.isLeader(A)).toBe(false)
     await emit(CHANGED_EVENT, change(B, false, 'lost'))
     expect(cancelled).toHaveBeenCalledTimes(1)
@@ -165,6 +173,36 @@ describe('LeaderGate', () => {
     unsubscribe()
     await emit(CHANGED_EVENT, change(B, true, 'failover'))
     expect(changes).toHaveBeenCalledTimes(2)
+    gate.dispose()
+  })
+
+  it('takes, completes and gives back work, and gives back the in-flight turn on a hard-steal', async () => {
+    const gate = await LeaderGate.create()
+    // Not the leader of B: no IPC, no take.
+    const before = pluginCalls().length
+    expect(await gate.take(B, 'e0')).toEqual({ outcome: 'not_leader' })
+    expect(await gate.dispatchable(B, [{ id: 'e0' }])).toEqual([])
+    expect(pluginCalls().length).toBe(before)
+    // The leader of A: what it owes, then a turn.
+    expect(await gate.dispatchable(A.toUpperCase(), [{ id: 'e1' }, { id: 'answered', publishedMs: 5 }, { id: 'e2' }])).toEqual(['e1', 'e2'])
+    expect(await gate.take(A, 'e1')).toEqual({ outcome: 'granted', epoch: 7 })
+    expect(await gate.take(A, 'e2')).toEqual({ outcome: 'granted', epoch: 7 })
+    expect(gate.inFlightOf(A)).toEqual(['e1', 'e2'])
+    expect(await gate.done(A, 'e1')).toBe(true)
+    expect(gate.inFlightOf(A)).toEqual(['e2'])
+    const owedCall = pluginCalls().find((c) => c.cmd === 'plugin:leader-election|owed')
+    expect(owedCall?.args).toEqual({ pubkey: A, queue: [{ id: 'e1' }, { id: 'answered', publishedMs: 5 }, { id: 'e2' }] })
+    const takeCall = pluginCalls().find((c) => c.cmd === 'plugin:leader-election|take')
+    expect(takeCall?.args).toEqual({ pubkey: A, eventId: 'e1' })
+    // Hard-steal mid-turn: e2 is given back and the cancel callback is told.
+    const cancelled = vi.fn()
+    gate.onCancelTurn(cancelled)
+    await emit(CHANGED_EVENT, change(A, false, 'stood_down', true))
+    expect(cancelled).toHaveBeenCalledWith(A, ['e2'])
+    expect(gate.inFlightOf(A)).toEqual([])
+    await new Promise((r) => setTimeout(r, 0))
+    const given = pluginCalls().filter((c) => c.cmd === 'plugin:leader-election|give_back')
+    expect(given.map((c) => c.args)).toEqual([{ pubkey: A, eventId: 'e2' }])
     gate.dispose()
   })
 

@@ -74,27 +74,32 @@ fn window(dir: &std::path::Path, id: &str, agents: &[&str]) -> Window {
     }
 }
 
+/// Invokes a plugin command the way a webview does (ACL included).
+fn invoke_on(webview: &WebviewWindow<MockRuntime>, cmd: &str, args: Value) -> Result<Value, Value> {
+    get_ipc_response(
+        webview,
+        InvokeRequest {
+            cmd: format!("plugin:leader-election|{cmd}"),
+            callback: CallbackFn(0),
+            error: CallbackFn(1),
+            url: if cfg!(windows) {
+                "http://tauri.localhost"
+            } else {
+                "tauri://localhost"
+            }
+            .parse()
+            .unwrap(),
+            body: InvokeBody::Json(args),
+            headers: Default::default(),
+            invoke_key: INVOKE_KEY.to_string(),
+        },
+    )
+    .map(|b| b.deserialize::<Value>().unwrap())
+}
+
 impl Window {
     fn invoke(&self, cmd: &str, args: Value) -> Result<Value, Value> {
-        get_ipc_response(
-            &self.webview,
-            InvokeRequest {
-                cmd: format!("plugin:leader-election|{cmd}"),
-                callback: CallbackFn(0),
-                error: CallbackFn(1),
-                url: if cfg!(windows) {
-                    "http://tauri.localhost"
-                } else {
-                    "tauri://localhost"
-                }
-                .parse()
-                .unwrap(),
-                body: InvokeBody::Json(args),
-                headers: Default::default(),
-                invoke_key: INVOKE_KEY.to_string(),
-            },
-        )
-        .map(|b| b.deserialize::<Value>().unwrap())
+        invoke_on(&self.webview, cmd, args)
     }
 
     /// The first event with this reason (the launch-time events may or may
@@ -122,13 +127,17 @@ fn default_permissions_grant_every_command() {
     granted.sort();
     let mut all = vec![
         "claim",
+        "done",
+        "give_back",
         "handle_control_frame",
         "instance_id",
         "is_leader",
         "join",
         "leave",
+        "owed",
         "release",
         "status",
+        "take",
     ];
     all.sort();
     assert_eq!(granted, all);
@@ -345,4 +354,45 @@ fn exit_releases_every_lock() {
     app.run(|_, _| {});
     assert_eq!(std::fs::read(lock(KEY)).unwrap(), b"");
     assert_eq!(std::fs::read(lock(&other)).unwrap(), b"");
+}
+
+#[test]
+fn reads_answer_at_once_while_a_claim_waits_on_a_peers_file_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = window(tmp.path(), "window-1", &[KEY]);
+    // A peer hangs holding the lock file's flock: every write waits for
+    // the lock wait, on the engine's writer.
+    let _held = nip_le::lockfile::LockedFile::open_and_lock(
+        &tmp.path().join(format!("{KEY}.lock")),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let busy = {
+        let webview = w.webview.clone();
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            let mut claims = 0;
+            while t.elapsed() < Duration::from_millis(1500) {
+                let _ = invoke_on(&webview, "claim", json!({"pubkey": KEY}));
+                let _ = invoke_on(&webview, "release", json!({"pubkey": KEY}));
+                claims += 1;
+            }
+            claims
+        })
+    };
+    let start = std::time::Instant::now();
+    let mut worst = Duration::ZERO;
+    while start.elapsed() < Duration::from_millis(1200) {
+        let t = std::time::Instant::now();
+        w.invoke("status", json!({})).unwrap();
+        w.invoke("is_leader", json!({"pubkey": KEY})).unwrap();
+        worst = worst.max(t.elapsed());
+    }
+    assert!(busy.join().unwrap() > 0);
+    // The writer waits up to the lock wait (250 ms) per write: a read that
+    // waited for it would take that long.
+    assert!(
+        worst < Duration::from_millis(100),
+        "status/is_leader waited {worst:?} behind a claim"
+    );
 }

@@ -103,6 +103,11 @@ pub struct Config {
     pub lock_wait: Duration,
     /// Extensions on (default) or the plain NIP.
     pub mode: Mode,
+    /// Extension: how long the work ledger remembers a taken or done event
+    /// (24 h by default). An event older than this is owed again if it is
+    /// still queued: keep it above the age of the oldest event a window
+    /// fetches when it connects.
+    pub work_retention: Duration,
 }
 
 impl Config {
@@ -115,6 +120,7 @@ impl Config {
             stand_down: DEFAULT_STAND_DOWN,
             lock_wait: DEFAULT_LOCK_WAIT,
             mode: Mode::default(),
+            work_retention: crate::ledger::DEFAULT_RETENTION,
         }
     }
 
@@ -131,6 +137,7 @@ impl Config {
             ("stale", self.stale),
             ("stand_down", self.stand_down),
             ("lock_wait", self.lock_wait),
+            ("work_retention", self.work_retention),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::Zero(name));

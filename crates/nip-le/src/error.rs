@@ -64,6 +64,9 @@ pub enum Error {
     /// A control frame of a known type is malformed.
     #[error("invalid control frame: {0}")]
     ControlFrame(String),
+    /// An event id is unusable in the work ledger.
+    #[error("invalid event id: {0}")]
+    EventId(String),
     /// The elector has been shut down.
     #[error("the elector has been shut down")]
     ShutDown,

@@ -19,6 +19,7 @@
 //! * [`election`]: the NIP's read-side and acquire-side rules, pure;
 //! * [`presence`]: extension, per-participant liveness locks;
 //! * [`control`]: `claim_leadership` frames and local lead requests;
+//! * [`ledger`]: extension, the work ledger (exactly-once across changes);
 //! * [`elector`]: many keys, one writer thread, a lock-free snapshot for
 //!   readers, and change events.
 //!
@@ -42,6 +43,7 @@ pub mod election;
 pub mod elector;
 pub mod error;
 pub mod identity;
+pub mod ledger;
 pub mod liveness;
 pub mod lockfile;
 pub mod presence;
@@ -52,7 +54,7 @@ pub use config::{Config, Mode};
 pub use control::{ControlFrame, ControlResult};
 pub use elector::{
     ChangeReason, ClaimOutcome, ElectionStatus, Elector, HolderStatus, LeaderFlag,
-    LeadershipChange, LockState,
+    LeadershipChange, LockState, QueuedEvent, TakeOutcome, Work,
 };
 pub use error::{Error, Result};
 pub use identity::{InstanceId, ELECTION_ID_ENV};

@@ -35,11 +35,12 @@ use crate::pubkey::AgentPubkey;
 pub use cache::LeaderFlag;
 pub use types::{
     ChangeReason, ClaimOutcome, ElectionStatus, HolderStatus, LeadershipChange, LockState,
+    QueuedEvent, TakeOutcome,
 };
 
 use store::{FileStore, LockStore};
 use wake::{Mailbox, Msg, WakeSources};
-use writer::{Command, Reply, Shared, StoreFactory, Writer};
+use writer::{Command, Reply, Shared, StoreFactory, WorkOp, Writer};
 
 /// This process's participation in the elections of many agent keys.
 ///
@@ -118,7 +119,7 @@ impl Elector {
         self.mailbox
             .send(Msg::Command(command(tx)))
             .map_err(|()| Error::ShutDown)?;
-        rx.recv().unwrap_or(Err(Error::ShutDown))
+        answer(&rx)
     }
 
     /// This window's election id: pass it to spawned agent processes in
@@ -232,6 +233,20 @@ impl Elector {
         Ok(claimed.then(ControlResult::claimed))
     }
 
+    /// The work ledger of `pubkey`'s election (see [`Work`]).
+    pub fn work(&self, pubkey: &AgentPubkey) -> Result<Work> {
+        let cell = self
+            .shared
+            .snapshot
+            .get(pubkey)
+            .ok_or(Error::NotJoined(*pubkey))?;
+        Ok(Work {
+            pubkey: *pubkey,
+            flag: LeaderFlag(cell),
+            mailbox: self.mailbox.clone(),
+        })
+    }
+
     /// Runs one refresh of every key now, without waiting for the tick.
     pub fn refresh_now(&self) {
         let _ = self.call(Command::RefreshNow);
@@ -256,8 +271,195 @@ impl Elector {
     }
 }
 
+/// Exactly-once work for one agent: which queued events this window must
+/// dispatch, and the record of what it took and completed (see
+/// [`crate::ledger`]). Every window queues every event; only the leader
+/// takes.
+///
+/// ```no_run
+/// # fn f(elector: &nip_le::Elector, agent: &nip_le::AgentPubkey) -> nip_le::Result<()> {
+/// let work = elector.work(agent)?;
+/// if work.take("event-id")?.granted() {
+///     // run the agent turn; if `mustCancelTurn` arrives: work.give_back("event-id")
+///     // send the reply, then at once:
+///     work.done("event-id")?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// Calls wait for the writer (file I/O) except [`Work::may_act`]; each
+/// first checks the leadership flag, so a window that is not (or no longer)
+/// the leader gets its answer without any I/O.
+#[derive(Debug, Clone)]
+pub struct Work {
+    pubkey: AgentPubkey,
+    flag: LeaderFlag,
+    mailbox: Mailbox<Command>,
+}
+
+impl Work {
+    fn call<T>(&self, op: WorkOp, reply: impl FnOnce(Reply<T>) -> writer::WorkReply) -> Result<T> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.mailbox
+            .send(Msg::Command(Command::Work(self.pubkey, op, reply(tx))))
+            .map_err(|()| Error::ShutDown)?;
+        answer(&rx)
+    }
+
+    /// Whether this window may act for the agent now: the hot-path fence
+    /// (atomic loads and a coarse clock read, no allocation). Check it
+    /// again right before sending a reply.
+    #[inline]
+    pub fn may_act(&self) -> bool {
+        self.flag.is_leader()
+    }
+
+    /// Takes `id` for a turn: granted only to the leader, at its current
+    /// epoch, and only if the event is neither done nor taken now.
+    pub fn take(&self, id: &str) -> Result<TakeOutcome> {
+        crate::ledger::validate_event_id(id)?;
+        if !self.may_act() {
+            return Ok(TakeOutcome::NotLeader);
+        }
+        self.call(WorkOp::Take(id.to_owned()), writer::WorkReply::Take)
+    }
+
+    /// Records that the reply to `id` was sent (one append). Refused
+    /// (`false`) when this window no longer leads: the event is owed to
+    /// the leader then.
+    pub fn done(&self, id: &str) -> Result<bool> {
+        crate::ledger::validate_event_id(id)?;
+        if !self.may_act() {
+            return Ok(false);
+        }
+        self.call(WorkOp::Done(id.to_owned()), writer::WorkReply::Flag)
+    }
+
+    /// Gives `id` back (its turn was cancelled): owed again, to whoever
+    /// leads.
+    pub fn give_back(&self, id: &str) -> Result<()> {
+        crate::ledger::validate_event_id(id)?;
+        self.call(WorkOp::GiveBack(id.to_owned()), writer::WorkReply::Flag)
+            .map(|_| ())
+    }
+
+    /// Of `queue` (in order), the events this window must dispatch now:
+    /// none unless it leads; otherwise those neither done nor taken now.
+    /// After a predecessor that kept no ledger (a spec-mode instance or the
+    /// harness), events published before this window became leader are
+    /// left out: it may have answered them.
+    pub fn owed(&self, queue: &[QueuedEvent]) -> Result<Vec<String>> {
+        if !self.may_act() {
+            return Ok(Vec::new());
+        }
+        self.call(WorkOp::Owed(queue.to_vec()), writer::WorkReply::Owed)
+    }
+}
+
+/// Waits for the writer's answer. Most answers come within tens of
+/// microseconds: look for one a while before sleeping, so that the common
+/// case does not pay a second thread wake-up.
+fn answer<T>(rx: &mpsc::Receiver<Result<T>>) -> Result<T> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_micros(SPIN_MICROS);
+    loop {
+        match rx.try_recv() {
+            Ok(r) => return r,
+            Err(mpsc::TryRecvError::Disconnected) => return Err(Error::ShutDown),
+            Err(mpsc::TryRecvError::Empty) if std::time::Instant::now() < deadline => {
+                std::thread::yield_now()
+            }
+            Err(mpsc::TryRecvError::Empty) => break,
+        }
+    }
+    rx.recv().unwrap_or(Err(Error::ShutDown))
+}
+
+/// How long a caller looks for the writer's answer before sleeping.
+const SPIN_MICROS: u64 = 50;
+
 impl Drop for Elector {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::machine::Write;
+    use super::store::{FileStore, LockStore, Updated};
+    use super::*;
+    use crate::record::LockContent;
+
+    /// A file store that notes the thread of every read and update.
+    struct Recording {
+        inner: FileStore,
+        threads: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Recording {
+        fn note(&self) {
+            let name = std::thread::current().name().unwrap_or("?").to_owned();
+            self.threads.lock().unwrap().push(name);
+        }
+    }
+
+    impl LockStore for Recording {
+        fn read(&self) -> Result<LockContent> {
+            self.note();
+            self.inner.read()
+        }
+        fn update(&mut self, decide: &mut dyn FnMut(&LockContent) -> Write) -> Result<Updated> {
+            self.note();
+            self.inner.update(decide)
+        }
+    }
+
+    #[test]
+    fn lock_file_io_happens_on_the_writer_thread_only() {
+        for mode in [crate::Mode::Extended, crate::Mode::Spec] {
+            let tmp = tempfile::tempdir().unwrap();
+            let mut c = Config::new(tmp.path());
+            c.mode = mode;
+            c.refresh = Duration::from_millis(50);
+            c.stale = Duration::from_millis(500);
+            c.lock_wait = Duration::from_millis(20);
+            let threads = Arc::new(Mutex::new(Vec::new()));
+            let (dir, t) = (tmp.path().to_owned(), Arc::clone(&threads));
+            let stores: StoreFactory = Box::new(move |pk| {
+                Box::new(Recording {
+                    inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait),
+                    threads: Arc::clone(&t),
+                }) as Box<dyn LockStore>
+            });
+            let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores).unwrap();
+            let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
+            // Every call the API has, from this (the "main") thread.
+            e.join(&k).unwrap();
+            e.join_all(&[k]).unwrap();
+            let _ = (e.is_leader(&k), e.status(), e.joined(), e.leader_flag(&k));
+            e.claim(&k).unwrap();
+            e.release(&k).unwrap();
+            e.resume(&k).unwrap();
+            e.stand_down(&k).unwrap();
+            e.handle_control_frame(&k, r#"{"type":"claim_leadership","targetInstanceId":"me"}"#)
+                .unwrap();
+            e.refresh_now();
+            std::thread::sleep(Duration::from_millis(120)); // a few ticks
+            e.leave(&k).unwrap();
+            e.shutdown();
+            let seen = threads.lock().unwrap().clone();
+            assert!(
+                seen.len() >= 8,
+                "[{mode:?}] the store was used: {}",
+                seen.len()
+            );
+            assert!(
+                seen.iter().all(|n| n == "nip-le-writer"),
+                "[{mode:?}] lock file I/O off the writer thread: {seen:?}"
+            );
+        }
     }
 }

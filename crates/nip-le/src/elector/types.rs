@@ -186,3 +186,45 @@ pub struct ElectionStatus {
     /// The last error met while refreshing, if the last refresh failed.
     pub last_error: Option<String>,
 }
+
+/// What [`crate::Work::take`] granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "TakeOutcome.ts"))]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum TakeOutcome {
+    /// Dispatch it: the turn is ours. `epoch` is the fencing epoch it was
+    /// taken at (`null` when no ledger applies: spec mode, a fail-safe
+    /// leader, or a ledger that cannot be read).
+    Granted {
+        /// The holder's epoch at the take.
+        #[cfg_attr(feature = "ts", ts(type = "number | null"))]
+        epoch: Option<u64>,
+    },
+    /// Replied to already: drop it from the queue.
+    Done,
+    /// Taken already at this epoch (a second take of the same event).
+    AlreadyTaken,
+    /// This window does not lead (or has fenced itself): do not dispatch.
+    NotLeader,
+}
+
+impl TakeOutcome {
+    /// Whether the caller may dispatch the event.
+    pub fn granted(&self) -> bool {
+        matches!(self, TakeOutcome::Granted { .. })
+    }
+}
+
+/// A queued event, for [`crate::Work::owed`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "QueuedEvent.ts"))]
+#[serde(rename_all = "camelCase")]
+pub struct QueuedEvent {
+    /// The event id.
+    pub id: String,
+    /// When it was published (the event's `created_at`), unix ms, if
+    /// known. Used only after a predecessor that kept no ledger.
+    #[serde(default)]
+    #[cfg_attr(feature = "ts", ts(type = "number | null", optional))]
+    pub published_ms: Option<u64>,
+}

@@ -65,6 +65,12 @@ pub(crate) struct Mailbox<C> {
     waker: Weak<mio::Waker>,
 }
 
+impl<C> std::fmt::Debug for Mailbox<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox").finish_non_exhaustive()
+    }
+}
+
 impl<C> Clone for Mailbox<C> {
     fn clone(&self) -> Self {
         Self {

@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::broadcast;
 
@@ -34,8 +34,10 @@ use super::machine::{
 use super::store::LockStore;
 use super::types::{
     ChangeReason, ClaimOutcome, ElectionStatus, HolderStatus, LeadershipChange, LockState,
+    QueuedEvent, TakeOutcome,
 };
 use super::wake::WakeSources;
+use crate::ledger::{self, Ledger, Op, Verdict};
 
 /// Where a command's answer goes.
 pub(crate) type Reply<T> = mpsc::SyncSender<Result<T>>;
@@ -52,6 +54,44 @@ pub(crate) enum Command {
     ClaimFrame(AgentPubkey, String, Reply<bool>),
     RefreshNow(Reply<()>),
     Shutdown(Reply<()>),
+    /// A work-ledger operation on a key.
+    Work(AgentPubkey, WorkOp, WorkReply),
+}
+
+/// A work-ledger operation (see [`crate::Work`]).
+pub(crate) enum WorkOp {
+    Take(String),
+    Done(String),
+    GiveBack(String),
+    Owed(Vec<QueuedEvent>),
+}
+
+/// Where a work-ledger answer goes.
+pub(crate) enum WorkReply {
+    Take(Reply<TakeOutcome>),
+    Flag(Reply<bool>),
+    Owed(Reply<Vec<String>>),
+}
+
+impl WorkReply {
+    fn fail(self, e: Error) {
+        match self {
+            WorkReply::Take(r) => drop(r.send(Err(e))),
+            WorkReply::Flag(r) => drop(r.send(Err(e))),
+            WorkReply::Owed(r) => drop(r.send(Err(e))),
+        }
+    }
+}
+
+/// Extension: what the holder knows of its work ledger, for the epoch it
+/// holds the lock at.
+struct WorkState {
+    epoch: u64,
+    /// The predecessor kept no ledger (its record had no epoch: spec mode
+    /// or the harness): events published before we led may be answered.
+    ledgerless_before: bool,
+    /// `None`: the ledger cannot be read; we dispatch without it.
+    ledger: Option<Ledger>,
 }
 
 /// Makes the store of a newly joined key.
@@ -139,6 +179,13 @@ struct Key {
     /// The holder to watch, decided by the last look and not carried out
     /// yet (`Some(None)`: watch no holder).
     watch: Option<Option<String>>,
+    /// Since when (unix ms) we lead, while we do.
+    leader_since: Option<u64>,
+    /// What our last write replaced (to tell a predecessor that kept a
+    /// ledger from one that did not).
+    replaced: Option<LockContent>,
+    /// Extension: the work ledger, while we hold the lock at an epoch.
+    work: Option<WorkState>,
 }
 
 /// The writer.
@@ -226,6 +273,7 @@ impl Writer {
         self.ctx.probed.get_mut().clear();
         self.ctx.flush_presence();
         for key in self.keys.values_mut() {
+            key.compact_ledger();
             if let Some(watch) = key.watch.take() {
                 self.ctx.sources.watch_holder(&key.pubkey, watch.as_deref());
                 self.ctx
@@ -243,10 +291,14 @@ impl Writer {
     /// refresh a little early is harmless) and looks again at the keys a
     /// file event or a holder's death named.
     fn refresh_due(&mut self, woken: &BTreeSet<AgentPubkey>, all: bool) {
-        let due = Instant::now() + self.ctx.rules.refresh / 16;
+        // Ticks due within a few milliseconds are coalesced; never much
+        // earlier, or a spec claimant would tick just before the holder
+        // releases and wait a whole interval more.
+        let due = Instant::now() + (self.ctx.rules.refresh / 16).min(Duration::from_millis(10));
         for key in self.keys.values_mut() {
             if key.next_tick <= due {
                 key.evaluate(&mut self.ctx, Cause::Tick);
+                key.next_tick = Instant::now() + self.ctx.rules.refresh;
             } else if all || woken.contains(&key.pubkey) {
                 key.evaluate(&mut self.ctx, Cause::Wake);
             }
@@ -312,6 +364,10 @@ impl Writer {
                 let _ = r.send(Ok(()));
                 return Flow::Stop;
             }
+            Command::Work(pk, op, reply) => match self.keys.get_mut(&pk) {
+                Some(k) => k.work(&self.ctx, op, reply),
+                None => reply.fail(Error::NotJoined(pk)),
+            },
         }
         Flow::Go
     }
@@ -352,6 +408,9 @@ impl Writer {
             request_path: control::lead_request_path(dir, &pk),
             next_tick: Instant::now() + self.ctx.rules.refresh,
             watch: None,
+            leader_since: None,
+            replaced: None,
+            work: None,
         };
         let cell = Arc::clone(&key.cell);
         self.ctx
@@ -468,11 +527,14 @@ impl Key {
         let c = self.m.conclude(cause, &begin, look, seen);
         tracing::debug!(pubkey = %self.pubkey, ?cause, ?c, "evaluated");
         self.apply(ctx, c, locked_at);
-        // Ticks keep the NIP's cadence. In extended mode an observer's look
-        // (prompted by the holder's refresh) is as good as a tick, so its
-        // tick waits another interval: at rest it wakes once per refresh of
-        // the holder, like a spec instance.
-        if cause != Cause::Wake || wrote || !self.m.holds_lock() {
+        // Ticks keep their own cadence (`Writer::refresh_due`): a command's
+        // look does not move the next tick, or a claimant would always wait
+        // a whole interval after its claim. In extended mode an observer's
+        // look (prompted by the holder's refresh) is as good as a tick, and
+        // so is a write of our record: the tick waits another interval, so
+        // that at rest an observer wakes once per refresh of the holder,
+        // like a spec instance.
+        if ctx.rules.extended && (wrote || !self.m.holds_lock()) {
             self.next_tick = Instant::now() + ctx.rules.refresh;
         }
     }
@@ -513,14 +575,20 @@ impl Key {
         ctx.flush_presence();
         let token = ctx.token().map(str::to_owned);
         let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
-        let (mut took, mut locked_at) = (None, None);
+        let (mut took, mut locked_at, mut before) = (None, None, None);
         let m = &mut self.m;
         let result = self.store.update(&mut |content| {
             locked_at = Some(cache::mono_nanos());
             let (w, t) = m.decide(content, Now::system(), look, token.as_deref(), &probes);
+            if t.is_some() {
+                before = Some(content.clone());
+            }
             took = t;
             w
         });
+        if before.is_some() {
+            self.replaced = before;
+        }
         match result {
             Ok(u) => (
                 Seen {
@@ -559,6 +627,7 @@ impl Key {
             ),
         }
         let was = self.cell.set_leader(c.leader);
+        self.track_work(ctx, c.leader);
         self.notify(ctx, was, c.leader, c.reason, c.always);
         self.publish();
         self.watch = Some(c.watch);
@@ -582,6 +651,7 @@ impl Key {
     ) -> bool {
         self.m.step_down(Now::system());
         let was = self.cell.set_leader(false);
+        self.track_work(ctx, false);
         let heir = self.heir(ctx, target);
         let mut released = false;
         let m = &mut self.m;
@@ -649,6 +719,182 @@ impl Key {
         } else {
             ClaimOutcome::Pending
         })
+    }
+
+    /// Keeps the leadership start and the work ledger in step with the
+    /// view: the ledger is (re)loaded whenever we lead at a new epoch, and
+    /// forgotten when we stop leading.
+    fn track_work(&mut self, ctx: &Ctx, leader: bool) {
+        if !leader {
+            self.leader_since = None;
+            self.work = None;
+            self.replaced = None;
+            return;
+        }
+        self.leader_since
+            .get_or_insert_with(|| unix_ms(SystemTime::now()));
+        let epoch = match self.m.observed().record() {
+            Some(r) if ctx.rules.extended && self.m.holds_lock() => r.epoch,
+            _ => None,
+        };
+        let Some(epoch) = epoch else {
+            self.work = None;
+            return;
+        };
+        if self.work.as_ref().is_some_and(|w| w.epoch == epoch) {
+            return;
+        }
+        let ledgerless_before = matches!(
+            &self.replaced,
+            Some(LockContent::Record(r)) if r.epoch.is_none() && r.instance_id != ctx.our_id.as_ref()
+        );
+        let path = ledger::ledger_path(&ctx.config.lock_dir, &self.pubkey);
+        let ledger = match Ledger::load(path, unix_ms(SystemTime::now()), ctx.config.work_retention)
+        {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(pubkey = %self.pubkey, "dispatching without the work ledger: {e}");
+                None
+            }
+        };
+        self.work = Some(WorkState {
+            epoch,
+            ledgerless_before,
+            ledger,
+        });
+    }
+
+    /// Rewrites a ledger that has grown to twice its live entries.
+    fn compact_ledger(&mut self) {
+        let Some(l) = self.work.as_mut().and_then(|w| w.ledger.as_mut()) else {
+            return;
+        };
+        if l.index.wants_compaction() {
+            if let Err(e) = l.compact() {
+                tracing::warn!(pubkey = %self.pubkey, "cannot compact the work ledger: {e}");
+            }
+        }
+    }
+
+    /// One work-ledger operation. Every one first checks that we lead (and
+    /// are not fenced): a displaced or fenced leader neither takes nor
+    /// completes.
+    fn work(&mut self, ctx: &Ctx, op: WorkOp, reply: WorkReply) {
+        let leads = self.cell.is_leader();
+        let our_id = ctx.our_id.to_string();
+        let now_ms = unix_ms(SystemTime::now());
+        match (op, reply) {
+            (WorkOp::Take(id), WorkReply::Take(r)) => {
+                let _ = r.send(Ok(self.take(&id, leads, &our_id, now_ms)));
+            }
+            (WorkOp::Done(id), WorkReply::Flag(r)) => {
+                let _ = r.send(Ok(leads
+                    && self.append(Op::Done {
+                        id,
+                        epoch: 0,
+                        at_ms: now_ms,
+                    })));
+            }
+            (WorkOp::GiveBack(id), WorkReply::Flag(r)) => {
+                let mine = self.work.as_ref().and_then(|w| {
+                    let taken = w.ledger.as_ref()?.index.state(&id);
+                    (taken == Some(ledger::State::Taken(w.epoch))).then_some(())
+                });
+                let ok = mine.is_some()
+                    && self.append(Op::GiveBack {
+                        id,
+                        epoch: 0,
+                        at_ms: now_ms,
+                    });
+                let _ = r.send(Ok(ok));
+            }
+            (WorkOp::Owed(queue), WorkReply::Owed(r)) => {
+                let _ = r.send(Ok(if leads { self.owed(&queue) } else { Vec::new() }));
+            }
+            (_, reply) => reply.fail(Error::ShutDown),
+        }
+    }
+
+    fn take(&mut self, id: &str, leads: bool, our_id: &str, now_ms: u64) -> TakeOutcome {
+        if !leads {
+            return TakeOutcome::NotLeader;
+        }
+        let Some(w) = self.work.as_mut() else {
+            // Spec mode, or a fail-safe leader: no ledger applies.
+            return TakeOutcome::Granted { epoch: None };
+        };
+        let epoch = w.epoch;
+        let Some(l) = w.ledger.as_mut() else {
+            return TakeOutcome::Granted { epoch: Some(epoch) };
+        };
+        match l.index.verdict(id, epoch) {
+            Verdict::Done => TakeOutcome::Done,
+            Verdict::TakenNow => TakeOutcome::AlreadyTaken,
+            Verdict::Owed => {
+                let op = Op::Take {
+                    id: id.to_owned(),
+                    epoch,
+                    by: our_id.to_owned(),
+                    at_ms: now_ms,
+                };
+                if let Err(e) = l.append(&op) {
+                    // Never silent: dispatch, and say why it is unrecorded.
+                    tracing::warn!(pubkey = %self.pubkey, "cannot record a take: {e}");
+                }
+                TakeOutcome::Granted { epoch: Some(epoch) }
+            }
+        }
+    }
+
+    /// Appends `op` at our epoch (its `epoch` field is ours); `true` when
+    /// recorded or when no ledger applies.
+    fn append(&mut self, mut op: Op) -> bool {
+        let Some(w) = self.work.as_mut() else {
+            return true;
+        };
+        match &mut op {
+            Op::Take { epoch, .. } | Op::Done { epoch, .. } | Op::GiveBack { epoch, .. } => {
+                *epoch = w.epoch
+            }
+        }
+        let Some(l) = w.ledger.as_mut() else {
+            return true;
+        };
+        match l.append(&op) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(pubkey = %self.pubkey, "cannot append to the work ledger: {e}");
+                false
+            }
+        }
+    }
+
+    /// The queued events we must dispatch now, in order.
+    fn owed(&self, queue: &[QueuedEvent]) -> Vec<String> {
+        let since = self.leader_since.unwrap_or(0);
+        // Without a ledger that covers the predecessor, events published
+        // before we led may have been answered by it.
+        let published_since = |e: &QueuedEvent| e.published_ms.is_none_or(|p| p >= since);
+        match self.work.as_ref() {
+            Some(w) => {
+                let fallback = w.ledgerless_before || w.ledger.is_none();
+                queue
+                    .iter()
+                    .filter(|e| !fallback || published_since(e))
+                    .filter(|e| {
+                        w.ledger
+                            .as_ref()
+                            .is_none_or(|l| l.index.verdict(&e.id, w.epoch) == Verdict::Owed)
+                    })
+                    .map(|e| e.id.clone())
+                    .collect()
+            }
+            None => queue
+                .iter()
+                .filter(|e| published_since(e))
+                .map(|e| e.id.clone())
+                .collect(),
+        }
     }
 
     fn notify(&self, ctx: &Ctx, was: bool, leader: bool, reason: ChangeReason, always: bool) {

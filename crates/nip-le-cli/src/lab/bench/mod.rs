@@ -49,6 +49,8 @@ pub struct Variant {
     pub exe: PathBuf,
     /// `--mode` of its instances.
     pub mode: Mode,
+    /// An earlier build (`--before`).
+    pub before: bool,
 }
 
 /// One row's samples and the violations seen while taking them.
@@ -90,11 +92,13 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             label: "spec".into(),
             exe: exe.clone(),
             mode: Mode::Spec,
+            before: false,
         },
         Variant {
             label: "ext".into(),
             exe,
             mode: Mode::Extended,
+            before: false,
         },
     ];
     if let Some(before) = &a.before {
@@ -103,6 +107,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
                 label: label.into(),
                 exe: before.clone(),
                 mode,
+                before: true,
             });
         }
     }

@@ -1,0 +1,524 @@
+//! Extension: the work ledger, so that each mention is answered exactly
+//! once across leadership changes.
+//!
+//! Every window queues every event (the relay fans out to all); leadership
+//! decides *who* dispatches, the ledger decides *what* is still owed. It is a
+//! file beside the lock file, `<lock dir>/<pubkey>.work` (the harness only
+//! ever opens `<pubkey>.lock`), of JSON lines appended by the current holder
+//! alone, each stamped with the fencing epoch of the holder's record:
+//!
+//! ```text
+//! {"op":"take","id":"<event id>","epoch":7,"by":"<election id>","at_ms":…}
+//! {"op":"done","id":"<event id>","epoch":7,"at_ms":…}
+//! {"op":"give_back","id":"<event id>","epoch":7,"at_ms":…}
+//! ```
+//!
+//! Rules ([`Index::verdict`]):
+//! * an event is **done** once a `done` line names it;
+//! * it is **taken** while a `take` at the holder's current epoch names it;
+//! * anything else is **owed**: never taken, given back, or taken at an
+//!   earlier epoch whose holder died, hung past the stale bound, stood down
+//!   or handed over (every change of holder raises the epoch), and not done.
+//!
+//! So a new leader (by crash, hang, claim or handoff) dispatches what its
+//! queue holds that the ledger does not show as done or taken now, and a
+//! fenced or displaced leader can neither take nor complete: the check is
+//! the leadership flag, an atomic load, before any I/O.
+//!
+//! One duplicate window remains: a reply sent, then the holder killed
+//! before its `done` line. `done` is one `write(2)` of one line on a file
+//! opened for appending, so the window is that single syscall.
+//!
+//! Bounded: entries older than the retention window are dropped when the
+//! ledger is loaded, the file is rewritten (compacted) when it has grown to
+//! twice the live entries, and a file over [`MAX_LEDGER_BYTES`] is not read.
+//! A ledger that cannot be read (missing is fine: it is empty) never
+//! silences the agent: the holder dispatches without it, as the NIP's
+//! fail-safe would, and says so in a warning.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::lockfile::{open_options, open_regular_file, Create};
+use crate::pubkey::AgentPubkey;
+
+/// How long a done or taken event is remembered by default.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// A ledger file larger than this is not read (the holder dispatches
+/// without it).
+pub const MAX_LEDGER_BYTES: u64 = 16 * 1024 * 1024;
+/// Longest event id accepted (a Nostr event id is 64 hex characters).
+pub const MAX_EVENT_ID_LEN: usize = 256;
+
+/// `<dir>/<pubkey>.work`.
+pub fn ledger_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
+    dir.join(format!("{}.work", pubkey.as_str()))
+}
+
+/// Checks an event id before it becomes part of a ledger line.
+pub fn validate_event_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > MAX_EVENT_ID_LEN || id.chars().any(char::is_control) {
+        return Err(Error::EventId(format!(
+            "event ids are 1 to {MAX_EVENT_ID_LEN} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// One ledger line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// The holder at `epoch` dispatched the event.
+    Take {
+        /// The event id.
+        id: String,
+        /// The holder's fencing epoch.
+        epoch: u64,
+        /// The holder's election id (informational).
+        #[serde(default)]
+        by: String,
+        /// When, unix ms.
+        at_ms: u64,
+    },
+    /// The reply was sent.
+    Done {
+        /// The event id.
+        id: String,
+        /// The holder's fencing epoch.
+        epoch: u64,
+        /// When, unix ms.
+        at_ms: u64,
+    },
+    /// The turn was cancelled: the event is owed again.
+    GiveBack {
+        /// The event id.
+        id: String,
+        /// The holder's fencing epoch.
+        epoch: u64,
+        /// When, unix ms.
+        at_ms: u64,
+    },
+}
+
+impl Op {
+    fn id(&self) -> &str {
+        match self {
+            Op::Take { id, .. } | Op::Done { id, .. } | Op::GiveBack { id, .. } => id,
+        }
+    }
+    fn at_ms(&self) -> u64 {
+        match self {
+            Op::Take { at_ms, .. } | Op::Done { at_ms, .. } | Op::GiveBack { at_ms, .. } => *at_ms,
+        }
+    }
+    /// The line written for it.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut l = serde_json::to_vec(self).expect("strings and integers always serialise");
+        l.push(b'\n');
+        l
+    }
+}
+
+/// What the ledger knows of one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Taken by the holder at this epoch.
+    Taken(u64),
+    /// Replied to.
+    Done,
+    /// Given back (owed again).
+    GivenBack,
+}
+
+/// What the ledger says of an event for the holder at an epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nobody works on it now and it is not done: dispatch it.
+    Owed,
+    /// Taken at this very epoch (by us).
+    TakenNow,
+    /// Replied to already.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    state: State,
+    at_ms: u64,
+}
+
+/// The ledger's state: the last word on each event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Index {
+    entries: HashMap<String, Entry>,
+    /// Lines read or appended since the file was last written whole.
+    lines: usize,
+    /// Highest epoch any line names.
+    max_epoch: u64,
+}
+
+impl Index {
+    /// Parses a ledger file's bytes, dropping entries older than
+    /// `retention` before `now_ms`. Lines that are not ledger lines (a torn
+    /// last line, garbage) are skipped, never fatal.
+    pub fn parse(bytes: &[u8], now_ms: u64, retention: Duration) -> Self {
+        let mut ix = Self::default();
+        for line in bytes.split(|&b| b == b'\n') {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if let Ok(op) = serde_json::from_slice::<Op>(line) {
+                ix.apply(&op);
+            }
+        }
+        ix.expire(now_ms, retention);
+        ix
+    }
+
+    /// Applies one line. Later lines win, except that a `take` never
+    /// overrides a `take` at a higher epoch (a stale holder's late line), a
+    /// `done` is final, and a `give_back` only undoes a `take` of its own
+    /// epoch.
+    pub fn apply(&mut self, op: &Op) {
+        self.lines += 1;
+        let (id, at_ms) = (op.id(), op.at_ms());
+        if id.len() > MAX_EVENT_ID_LEN {
+            return;
+        }
+        let epoch = match op {
+            Op::Take { epoch, .. } | Op::Done { epoch, .. } | Op::GiveBack { epoch, .. } => *epoch,
+        };
+        self.max_epoch = self.max_epoch.max(epoch);
+        let cur = self.entries.get(id).map(|e| e.state);
+        let next = match (op, cur) {
+            (_, Some(State::Done)) => None,
+            (Op::Done { .. }, _) => Some(State::Done),
+            (Op::Take { .. }, Some(State::Taken(e))) if e > epoch => None,
+            (Op::Take { .. }, _) => Some(State::Taken(epoch)),
+            (Op::GiveBack { .. }, Some(State::Taken(e))) if e == epoch => Some(State::GivenBack),
+            (Op::GiveBack { .. }, _) => None,
+        };
+        if let Some(state) = next {
+            self.entries.insert(id.to_owned(), Entry { state, at_ms });
+        }
+    }
+
+    /// Drops entries last touched more than `retention` before `now_ms`.
+    pub fn expire(&mut self, now_ms: u64, retention: Duration) {
+        let horizon =
+            now_ms.saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
+        self.entries.retain(|_, e| e.at_ms >= horizon);
+    }
+
+    /// The verdict on `id` for the holder at `epoch`.
+    pub fn verdict(&self, id: &str, epoch: u64) -> Verdict {
+        match self.entries.get(id).map(|e| e.state) {
+            Some(State::Done) => Verdict::Done,
+            Some(State::Taken(e)) if e == epoch => Verdict::TakenNow,
+            _ => Verdict::Owed,
+        }
+    }
+
+    /// The state of `id`, if the ledger knows it.
+    pub fn state(&self, id: &str) -> Option<State> {
+        self.entries.get(id).map(|e| e.state)
+    }
+
+    /// Highest epoch any line named.
+    pub fn max_epoch(&self) -> u64 {
+        self.max_epoch
+    }
+
+    /// Events remembered.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no event is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether the file holds at least twice as many lines as live
+    /// entries (and enough to be worth rewriting).
+    pub fn wants_compaction(&self) -> bool {
+        self.lines > 1024 && self.lines > 2 * self.entries.len()
+    }
+
+    /// The lines of a compacted file: one per live entry.
+    fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut ids: Vec<&String> = self.entries.keys().collect();
+        ids.sort();
+        for id in ids {
+            let e = self.entries[id];
+            let op = match e.state {
+                State::Taken(epoch) => Op::Take {
+                    id: id.clone(),
+                    epoch,
+                    by: String::new(),
+                    at_ms: e.at_ms,
+                },
+                State::Done => Op::Done {
+                    id: id.clone(),
+                    epoch: 0,
+                    at_ms: e.at_ms,
+                },
+                // A given-back event is owed: nothing to remember.
+                State::GivenBack => continue,
+            };
+            out.extend(op.to_line());
+        }
+        out
+    }
+}
+
+/// Why a ledger could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// Larger than [`MAX_LEDGER_BYTES`]; not read.
+    #[error("the work ledger is larger than {MAX_LEDGER_BYTES} bytes")]
+    Oversized,
+    /// An I/O error, or something other than a regular file at the path.
+    #[error("the work ledger cannot be read: {0}")]
+    Unreadable(String),
+}
+
+/// One agent's ledger file, as its holder uses it.
+#[derive(Debug)]
+pub struct Ledger {
+    path: PathBuf,
+    append: Option<File>,
+    /// The state as loaded and as appended since.
+    pub index: Index,
+}
+
+impl Ledger {
+    /// Loads the ledger at `path` (a missing file is an empty ledger).
+    pub fn load(
+        path: PathBuf,
+        now_ms: u64,
+        retention: Duration,
+    ) -> std::result::Result<Self, LedgerError> {
+        let bytes = match open_regular_file(&path, Create::No) {
+            Ok(f) => read_capped(f)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(LedgerError::Unreadable(e.to_string())),
+        };
+        Ok(Self {
+            index: Index::parse(&bytes, now_ms, retention),
+            path,
+            append: None,
+        })
+    }
+
+    /// Appends one line in one `write(2)` on a descriptor opened for
+    /// appending, and applies it.
+    pub fn append(&mut self, op: &Op) -> Result<()> {
+        if self.append.is_none() {
+            let mut o = open_options(Create::IfMissing);
+            o.append(true);
+            let f = o.open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+            if !f
+                .metadata()
+                .map_err(|e| Error::io(&self.path, e))?
+                .is_file()
+            {
+                return Err(Error::io(
+                    &self.path,
+                    std::io::Error::other("not a regular file"),
+                ));
+            }
+            self.append = Some(f);
+        }
+        let f = self.append.as_mut().expect("opened above");
+        f.write_all(&op.to_line())
+            .map_err(|e| Error::io(&self.path, e))?;
+        self.index.apply(op);
+        Ok(())
+    }
+
+    /// Rewrites the file with only the live entries (a new file renamed
+    /// over the old one; appends continue on the new one).
+    pub fn compact(&mut self) -> Result<()> {
+        let tmp = self
+            .path
+            .with_extension(format!("work.{}", uuid::Uuid::new_v4().simple()));
+        let body = self.index.snapshot();
+        let written = open_regular_file(&tmp, Create::New)
+            .and_then(|mut f| f.write_all(&body))
+            .and_then(|()| std::fs::rename(&tmp, &self.path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io(&self.path, e));
+        }
+        self.append = None;
+        self.index.lines = self.index.entries.len();
+        Ok(())
+    }
+}
+
+fn read_capped(f: File) -> std::result::Result<Vec<u8>, LedgerError> {
+    use std::io::Read;
+    let len = f
+        .metadata()
+        .map_err(|e| LedgerError::Unreadable(e.to_string()))?
+        .len();
+    if len > MAX_LEDGER_BYTES {
+        return Err(LedgerError::Oversized);
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    f.take(MAX_LEDGER_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| LedgerError::Unreadable(e.to_string()))?;
+    if buf.len() as u64 > MAX_LEDGER_BYTES {
+        return Err(LedgerError::Oversized);
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn take(id: &str, epoch: u64, at: u64) -> Op {
+        Op::Take {
+            id: id.into(),
+            epoch,
+            by: "x".into(),
+            at_ms: at,
+        }
+    }
+    fn done(id: &str, epoch: u64, at: u64) -> Op {
+        Op::Done {
+            id: id.into(),
+            epoch,
+            at_ms: at,
+        }
+    }
+    fn give_back(id: &str, epoch: u64, at: u64) -> Op {
+        Op::GiveBack {
+            id: id.into(),
+            epoch,
+            at_ms: at,
+        }
+    }
+
+    #[test]
+    fn verdicts_follow_the_epoch() {
+        let mut ix = Index::default();
+        assert_eq!(ix.verdict("a", 1), Verdict::Owed);
+        ix.apply(&take("a", 1, 10));
+        assert_eq!(ix.verdict("a", 1), Verdict::TakenNow);
+        // A new holder (a higher epoch): taken by a holder that is gone.
+        assert_eq!(ix.verdict("a", 2), Verdict::Owed);
+        ix.apply(&take("a", 2, 11));
+        // The old holder's late line changes nothing.
+        ix.apply(&take("a", 1, 12));
+        assert_eq!(ix.verdict("a", 2), Verdict::TakenNow);
+        ix.apply(&give_back("a", 1, 13));
+        assert_eq!(ix.verdict("a", 2), Verdict::TakenNow, "not its take");
+        ix.apply(&give_back("a", 2, 14));
+        assert_eq!(ix.verdict("a", 2), Verdict::Owed);
+        ix.apply(&done("a", 2, 15));
+        assert_eq!(ix.verdict("a", 3), Verdict::Done);
+        ix.apply(&take("a", 3, 16));
+        assert_eq!(ix.verdict("a", 3), Verdict::Done, "done is final");
+        assert_eq!(ix.max_epoch(), 3);
+    }
+
+    #[test]
+    fn hostile_and_torn_content_is_skipped() {
+        let mut bytes = Vec::new();
+        bytes.extend(take("a", 1, 10).to_line());
+        bytes.extend(b"garbage\n{\"op\":\"take\"}\n\xff\xfe\n[1,2]\n");
+        bytes.extend(done("b", 1, 10).to_line());
+        let long = "x".repeat(MAX_EVENT_ID_LEN + 1);
+        bytes.extend(take(&long, 1, 10).to_line());
+        bytes.extend(b"{\"op\":\"done\",\"id\":\"c\",\"epo"); // torn last line
+        let ix = Index::parse(&bytes, 10, HOUR);
+        assert_eq!(ix.len(), 2);
+        assert_eq!(ix.verdict("a", 1), Verdict::TakenNow);
+        assert_eq!(ix.verdict("b", 9), Verdict::Done);
+        assert_eq!(ix.verdict("c", 1), Verdict::Owed);
+    }
+
+    #[test]
+    fn retention_drops_old_entries() {
+        let mut bytes = Vec::new();
+        bytes.extend(done("old", 1, 1_000).to_line());
+        bytes.extend(done("new", 1, 5_000_000).to_line());
+        let ix = Index::parse(&bytes, 5_000_000, HOUR);
+        assert_eq!(ix.state("old"), None);
+        assert_eq!(ix.state("new"), Some(State::Done));
+    }
+
+    #[test]
+    fn file_round_trip_compaction_and_caps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("k.work");
+        let mut l = Ledger::load(path.clone(), 0, HOUR).unwrap();
+        assert!(l.index.is_empty());
+        for n in 0..1500 {
+            l.append(&take(&format!("e{}", n % 100), 1, 100)).unwrap();
+        }
+        l.append(&done("e1", 1, 100)).unwrap();
+        assert!(l.index.wants_compaction());
+        let before = std::fs::metadata(&path).unwrap().len();
+        l.compact().unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() < before / 5);
+        l.append(&done("e2", 1, 100)).unwrap();
+        let again = Ledger::load(path.clone(), 100, HOUR).unwrap();
+        assert_eq!(again.index.len(), 100);
+        assert_eq!(again.index.verdict("e1", 2), Verdict::Done);
+        assert_eq!(again.index.verdict("e2", 2), Verdict::Done);
+        assert_eq!(again.index.verdict("e3", 1), Verdict::TakenNow);
+        // No temporary file left.
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
+        // Oversized (sparse) and non-file ledgers are reported, not read.
+        let f = File::create(&path).unwrap();
+        f.set_len(MAX_LEDGER_BYTES + 1).unwrap();
+        assert_eq!(
+            Ledger::load(path.clone(), 0, HOUR).unwrap_err(),
+            LedgerError::Oversized
+        );
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(matches!(
+            Ledger::load(path.clone(), 0, HOUR),
+            Err(LedgerError::Unreadable(_))
+        ));
+        #[cfg(unix)]
+        {
+            let link = tmp.path().join("l.work");
+            std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+            assert!(Ledger::load(link.clone(), 0, HOUR).is_err());
+            let mut l = Ledger {
+                path: link,
+                append: None,
+                index: Index::default(),
+            };
+            assert!(
+                l.append(&take("a", 1, 1)).is_err(),
+                "never written through a symlink"
+            );
+        }
+    }
+
+    #[test]
+    fn event_ids_are_checked() {
+        assert!(validate_event_id("a1b2").is_ok());
+        assert!(validate_event_id("").is_err());
+        assert!(validate_event_id("a\nb").is_err());
+        assert!(validate_event_id(&"x".repeat(MAX_EVENT_ID_LEN + 1)).is_err());
+    }
+}

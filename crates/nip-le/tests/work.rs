@@ -1,0 +1,201 @@
+//! The work ledger through the elector's API: what a leader may take,
+//! complete and give back, and what a new leader owes after each kind of
+//! change (claim, release, takeover from a predecessor without a ledger), in
+//! one process with two electors (flock excludes between open file
+//! descriptions, so this is a real contest). Crashes and hangs are tested
+//! with real processes in the CLI crate.
+
+use std::time::{Duration, SystemTime};
+
+use nip_le::{AgentPubkey, Config, Elector, InstanceId, Mode, QueuedEvent, TakeOutcome};
+
+fn pk() -> AgentPubkey {
+    AgentPubkey::parse(&"5".repeat(64)).unwrap()
+}
+
+fn config(dir: &std::path::Path) -> Config {
+    let mut c = Config::new(dir);
+    c.mode = Mode::Extended;
+    c.refresh = Duration::from_secs(60);
+    c.stale = Duration::from_secs(120);
+    c.stand_down = Duration::from_secs(60);
+    c
+}
+
+fn wait_until(mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+fn q(ids: &[&str]) -> Vec<QueuedEvent> {
+    ids.iter()
+        .map(|id| QueuedEvent {
+            id: (*id).into(),
+            published_ms: None,
+        })
+        .collect()
+}
+
+fn granted_epoch(t: TakeOutcome) -> u64 {
+    match t {
+        TakeOutcome::Granted { epoch: Some(e) } => e,
+        other => panic!("not granted with an epoch: {other:?}"),
+    }
+}
+
+#[test]
+fn only_the_leader_takes_and_completes_and_each_event_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    assert!(a.join(&pk()).unwrap() && !b.join(&pk()).unwrap());
+    let (wa, wb) = (a.work(&pk()).unwrap(), b.work(&pk()).unwrap());
+    assert!(wa.may_act() && !wb.may_act());
+    granted_epoch(wa.take("e1").unwrap());
+    assert_eq!(wa.take("e1").unwrap(), TakeOutcome::AlreadyTaken);
+    assert_eq!(wb.take("e1").unwrap(), TakeOutcome::NotLeader);
+    assert!(!wb.done("e1").unwrap(), "an observer completes nothing");
+    assert!(wb.owed(&q(&["e1", "e2"])).unwrap().is_empty());
+    assert_eq!(wa.owed(&q(&["e1", "e2"])).unwrap(), vec!["e2"]);
+    assert!(wa.done("e1").unwrap());
+    assert_eq!(wa.take("e1").unwrap(), TakeOutcome::Done);
+    // Given back: owed again, and taken again.
+    granted_epoch(wa.take("e2").unwrap());
+    wa.give_back("e2").unwrap();
+    assert_eq!(wa.owed(&q(&["e1", "e2"])).unwrap(), vec!["e2"]);
+    granted_epoch(wa.take("e2").unwrap());
+    // Hostile ids are refused before any I/O.
+    for bad in ["", "a\nb"] {
+        assert!(matches!(wa.take(bad), Err(nip_le::Error::EventId(_))));
+    }
+    assert!(wa.take(&"x".repeat(300)).is_err());
+}
+
+#[test]
+fn a_claim_moves_the_in_flight_turn_to_the_new_leader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    a.join(&pk()).unwrap();
+    b.join(&pk()).unwrap();
+    let (wa, wb) = (a.work(&pk()).unwrap(), b.work(&pk()).unwrap());
+    let e1 = granted_epoch(wa.take("done-before").unwrap());
+    wa.done("done-before").unwrap();
+    granted_epoch(wa.take("in-flight").unwrap());
+    // b claims; a stands down (directory watch) and hands the lock over.
+    b.claim(&pk()).unwrap();
+    assert!(wait_until(|| wb.may_act()), "b never led");
+    assert!(!wa.may_act());
+    // a's turn was cancelled: it can neither complete nor take.
+    assert!(!wa.done("in-flight").unwrap());
+    assert_eq!(wa.take("new").unwrap(), TakeOutcome::NotLeader);
+    // b owes what a had in flight and what was never taken, not what was done.
+    let queue = q(&["done-before", "in-flight", "new"]);
+    assert_eq!(wb.owed(&queue).unwrap(), vec!["in-flight", "new"]);
+    let e2 = granted_epoch(wb.take("in-flight").unwrap());
+    assert!(e2 > e1, "a new holder takes at a higher epoch");
+    assert!(wb.done("in-flight").unwrap());
+    assert_eq!(wb.owed(&queue).unwrap(), vec!["new"]);
+}
+
+#[test]
+fn a_release_hands_the_owed_work_to_the_heir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    a.join(&pk()).unwrap();
+    b.join(&pk()).unwrap();
+    let (wa, wb) = (a.work(&pk()).unwrap(), b.work(&pk()).unwrap());
+    granted_epoch(wa.take("x").unwrap());
+    wa.give_back("x").unwrap(); // the app cancelled its turn before leaving
+    granted_epoch(wa.take("y").unwrap());
+    a.shutdown(); // graceful exit: the lock goes straight to b
+    assert!(wait_until(|| wb.may_act()));
+    assert_eq!(wb.owed(&q(&["x", "y"])).unwrap(), vec!["x", "y"]);
+}
+
+#[test]
+fn after_a_predecessor_without_a_ledger_only_events_published_since_are_owed() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path()).unwrap();
+    // A harness record (no epoch) of a dead process: the NIP's dead-pid rule
+    // lets us take over, and the harness kept no ledger.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    std::fs::write(
+        nip_le::lockfile::lock_path(tmp.path(), &pk()),
+        nip_le::record::encode_record("harness", dead, SystemTime::now(), None),
+    )
+    .unwrap();
+    let before = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        - 1000;
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    assert!(a.join(&pk()).unwrap(), "took over the dead harness");
+    let wa = a.work(&pk()).unwrap();
+    let queue = vec![
+        QueuedEvent {
+            id: "old".into(),
+            published_ms: Some(before),
+        },
+        QueuedEvent {
+            id: "new".into(),
+            published_ms: Some(before + 60_000),
+        },
+        QueuedEvent {
+            id: "unknown-time".into(),
+            published_ms: None,
+        },
+    ];
+    // The harness may have answered "old": only the rest is owed.
+    assert_eq!(wa.owed(&queue).unwrap(), vec!["new", "unknown-time"]);
+}
+
+#[test]
+fn a_ledger_that_cannot_be_read_never_silences_the_leader() {
+    for hostile in [&b"x"[..], b"not json at all\n\xff\xfe"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let ledger = nip_le::ledger::ledger_path(tmp.path(), &pk());
+        if hostile == b"x" {
+            // Oversized (sparse) ledger.
+            let f = std::fs::File::create(&ledger).unwrap();
+            f.set_len(nip_le::ledger::MAX_LEDGER_BYTES + 1).unwrap();
+        } else {
+            std::fs::write(&ledger, hostile).unwrap();
+        }
+        let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+        assert!(a.join(&pk()).unwrap());
+        let wa = a.work(&pk()).unwrap();
+        assert!(wa.take("e").unwrap().granted(), "the leader dispatches");
+        assert!(wa.done("e").unwrap());
+        assert_eq!(wa.owed(&q(&["f"])).unwrap(), vec!["f"]);
+    }
+    // A directory at the ledger's path.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(nip_le::ledger::ledger_path(tmp.path(), &pk())).unwrap();
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    a.join(&pk()).unwrap();
+    assert!(a.work(&pk()).unwrap().take("e").unwrap().granted());
+}
+
+#[test]
+fn spec_mode_keeps_no_ledger_and_touches_no_other_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = config(tmp.path());
+    c.mode = Mode::Spec;
+    let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
+    a.join(&pk()).unwrap();
+    let wa = a.work(&pk()).unwrap();
+    assert_eq!(wa.take("e").unwrap(), TakeOutcome::Granted { epoch: None });
+    assert!(wa.done("e").unwrap());
+    assert!(!nip_le::ledger::ledger_path(tmp.path(), &pk()).exists());
+}
