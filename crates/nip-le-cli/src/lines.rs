@@ -41,6 +41,19 @@ pub enum Line {
         /// When, unix ms.
         at_ms: u64,
     },
+    /// `--turn-ms`: a turn ended.
+    Turn {
+        /// The mention's id.
+        id: Value,
+        /// `replied`, or `cancelled` (leadership was lost mid-turn: the
+        /// mention is owed to the next leader).
+        outcome: TurnOutcome,
+        /// The fencing epoch the mention was taken at, when one applies.
+        #[serde(default)]
+        epoch: Option<u64>,
+        /// When, unix ms.
+        at_ms: u64,
+    },
     /// Answer to the `claim` command.
     Claim {
         /// What the claim did.
@@ -72,6 +85,16 @@ pub enum Line {
     },
     /// Last line, after a signal released every lock.
     Stopped,
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnOutcome {
+    /// The reply was appended and recorded as done.
+    Replied,
+    /// Leadership was lost (or fenced) mid-turn: no reply, given back.
+    Cancelled,
 }
 
 /// A change of this instance's view of one key.
@@ -218,6 +241,7 @@ impl Line {
             Line::Started { .. } => "started",
             Line::Leadership(_) => "leadership",
             Line::Mention { .. } => "mention",
+            Line::Turn { .. } => "turn",
             Line::Claim { .. } => "claim",
             Line::Release { .. } => "release",
             Line::StandDown => "stand_down",

@@ -15,12 +15,14 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use clap::Args;
-use nip_le::{AgentPubkey, Elector, InstanceId, LeaderFlag, LeadershipChange};
+use nip_le::{
+    AgentPubkey, Elector, InstanceId, LeaderFlag, LeadershipChange, QueuedEvent, TakeOutcome, Work,
+};
 use serde_json::Value;
 
 use super::TimingArgs;
 use crate::lab::feed::FeedFollower;
-use crate::lines::{Leadership, Line, MentionLine, ReplyLine, StatusLine};
+use crate::lines::{Leadership, Line, MentionLine, ReplyLine, StatusLine, TurnOutcome};
 use crate::unix_ms;
 
 /// Options of `nip-le run`.
@@ -48,6 +50,12 @@ pub struct RunArgs {
     /// Append one reply line per mention here, when leading.
     #[arg(long, requires = "mentions")]
     replies: Option<PathBuf>,
+    /// Simulate an agent turn of this many milliseconds per mention: read
+    /// the feed from its beginning, queue every mention, and (while
+    /// leading) work them one at a time through the work ledger; a loss of
+    /// leadership cancels the turn in flight.
+    #[arg(long, requires = "mentions")]
+    turn_ms: Option<u64>,
 }
 
 enum Msg {
@@ -60,6 +68,8 @@ enum Msg {
         replied: bool,
         error: Option<String>,
     },
+    /// `--turn-ms`: a line to print as is.
+    Report(Line),
 }
 
 fn emit(line: &Line) {
@@ -116,16 +126,31 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     elector.join_all(&keys)?;
     read_stdin(tx.clone());
     if let (Some(m), Some(r)) = (a.mentions, a.replies) {
-        let feed = Feed {
-            mentions: m,
-            replies: r,
-            offset: feed_start.unwrap_or(0),
-            flag: elector.leader_flag(&pubkey)?,
-            leader_since: Arc::clone(&leader_since),
-            id: id.clone(),
-        };
         let tx = tx.clone();
-        std::thread::spawn(move || feed.follow(&tx));
+        match a.turn_ms {
+            Some(ms) => {
+                let turns = Turns {
+                    mentions: m,
+                    replies: r,
+                    turn: Duration::from_millis(ms),
+                    work: elector.work(&pubkey)?,
+                    leader_since: Arc::clone(&leader_since),
+                    id: id.clone(),
+                };
+                std::thread::spawn(move || turns.run(&tx));
+            }
+            None => {
+                let feed = Feed {
+                    mentions: m,
+                    replies: r,
+                    offset: feed_start.unwrap_or(0),
+                    flag: elector.leader_flag(&pubkey)?,
+                    leader_since: Arc::clone(&leader_since),
+                    id: id.clone(),
+                };
+                std::thread::spawn(move || feed.follow(&tx));
+            }
+        }
     }
     drop(tx);
     serve(elector, pubkey, rx);
@@ -197,6 +222,17 @@ fn serve(elector: Elector, pubkey: AgentPubkey, rx: mpsc::Receiver<Msg>) {
                     error,
                     at_ms: unix_ms(),
                 });
+            }
+            Msg::Report(line) => {
+                match &line {
+                    Line::Mention { .. } => seen += 1,
+                    Line::Turn {
+                        outcome: TurnOutcome::Replied,
+                        ..
+                    } => replied += 1,
+                    _ => {}
+                }
+                emit(&line);
             }
             Msg::Line(line) => {
                 if let Some(e) = elector.as_ref() {
@@ -320,4 +356,120 @@ fn append_reply(replies: &Path, mention: &Value, id: &InstanceId) -> std::io::Re
     // One write(2) of a short line on an O_APPEND file: lines from several
     // instances never interleave.
     f.write_all(line.as_bytes())
+}
+
+/// `--turn-ms`: the mention feed worked as an agent would, one turn at a
+/// time, through the work ledger.
+struct Turns {
+    mentions: PathBuf,
+    replies: PathBuf,
+    turn: Duration,
+    work: Work,
+    leader_since: Arc<AtomicU64>,
+    id: InstanceId,
+}
+
+/// The text of a mention id (ids are strings in every feed we write).
+fn id_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl Turns {
+    /// Every instance queues every mention, from the feed's beginning (as a
+    /// client fetches recent events when it connects). While leading: on
+    /// becoming leader, drop from the queue what the ledger says is not
+    /// owed; then take the first queued mention, work it for the turn, and
+    /// reply, unless leadership was lost meanwhile.
+    fn run(&self, tx: &mpsc::Sender<Msg>) {
+        let mut feed = FeedFollower::from_offset(&self.mentions, 0);
+        let mut queue: std::collections::VecDeque<(Value, QueuedEvent)> = Default::default();
+        let mut filtered_since = u64::MAX;
+        loop {
+            for v in feed.poll() {
+                let Ok(m) = serde_json::from_value::<MentionLine>(v) else {
+                    continue;
+                };
+                let e = QueuedEvent {
+                    id: id_text(&m.id),
+                    published_ms: m.at_ms,
+                };
+                let line = Line::Mention {
+                    id: m.id.clone(),
+                    replied: false,
+                    error: None,
+                    at_ms: unix_ms(),
+                };
+                if tx.send(Msg::Report(line)).is_err() {
+                    return;
+                }
+                queue.push_back((m.id, e));
+            }
+            if !self.work.may_act() || queue.is_empty() {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            let since = self.leader_since.load(Ordering::SeqCst);
+            if since != filtered_since {
+                let events: Vec<QueuedEvent> = queue.iter().map(|(_, e)| e.clone()).collect();
+                if let Ok(owed) = self.work.owed(&events) {
+                    queue.retain(|(_, e)| owed.contains(&e.id));
+                    filtered_since = since;
+                }
+                continue;
+            }
+            let Some((raw, e)) = queue.front().cloned() else {
+                continue;
+            };
+            let epoch = match self.work.take(&e.id) {
+                Ok(TakeOutcome::Granted { epoch }) => epoch,
+                // Ours already (a turn that did not end): work it.
+                Ok(TakeOutcome::AlreadyTaken) => None,
+                Ok(TakeOutcome::Done) => {
+                    queue.pop_front();
+                    continue;
+                }
+                Ok(TakeOutcome::NotLeader) | Err(_) => continue,
+            };
+            let outcome = self.turn(&raw, &e.id);
+            if outcome == TurnOutcome::Replied {
+                queue.pop_front();
+            }
+            let line = Line::Turn {
+                id: raw,
+                outcome,
+                epoch,
+                at_ms: unix_ms(),
+            };
+            if tx.send(Msg::Report(line)).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// One turn: the simulated agent works for `turn`, checking the fence
+    /// every millisecond; then, still leading, the reply (one write) and at
+    /// once `done`. A loss of leadership gives the mention back.
+    fn turn(&self, raw: &Value, id: &str) -> TurnOutcome {
+        let end = std::time::Instant::now() + self.turn;
+        loop {
+            if !self.work.may_act() {
+                let _ = self.work.give_back(id);
+                return TurnOutcome::Cancelled;
+            }
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(1)));
+        }
+        if append_reply(&self.replies, raw, &self.id).is_err() {
+            let _ = self.work.give_back(id);
+            return TurnOutcome::Cancelled;
+        }
+        let _ = self.work.done(id);
+        TurnOutcome::Replied
+    }
 }
