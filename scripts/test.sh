@@ -73,5 +73,8 @@ bash scripts/e2e.sh
 echo "== chaos: 60 s of random faults on a mixed cluster"
 cargo run -q -p nip-le-cli -- chaos --seconds 60
 
+echo "== chaos: 60 s of random faults on extended instances working a queue (exactly once)"
+cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60
+
 echo "== nip-le demo (the main job, short timings)"
 cargo run -q -p nip-le-cli -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500

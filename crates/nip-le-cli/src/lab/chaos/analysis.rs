@@ -39,6 +39,13 @@ pub struct Summary {
     pub no_leader_ms: u64,
     /// After each SIGKILL of a leader, ms until the next report of leading.
     pub failovers: Vec<u64>,
+    /// Duplicates with a spec-only replier among the repliers.
+    pub dup_with_spec: usize,
+    /// For each answered mention, ms from its publication to its first
+    /// reply, sorted.
+    pub latencies: Vec<u64>,
+    /// The missed mentions' ids.
+    pub missing: Vec<String>,
 }
 
 /// Sampling step of the leadership timeline.
@@ -51,6 +58,7 @@ pub fn analyse(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64) -> Summary
         ..Summary::default()
     };
     count_replies(out, replies, refresh_ms, &mut s);
+    sort_latencies(&mut s);
     timeline(&out.lives, &mut s);
     s.failovers = failovers(out);
     s
@@ -78,8 +86,17 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
     };
     for (id, at) in &out.sent {
         let r = by_mention.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        if let Some(first) = r.iter().map(|(_, t)| *t).min() {
+            s.latencies.push(first.saturating_sub(*at));
+        }
+        if r.len() > 1 && r.iter().any(|(who, _)| mode_of(who) == Some(Mode::Spec)) {
+            s.dup_with_spec += 1;
+        }
         match r.len() {
-            0 => s.missed += 1,
+            0 => {
+                s.missed += 1;
+                s.missing.push(id.clone());
+            }
             1 => s.once += 1,
             _ => {
                 let forced = r.iter().any(|(who, t)| {
@@ -126,6 +143,11 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
             }
         }
     }
+}
+
+/// Sorts the latencies (called once every mention is counted).
+fn sort_latencies(s: &mut Summary) {
+    s.latencies.sort_unstable();
 }
 
 fn leads_at(life: &Life, t: u64) -> bool {

@@ -32,9 +32,15 @@ pub struct ChaosArgs {
     /// Extended-mode instances.
     #[arg(long, default_value_t = 4)]
     extended: usize,
-    /// Spec-only instances.
-    #[arg(long, default_value_t = 2)]
-    spec: usize,
+    /// Spec-only instances [default: 2, or 0 with --turn-ms].
+    #[arg(long)]
+    spec: Option<usize>,
+    /// Simulated agent turns of this many milliseconds (`nip-le run
+    /// --turn-ms`): every instance queues every mention and the leader works
+    /// them through the work ledger; at the end the cluster is resumed and
+    /// drained, and any duplicate or miss among extended instances fails.
+    #[arg(long)]
+    turn_ms: Option<u64>,
     /// Mean pause between faults and mentions, in milliseconds.
     #[arg(long, default_value_t = 250)]
     pace_ms: u64,
@@ -50,6 +56,10 @@ pub struct ChaosArgs {
     /// Seed of the fault plan [default: from the clock and pid].
     #[arg(long)]
     seed: Option<u64>,
+    /// Keep the temporary directory (lock dir, feed, replies, ledger) and
+    /// print its path.
+    #[arg(long)]
+    keep: bool,
 }
 
 /// Runs chaos; fails on a split-brain the NIP does not force.
@@ -80,23 +90,52 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         a.stand_down_ms,
     );
     opts.feed = Some((mentions.clone(), replies.clone()));
+    if let Some(t) = a.turn_ms {
+        opts.extra_args = vec!["--turn-ms".into(), t.to_string()];
+    }
+    let spec = a.spec.unwrap_or(if a.turn_ms.is_some() { 0 } else { 2 });
     let seed = a
         .seed
         .unwrap_or_else(|| unix_ms() ^ (u64::from(std::process::id()) << 32));
     println!(
-        "nip-le chaos: {} extended + {} spec instances, {} s, refresh {} ms, stale {} ms, seed {seed}",
-        a.extended, a.spec, a.seconds, a.refresh_ms, a.stale_ms
+        "nip-le chaos: {} extended + {spec} spec instances, {} s, refresh {} ms, stale {} ms{}, seed {seed}",
+        a.extended,
+        a.seconds,
+        a.refresh_ms,
+        a.stale_ms,
+        a.turn_ms.map_or(String::new(), |t| format!(", turns of {t} ms"))
     );
     let mut runner =
-        runner::Runner::start(opts, mentions, a.extended, a.spec).map_err(io(exe.clone()))?;
+        runner::Runner::start(opts, mentions, a.extended, spec).map_err(io(exe.clone()))?;
     let mut plan = plan::Plan::new(seed, a.stale_ms);
     runner
         .run(&mut plan, a.seconds, a.pace_ms)
         .map_err(io(exe.clone()))?;
     let faults = runner.counts_line();
-    let outcome = runner.finish(Duration::from_millis(a.stale_ms + 3 * a.refresh_ms));
+    let settle = Duration::from_millis(a.stale_ms + 3 * a.refresh_ms);
+    // With turns, the queue left at the end is worked off: let it drain.
+    let max_drain = match a.turn_ms {
+        Some(t) => Duration::from_secs(120).min(Duration::from_millis(t * 1000 + 30_000)),
+        None => Duration::ZERO,
+    };
+    let replies_file = replies.clone();
+    let outcome = runner
+        .finish(settle, max_drain, |out| {
+            let answered = ReplyLine::read_all(&replies_file);
+            out.sent
+                .iter()
+                .all(|(id, _)| answered.iter().any(|r| r.mention_id() == *id))
+        })
+        .map_err(io(exe.clone()))?;
     let summary = analysis::analyse(&outcome, &ReplyLine::read_all(&replies), a.refresh_ms);
-    Ok(if report::print(&summary, a.seconds, &faults) {
+    if a.keep {
+        println!("  files kept in {}", tmp.keep().display());
+    }
+    let passed = match a.turn_ms {
+        Some(_) => report::print_turns(&summary, a.seconds, &faults, spec == 0),
+        None => report::print(&summary, a.seconds, &faults),
+    };
+    Ok(if passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

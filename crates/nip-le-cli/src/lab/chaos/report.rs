@@ -64,3 +64,52 @@ pub fn print(s: &Summary, secs: u64, faults: &str) -> bool {
     println!("chaos passed: no split-brain beyond the NIP's own rules");
     true
 }
+
+/// The report of a run with agent turns: per mention, exactly once,
+/// duplicated, missed, and the mention → reply latency. Fails on any
+/// duplicate among extended instances, and on any miss when every instance
+/// was extended (`extended_only`): with spec-only instances in the cluster
+/// a miss may be the NIP's own (a spec leader answers only what was
+/// published after it began to lead).
+pub fn print_turns(s: &Summary, secs: u64, faults: &str, extended_only: bool) -> bool {
+    let p = |q: f64| {
+        s.latencies
+            .get(((s.latencies.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    let duplicated = s.dup_forced + s.dup_unexplained;
+    println!();
+    println!("summary ({secs} s of faults, then drained)");
+    println!("  faults: {faults}");
+    let row = |k: &str, v: String| println!("  {k:<52} {v:>10}");
+    row("mentions sent", s.sent.to_string());
+    row("answered exactly once", s.once.to_string());
+    row("duplicated", duplicated.to_string());
+    row(
+        "  of which with a spec-only replier",
+        s.dup_with_spec.to_string(),
+    );
+    row("missed", s.missed.to_string());
+    row(
+        "mention → reply latency p50 / p99 (ms)",
+        format!("{} / {}", p(0.5), p(0.99)),
+    );
+    let extended_dups = duplicated - s.dup_with_spec;
+    if !s.missing.is_empty() {
+        println!("  missed: {}", s.missing.join(", "));
+    }
+    let fail_missed = extended_only && s.missed > 0;
+    if extended_dups > 0 || fail_missed {
+        for u in s.unexplained.iter().take(10) {
+            println!("  duplicate: {u}");
+        }
+        println!(
+            "chaos FAILED: {extended_dups} duplicated among extended instances, {} missed",
+            s.missed
+        );
+        return false;
+    }
+    println!("chaos passed: every mention answered exactly once");
+    true
+}

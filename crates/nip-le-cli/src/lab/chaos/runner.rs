@@ -73,7 +73,7 @@ impl Runner {
         let mut per_mode = HashMap::new();
         for mode in [Mode::Extended, Mode::Spec] {
             let mut o = opts.clone();
-            o.extra_args = vec!["--mode".into(), mode.as_str().into()];
+            o.extra_args.extend(["--mode".into(), mode.as_str().into()]);
             per_mode.insert(mode, o);
         }
         let mut r = Self {
@@ -251,15 +251,34 @@ impl Runner {
         Ok(())
     }
 
-    /// Resumes everything, lets the cluster settle for `settle`, stops every
-    /// instance and returns what was recorded.
-    pub fn finish(mut self, settle: Duration) -> Outcome {
+    /// Resumes everything and restarts what was killed, lets the cluster
+    /// settle for `settle` and then until `drained` says so (at most
+    /// `max_drain` more), stops every instance and returns what was
+    /// recorded.
+    pub fn finish(
+        mut self,
+        settle: Duration,
+        max_drain: Duration,
+        drained: impl Fn(&Outcome) -> bool,
+    ) -> std::io::Result<Outcome> {
         for slot in self.slots.iter_mut() {
             if slot.stopped_since.is_some() {
                 cont(slot);
             }
         }
+        for i in 0..self.slots.len() {
+            if self.slots[i].inst.is_none() {
+                let (inst, life) = self.spawn(self.slots[i].mode, i)?;
+                self.slots[i].inst = Some(inst);
+                self.slots[i].lives.push(life);
+                self.slots[i].restart_at = None;
+            }
+        }
         std::thread::sleep(settle);
+        let end = Instant::now() + max_drain;
+        while Instant::now() < end && !drained(&self.out) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         for slot in self.slots.iter_mut() {
             record_views(slot);
             if let Some(mut inst) = slot.inst.take() {
@@ -270,7 +289,7 @@ impl Runner {
             }
         }
         self.out.lives = self.slots.into_iter().flat_map(|s| s.lives).collect();
-        self.out
+        Ok(self.out)
     }
 }
 
