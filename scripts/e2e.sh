@@ -17,6 +17,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== end-to-end (3 windows, WebKitWebDriver, Xvfb); screenshots in target/e2e-artifacts"
 start=$(date +%s)
+rm -rf "${E2E_ARTIFACTS:-target/e2e-artifacts}"
 # A private display unless the caller provides one.
 env -u DISPLAY node --test --test-concurrency=1 e2e/
 echo "end-to-end suite took $(( $(date +%s) - start )) s"

@@ -11,7 +11,7 @@ import {
 } from 'tauri-plugin-leader-election-api'
 
 type Agent = { name: string; pubkey: string }
-type Config = { agents: Agent[]; feedDir: string; staleMs: number; refreshMs: number; instanceId: string; pid: number }
+type Config = { agents: Agent[]; feedDir: string; staleMs: number; refreshMs: number; turnMs: number; instanceId: string; pid: number }
 type Mention = { id: string; agent: string; text: string; from: string; atMs: number }
 type Reply = { mention: string; agent: string; instanceId: string; atMs: number }
 
@@ -21,8 +21,15 @@ const short = (id: string | null | undefined): string => (id ? id.slice(0, 8) : 
 let config: Config
 let gate: LeaderGate
 let statuses = new Map<string, ElectionStatus>()
-const seenMentions: Mention[] = []
 const reacted = new Set<string>()
+/** Every window queues every mention, per agent, in arrival order. */
+const queues = new Map<string, Mention[]>()
+/** The mention whose agent turn is running in this window, per agent. */
+const thinking = new Map<string, string>()
+/** Agents whose queue is being worked right now. */
+const working = new Set<string>()
+/** Per agent, the leadership the queue was last filtered for. */
+const filteredFor = new Map<string, number>()
 let openMenu: string | null = null
 
 function toast(text: string): void {
@@ -122,12 +129,94 @@ async function refreshStatus(): Promise<void> {
   renderStatus()
 }
 
+function queueOf(agent: string): Mention[] {
+  let q = queues.get(agent)
+  if (!q) {
+    q = []
+    queues.set(agent, q)
+  }
+  return q
+}
+
+function renderQueue(): void {
+  const ul = $('queue')
+  ul.replaceChildren()
+  for (const a of config.agents) {
+    for (const m of queueOf(a.pubkey)) {
+      const li = document.createElement('li')
+      li.dataset.testid = `queued-${m.id}`
+      const busy = thinking.get(a.pubkey) === m.id
+      li.className = busy ? 'thinking' : ''
+      li.textContent = `@${a.name}: ${m.text}${busy ? ' — thinking…' : ''}`
+      ul.append(li)
+    }
+  }
+}
+
+/** The simulated agent turn: `turnMs` of "thinking", given up the moment this window stops leading. */
+async function turn(agent: string): Promise<boolean> {
+  const end = Date.now() + config.turnMs
+  while (Date.now() < end) {
+    if (!gate.isLeader(agent)) return false
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  return gate.isLeader(agent)
+}
+
+/**
+ * Works `agent`'s queue while this window leads it, one turn at a time,
+ * through the work ledger: what is owed after a change of leader, a take
+ * before each turn, the reply, then done at once. Losing leadership mid-turn
+ * cancels the turn (the gate gives the mention back to the next leader).
+ */
+async function work(agent: string): Promise<void> {
+  if (working.has(agent)) return
+  working.add(agent)
+  try {
+    while (gate.isLeader(agent) && queueOf(agent).length > 0) {
+      const since = leaderSince.get(agent) ?? 0
+      if (filteredFor.get(agent) !== since) {
+        const q = queueOf(agent)
+        const owed = new Set(await gate.dispatchable(agent, q.map((m) => ({ id: m.id, publishedMs: m.atMs }))))
+        queues.set(agent, q.filter((m) => owed.has(m.id)))
+        filteredFor.set(agent, since)
+        renderQueue()
+        continue
+      }
+      const m = queueOf(agent)[0]
+      const taken = await gate.take(agent, m.id)
+      if (taken.outcome === 'done') {
+        queueOf(agent).shift()
+        continue
+      }
+      if (taken.outcome === 'not_leader') break
+      thinking.set(agent, m.id)
+      renderQueue()
+      const finished = await turn(agent)
+      thinking.delete(agent)
+      if (!finished) break
+      await invoke('reply', { mention: m.id, agent })
+      await gate.done(agent, m.id)
+      queueOf(agent).shift()
+      renderQueue()
+      await renderFeed()
+    }
+  } finally {
+    working.delete(agent)
+    renderQueue()
+  }
+}
+
+/** Since when (the change's atMs) this window has led each agent. */
+const leaderSince = new Map<string, number>()
+
 async function onMention(m: Mention): Promise<void> {
-  seenMentions.push(m)
+  queueOf(m.agent).push(m)
   // NIP-LE (b): only the leader adds the 👀 reaction at queue acceptance.
   if (gate.mayReact(m.agent)) reacted.add(m.id)
-  // NIP-LE (a): only the leader promotes the event to an agent prompt.
-  if (gate.mayDispatch(m.agent)) await invoke('reply', { mention: m.id, agent: m.agent })
+  renderQueue()
+  // NIP-LE (a): only the leader promotes queued events to agent turns.
+  void work(m.agent)
   await renderFeed()
 }
 
@@ -141,17 +230,31 @@ async function main(): Promise<void> {
   ;(window as unknown as { __leaderLog: LeadershipChange[] }).__leaderLog = log
   gate.subscribe((c: LeadershipChange) => {
     log.push(c)
+    if (c.isLeader) {
+      if (!leaderSince.has(c.pubkey)) leaderSince.set(c.pubkey, c.atMs)
+      void work(c.pubkey)
+    } else {
+      leaderSince.delete(c.pubkey)
+    }
     if (c.reason === 'claimed') toast(`This window now leads ${config.agents.find((a) => a.pubkey === c.pubkey)?.name}`)
     renderSidebar()
     void refreshStatus()
   })
-  gate.onCancelTurn((pubkey) => {
+  gate.onCancelTurn((pubkey, eventIds) => {
     const banner = $('banner')
-    banner.textContent = `Another window took over ${config.agents.find((a) => a.pubkey === pubkey)?.name}: this window's in-flight turn was cancelled.`
+    const gave = eventIds.length ? ` (${eventIds.length} mention${eventIds.length === 1 ? '' : 's'} handed back)` : ''
+    banner.textContent = `Another window took over ${config.agents.find((a) => a.pubkey === pubkey)?.name}: this window's in-flight turn was cancelled${gave}.`
     banner.dataset.testid = 'banner'
     banner.hidden = false
   })
   await listen<Mention>('demo://mention', (e) => void onMention(e.payload))
+  // As a client fetches recent events when it connects: queue them; the
+  // ledger says which are still owed when this window leads.
+  for (const m of (await invoke<{ mentions: Mention[] }>('feed_snapshot')).mentions) queueOf(m.agent).push(m)
+  for (const a of config.agents) if (gate.isLeader(a.pubkey)) {
+    leaderSince.set(a.pubkey, 0)
+    void work(a.pubkey)
+  }
 
   const composer = $('composer')
   for (const a of config.agents) {
@@ -173,6 +276,7 @@ async function main(): Promise<void> {
   $('close-window').onclick = () => void getCurrentWindow().close()
 
   renderSidebar()
+  renderQueue()
   await refreshStatus()
   await renderFeed()
   setInterval(() => void refreshStatus(), 1000)

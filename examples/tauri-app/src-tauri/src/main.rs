@@ -10,6 +10,7 @@
 //! * `BUZZ_DEMO_FEED_DIR`: where `mentions.jsonl` and `replies.jsonl` live
 //!   (default `<temp>/buzz-leader-election-demo`);
 //! * `BUZZ_DEMO_REFRESH_MS`, `BUZZ_DEMO_STALE_MS`, `BUZZ_DEMO_STAND_DOWN_MS`: timings;
+//! * `BUZZ_DEMO_TURN_MS`: how long a simulated agent turn takes (1500 ms);
 //! * `BUZZ_LEADER_LOCK_DIR`: the lock directory (default `~/.buzz/leader-locks`);
 //! * `BUZZ_DEMO_WINDOW_X`: the window's x position, to lay several side by side.
 
@@ -49,6 +50,7 @@ struct Demo {
     feed_dir: PathBuf,
     stale_ms: u64,
     refresh_ms: u64,
+    turn_ms: u64,
     counter: AtomicU64,
 }
 
@@ -101,6 +103,7 @@ fn demo_config(app: AppHandle, demo: State<'_, Demo>) -> Value {
         "feedDir": demo.feed_dir,
         "staleMs": demo.stale_ms,
         "refreshMs": demo.refresh_ms,
+        "turnMs": demo.turn_ms,
         "instanceId": app.leader_election().instance_id(),
         "pid": std::process::id(),
     })
@@ -123,8 +126,8 @@ fn send_mention(
     Ok(id)
 }
 
-/// Called by the frontend only when its `LeaderGate` says this window may
-/// dispatch: the "agent reply" of the simulation.
+/// Called by the frontend at the end of an agent turn it took through the
+/// work ledger: the "agent reply" of the simulation.
 #[tauri::command]
 fn reply(
     app: AppHandle,
@@ -273,6 +276,7 @@ fn main() {
             feed_dir,
             stale_ms,
             refresh_ms,
+            turn_ms: env_ms("BUZZ_DEMO_TURN_MS").map_or(1500, |d| d.as_millis() as u64),
             counter: AtomicU64::new(0),
         })
         .invoke_handler(tauri::generate_handler![

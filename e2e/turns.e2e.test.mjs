@@ -1,0 +1,123 @@
+// End-to-end: the work ledger across changes of leader, in real webviews.
+// Three example-app windows work one agent's queue with turns long enough
+// (1.2 s) to be interrupted: a claim mid-turn, a SIGKILL mid-turn and a
+// graceful close mid-turn. Every mention must be answered exactly once.
+
+import { after, before, test } from 'node:test'
+import assert from 'node:assert/strict'
+import fs from 'node:fs'
+import path from 'node:path'
+
+import { By } from 'selenium-webdriver'
+
+import {
+  SCOUT,
+  byTestId,
+  claimFrom,
+  launch,
+  leaders,
+  live,
+  replies,
+  screenshots,
+  sleep,
+  teardown,
+  tmp,
+  waitFor
+} from './harness.mjs'
+
+const TURN_MS = 1200
+const MENTIONS = 5
+
+before(() => launch(3, { BUZZ_DEMO_TURN_MS: String(TURN_MS) }, 'turns'))
+after(teardown)
+
+/** The mention `w` is in a turn on right now, if any. */
+async function thinkingOn(w) {
+  const busy = await w.driver.findElements(By.css('#queue li.thinking'))
+  if (busy.length === 0) return null
+  return (await busy[0].getAttribute('data-testid')).replace(/^queued-/, '')
+}
+
+/** Waits for the one leader of SCOUT to be in a turn; returns it and the mention. */
+async function leaderInTurn(what) {
+  return waitFor(what, 10_000, async () => {
+    const l = await leaders(SCOUT)
+    if (l.length !== 1) return null
+    const id = await thinkingOn(l[0])
+    return id ? { w: l[0], id } : null
+  })
+}
+
+/** The ids of the mentions sent for SCOUT, from the shared feed file. */
+function sentMentions() {
+  return fs
+    .readFileSync(path.join(tmp, 'feed', 'mentions.jsonl'), 'utf8')
+    .split('\n')
+    .filter((l) => l.trim())
+    .map((l) => JSON.parse(l))
+    .filter((m) => m.agent === SCOUT)
+    .map((m) => m.id)
+}
+
+function repliesPer(ids) {
+  const counts = new Map(ids.map((id) => [id, 0]))
+  for (const r of replies()) if (counts.has(r.mention)) counts.set(r.mention, counts.get(r.mention) + 1)
+  return counts
+}
+
+test('queued mentions survive a claim, a SIGKILL and a graceful close mid-turn, each answered exactly once', async () => {
+  const [first] = await waitFor('one leader of SCOUT', 5_000, async () => {
+    const l = await leaders(SCOUT)
+    return l.length === 1 ? l : null
+  })
+  const sender = live().find((w) => w !== first)
+  for (let i = 0; i < MENTIONS; i++) await sender.driver.findElement(byTestId(`send-${SCOUT}`)).click()
+  const ids = await waitFor(`${MENTIONS} mentions in the feed`, 5_000, async () => {
+    const ids = sentMentions()
+    return ids.length === MENTIONS ? ids : null
+  })
+
+  // 1. A claim mid-turn: the old leader cancels and hands its mention back.
+  const a = await leaderInTurn('the first leader to start a turn')
+  await screenshots('first-turn')
+  const claimer = live().find((w) => w !== a.w)
+  await claimFrom(claimer, SCOUT)
+  await waitFor('the claimer to lead', 3_000, async () => (await leaders(SCOUT))[0] === claimer)
+  const banner = await a.w.driver.findElement(byTestId('banner'))
+  await waitFor('the cancel banner', 3_000, async () => /handed back/.test(await banner.getText()))
+  console.log(`# claim while ${a.w.name} was on ${a.id}: ${await banner.getText()}`)
+
+  // 2. A SIGKILL mid-turn: the mention the dead window took is owed again.
+  const b = await leaderInTurn('the claimer to start a turn')
+  assert.equal(b.w, claimer)
+  await screenshots('claimer-turn')
+  process.kill(b.w.pid, 'SIGKILL')
+  b.w.alive = false
+  await b.w.driver.quit().catch(() => {})
+  console.log(`# SIGKILL of ${b.w.name} while on ${b.id}`)
+
+  // 3. A graceful close mid-turn: the last window finishes the queue.
+  const c = await leaderInTurn('a survivor to start a turn')
+  await screenshots('survivor-turn')
+  const closing = c.w.driver.findElement(byTestId('close-window')).click().catch(() => {})
+  c.w.alive = false
+  await closing
+  await c.w.driver.quit().catch(() => {})
+  console.log(`# graceful close of ${c.w.name} while on ${c.id}`)
+
+  const [last] = live()
+  await waitFor('every mention to be answered', MENTIONS * TURN_MS + 15_000, async () =>
+    [...repliesPer(ids).values()].every((n) => n >= 1)
+  )
+  // No late duplicate: the last window's queue runs dry and stays answered once.
+  await waitFor('the last queue to run dry', 5_000, async () => (await last.driver.findElements(By.css('#queue li'))).length === 0)
+  await sleep(TURN_MS)
+  const counts = repliesPer(ids)
+  assert.ok([...counts.values()].every((n) => n === 1), `replies per mention: ${JSON.stringify([...counts])}`)
+  await screenshots('all-answered')
+  const rendered = await waitFor('the last window to render every reply', 5_000, async () => {
+    for (const id of ids) if ((await last.driver.findElement(byTestId(`mention-${id}`)).getAttribute('data-replies')) !== '1') return null
+    return true
+  })
+  assert.ok(rendered)
+})
