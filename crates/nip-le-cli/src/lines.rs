@@ -41,12 +41,12 @@ pub enum Line {
         /// When, unix ms.
         at_ms: u64,
     },
-    /// `--turn-ms`: a turn ended.
+    /// `--turn-ms`: a turn began (the take was granted) or ended.
     Turn {
         /// The mention's id.
         id: Value,
-        /// `replied`, or `cancelled` (leadership was lost mid-turn: the
-        /// mention is owed to the next leader).
+        /// `started`, then `replied` or `cancelled` (leadership was lost
+        /// mid-turn: the mention is owed to the next leader).
         outcome: TurnOutcome,
         /// The fencing epoch the mention was taken at, when one applies.
         #[serde(default)]
@@ -87,10 +87,12 @@ pub enum Line {
     Stopped,
 }
 
-/// How a turn ended.
+/// Where a turn is: begun, or how it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnOutcome {
+    /// The ledger granted the take: the simulated agent works from now.
+    Started,
     /// The reply was appended and recorded as done.
     Replied,
     /// Leadership was lost (or fenced) mid-turn: no reply, given back.

@@ -75,8 +75,7 @@ fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
-/// Whether `inst` reported starting a turn (a take) and has not ended it:
-/// approximated by "it leads and has queued mentions".
+/// The one leader's index.
 fn leader_index(insts: &[Instance]) -> usize {
     let l = leaders(insts);
     assert_eq!(l.len(), 1, "{l:?}");
@@ -88,6 +87,20 @@ fn turns_of(inst: &Instance, outcome: TurnOutcome) -> usize {
         .iter()
         .filter(|r| matches!(&r.line, Line::Turn { outcome: o, .. } if *o == outcome))
         .count()
+}
+
+/// Waits until `inst` reports, after `cursor`, that a turn began.
+fn wait_turn_started(inst: &Instance, cursor: usize) {
+    let started = inst.wait_after(cursor, Duration::from_secs(5), |r| {
+        matches!(
+            &r.line,
+            Line::Turn {
+                outcome: TurnOutcome::Started,
+                ..
+            }
+        )
+    });
+    assert!(started.is_some(), "{} started no turn", inst.instance_id);
 }
 
 fn wait_answered(feed: &Feed, all: &[String], within: Duration) {
@@ -109,14 +122,15 @@ fn sigkill_mid_turn_hands_the_turn_to_the_next_leader() {
         .map(|i| s.spawn_with(&format!("i{i}"), feed.opts(&s, 300)))
         .collect();
     assert!(wait_until(Duration::from_secs(5), || leaders(&insts).len() == 1));
+    let mut insts = insts;
+    let l = leader_index(&insts);
+    let c = insts[l].cursor();
     let all = ids("k", 4);
     for id in &all {
         feed.mention(id);
     }
-    // Mid-way through the first turn, the leader dies.
-    std::thread::sleep(Duration::from_millis(150));
-    let mut insts = insts;
-    let l = leader_index(&insts);
+    // In the first turn, the leader dies.
+    wait_turn_started(&insts[l], c);
     insts[l].kill_and_reap().unwrap();
     wait_answered(&feed, &all, Duration::from_secs(10));
 }
@@ -129,13 +143,14 @@ fn a_claim_mid_turn_cancels_it_and_the_claimant_answers() {
         .map(|i| s.spawn_with(&format!("i{i}"), feed.opts(&s, 400)))
         .collect();
     assert!(wait_until(Duration::from_secs(5), || leaders(&insts).len() == 1));
+    let old = leader_index(&insts);
+    let new = 1 - old;
+    let c = insts[old].cursor();
     let all = ids("c", 3);
     for id in &all {
         feed.mention(id);
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let old = leader_index(&insts);
-    let new = 1 - old;
+    wait_turn_started(&insts[old], c);
     insts[new].send("claim").unwrap();
     wait_answered(&feed, &all, Duration::from_secs(10));
     assert!(
@@ -163,11 +178,12 @@ fn a_resumed_hung_leader_is_fenced_and_does_not_answer_again() {
         .collect();
     assert!(wait_until(Duration::from_secs(5), || leaders(&insts).len() == 1));
     let l = leader_index(&insts);
+    let c = insts[l].cursor();
     let all = ids("h", 2);
     for id in &all {
         feed.mention(id);
     }
-    std::thread::sleep(Duration::from_millis(200));
+    wait_turn_started(&insts[l], c);
     // Hung mid-turn, past the stale bound: the other takes over and answers.
     insts[l].signal(libc::SIGSTOP).unwrap();
     assert!(
@@ -176,8 +192,23 @@ fn a_resumed_hung_leader_is_fenced_and_does_not_answer_again() {
         feed.replies()
     );
     // Resumed: its turn is over by its clock, but it is fenced.
+    let c = insts[l].cursor();
     insts[l].signal(libc::SIGCONT).unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    let ended = insts[l].wait_after(
+        c,
+        Duration::from_secs(5),
+        |r| matches!(&r.line, Line::Turn { outcome: o, .. } if *o != TurnOutcome::Started),
+    );
+    assert!(
+        matches!(
+            ended.map(|r| r.line),
+            Some(Line::Turn {
+                outcome: TurnOutcome::Cancelled,
+                ..
+            })
+        ),
+        "the resumed leader's turn did not end cancelled"
+    );
     feed.assert_exactly_once(&all);
 }
 

@@ -358,6 +358,22 @@ fn append_reply(replies: &Path, mention: &Value, id: &InstanceId) -> std::io::Re
     f.write_all(line.as_bytes())
 }
 
+/// Sends a `turn` line; false once the main loop is gone.
+fn report_turn(
+    tx: &mpsc::Sender<Msg>,
+    id: &Value,
+    outcome: TurnOutcome,
+    epoch: Option<u64>,
+) -> bool {
+    let line = Line::Turn {
+        id: id.clone(),
+        outcome,
+        epoch,
+        at_ms: unix_ms(),
+    };
+    tx.send(Msg::Report(line)).is_ok()
+}
+
 /// `--turn-ms`: the mention feed worked as an agent would, one turn at a
 /// time, through the work ledger.
 struct Turns {
@@ -433,17 +449,14 @@ impl Turns {
                 }
                 Ok(TakeOutcome::NotLeader) | Err(_) => continue,
             };
+            if !report_turn(tx, &raw, TurnOutcome::Started, epoch) {
+                return;
+            }
             let outcome = self.turn(&raw, &e.id);
             if outcome == TurnOutcome::Replied {
                 queue.pop_front();
             }
-            let line = Line::Turn {
-                id: raw,
-                outcome,
-                epoch,
-                at_ms: unix_ms(),
-            };
-            if tx.send(Msg::Report(line)).is_err() {
+            if !report_turn(tx, &raw, outcome, epoch) {
                 return;
             }
         }
