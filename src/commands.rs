@@ -103,3 +103,54 @@ pub(crate) async fn owed<R: Runtime>(
 ) -> Result<Vec<String>> {
     blocking(&app, move |le| le.owed(&pubkey, &queue)).await
 }
+
+#[cfg(test)]
+mod tests {
+    /// The commands that may run on the main thread: each only reads the
+    /// engine's published snapshot.
+    const SNAPSHOT_READS: &[&str] = &["is_leader", "instance_id", "status"];
+
+    /// Every other command is `async` and waits for the writer on the
+    /// blocking pool, so no command does (or waits for) file I/O on the main
+    /// thread. A new synchronous command fails this test.
+    #[test]
+    fn only_snapshot_reads_run_on_the_main_thread() {
+        let src = include_str!("commands.rs");
+        let src = &src[..src.find("#[cfg(test)]").unwrap()];
+        let mut names = Vec::new();
+        for item in src.split("#[command]").skip(1) {
+            let sig = item.trim_start();
+            let name = sig
+                .split("fn ")
+                .nth(1)
+                .and_then(|r| r.split('<').next())
+                .unwrap();
+            let body = &sig[..sig.find("\n}\n").unwrap()];
+            if sig.starts_with("pub(crate) async fn") {
+                assert!(
+                    body.contains("blocking(&app"),
+                    "{name} is async but does not use the blocking pool"
+                );
+            } else {
+                assert!(
+                    SNAPSHOT_READS.contains(&name),
+                    "{name} is synchronous: it would run on the main thread"
+                );
+            }
+            names.push(name);
+        }
+        // Every registered command was looked at.
+        let lib = include_str!("lib.rs");
+        for registered in lib.split("commands::").skip(1) {
+            let name = registered
+                .split(|c: char| !c.is_alphanumeric() && c != '_')
+                .next()
+                .unwrap();
+            assert!(
+                names.contains(&name),
+                "{name} is registered but not in commands.rs"
+            );
+        }
+        assert!(names.len() >= 12, "{names:?}");
+    }
+}

@@ -78,6 +78,7 @@ pub struct Builder {
     stale: Option<Duration>,
     stand_down: Option<Duration>,
     lock_wait: Option<Duration>,
+    work_retention: Option<Duration>,
     mode: Option<Mode>,
     agents: Vec<String>,
     election_id: Option<String>,
@@ -117,6 +118,14 @@ impl Builder {
     /// Longest wait for a peer's exclusive file lock; below the refresh.
     pub fn lock_wait(mut self, d: Duration) -> Self {
         self.lock_wait = Some(d);
+        self
+    }
+
+    /// How long the work ledger remembers a taken or done event (24 h by
+    /// default): keep it above the age of the oldest event a window fetches
+    /// when it connects, or such an event is owed (answered) again.
+    pub fn work_retention(mut self, d: Duration) -> Self {
+        self.work_retention = Some(d);
         self
     }
 
@@ -164,6 +173,9 @@ impl Builder {
         }
         if let Some(d) = self.lock_wait {
             c.lock_wait = d;
+        }
+        if let Some(d) = self.work_retention {
+            c.work_retention = d;
         }
         if let Some(m) = self.mode {
             c.mode = m;

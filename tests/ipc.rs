@@ -331,6 +331,17 @@ fn bad_builder_config_fails_setup_with_a_clear_error() {
         )
         .build(mock_context(noop_assets()));
     assert!(format!("{}", r.expect_err("setup must fail")).contains("stale"));
+    let r = Builder::new()
+        .lock_dir(tmp.path())
+        .work_retention(Duration::ZERO)
+        .config();
+    assert!(format!("{}", r.expect_err("zero retention")).contains("work_retention"));
+    let c = Builder::new()
+        .lock_dir(tmp.path())
+        .work_retention(Duration::from_secs(60))
+        .config()
+        .unwrap();
+    assert_eq!(c.work_retention, Duration::from_secs(60));
     assert_eq!(
         std::fs::read_dir(tmp.path()).unwrap().count(),
         0,
