@@ -34,7 +34,9 @@
 //! twice the live entries, and a file over [`MAX_LEDGER_BYTES`] is not read.
 //! A ledger that cannot be read (missing is fine: it is empty) never
 //! silences the agent: the holder dispatches without it, as the NIP's
-//! fail-safe would, and says so in a warning.
+//! fail-safe would, and says so in a warning. It is then owed what was
+//! published since it became leader (as after a predecessor that kept no
+//! ledger), not the whole backlog again.
 
 use std::collections::HashMap;
 use std::fs::File;

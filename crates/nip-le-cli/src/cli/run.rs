@@ -402,7 +402,11 @@ impl Turns {
     fn run(&self, tx: &mpsc::Sender<Msg>) {
         let mut feed = FeedFollower::from_offset(&self.mentions, 0);
         let mut queue: std::collections::VecDeque<(Value, QueuedEvent)> = Default::default();
+        // The queue is filtered through `owed` once per leadership period:
+        // `filtered` drops whenever we do not lead (the engine's flag, which
+        // can be ahead of `leader_since`, set by the change thread).
         let mut filtered_since = u64::MAX;
+        let mut filtered = false;
         loop {
             for v in feed.poll() {
                 let Ok(m) = serde_json::from_value::<MentionLine>(v) else {
@@ -423,16 +427,19 @@ impl Turns {
                 }
                 queue.push_back((m.id, e));
             }
+            if !self.work.may_act() {
+                filtered = false;
+            }
             if !self.work.may_act() || queue.is_empty() {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
             let since = self.leader_since.load(Ordering::SeqCst);
-            if since != filtered_since {
+            if !filtered || since != filtered_since {
                 let events: Vec<QueuedEvent> = queue.iter().map(|(_, e)| e.clone()).collect();
                 if let Ok(owed) = self.work.owed(&events) {
                     queue.retain(|(_, e)| owed.contains(&e.id));
-                    filtered_since = since;
+                    (filtered, filtered_since) = (true, since);
                 }
                 continue;
             }
