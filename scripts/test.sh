@@ -62,6 +62,17 @@ if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E 
 fi
 
 echo "== cargo publish --dry-run (engine and plugin)"
+# Cargo extracts the packaged engine into its registry cache, never
+# re-extracts the same version and never rebuilds a registry crate, so a
+# second run would verify the plugin against a stale engine: drop those
+# extractions (the local overlay's directories are the ones named "-<hash>")
+# and the fingerprints of the engine built from them.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/nip-le-*
+target_dir=${CARGO_TARGET_DIR:-target}
+for d in $(grep -l 'registry/src/-' "$target_dir"/debug/deps/nip_le-*.d 2>/dev/null); do
+  h=${d##*/nip_le-}
+  rm -rf "$target_dir/debug/.fingerprint/nip-le-${h%.d}"
+done
 cargo publish --dry-run --allow-dirty -p nip-le -p tauri-plugin-leader-election
 
 echo "== cargo build of the example app"
