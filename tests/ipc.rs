@@ -218,15 +218,15 @@ fn errors_are_typed_never_panics() {
     assert_eq!(e["kind"], "notJoined");
     // A missing argument is Tauri's own error, still not a panic.
     assert!(w.invoke("is_leader", json!({})).is_err());
-    // Nothing but our lock file and our presence file in the lock dir: the
-    // hostile keys touched no file.
+    // Nothing but our lock file, its epoch mark and our presence file in
+    // the lock dir: the hostile keys touched no file.
     for entry in std::fs::read_dir(tmp.path()).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         // Our presence: the shared slot file (Linux) or a file of our own.
         let presence =
             name == "presence.live" || nip_le::presence::departed_token_of_name(&name).is_some();
         assert!(
-            name == format!("{KEY}.lock") || presence,
+            name == format!("{KEY}.lock") || name == format!("{KEY}.epoch") || presence,
             "unexpected file {name}"
         );
     }

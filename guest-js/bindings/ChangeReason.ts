@@ -3,4 +3,4 @@
 /**
  * Why this instance's view of a key's leadership changed.
  */
-export type ChangeReason = "acquired" | "failover" | "claimed" | "fail_safe" | "observer" | "lost" | "stood_down" | "released" | "handed_over";
+export type ChangeReason = "acquired" | "failover" | "claimed" | "fail_safe" | "observer" | "lost" | "stood_down" | "released" | "handed_over" | "fenced" | "unfenced";

@@ -24,9 +24,9 @@ leaderInstanceId: string | null,
 reason: ChangeReason, 
 /**
  * True when this window must abort its in-flight agent turn now
- * (hard-steal: NIP-AO `cancel_turn`). Same as
- * [`ChangeReason::must_cancel_turn`], carried so that no reader has to
- * know the rule.
+ * (hard-steal: NIP-AO `cancel_turn`): we acted as leader until this
+ * change and [`ChangeReason::must_cancel_turn`] holds. Carried so that
+ * no reader has to know the rule.
  */
 mustCancelTurn: boolean, 
 /**

@@ -41,6 +41,7 @@ pub mod config;
 pub mod control;
 pub mod election;
 pub mod elector;
+pub mod epoch;
 pub mod error;
 pub mod identity;
 pub mod ledger;

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Largest lock file we read. A real record is ~120 bytes; anything beyond
@@ -169,9 +169,12 @@ impl LockContent {
     }
 }
 
-/// Formats an instant as the harness does: RFC 3339, UTC, `Z` suffix.
+/// Formats an instant exactly as the harness does (chrono's default RFC
+/// 3339: UTC as `+00:00`, as many fraction digits as the instant needs,
+/// e.g. `2026-06-15T00:00:00.123456789+00:00`), so a record of ours is
+/// byte-identical to the harness's for the same holder and time.
 pub fn format_claimed_at(t: SystemTime) -> String {
-    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Millis, true)
+    DateTime::<Utc>::from(t).to_rfc3339()
 }
 
 /// Extension fields our extended mode adds after the three NIP fields.
@@ -244,6 +247,38 @@ mod tests {
     }
 
     #[test]
+    fn spec_records_are_byte_identical_to_the_harness() {
+        // The harness serialises this struct with serde_json and chrono's
+        // default `to_rfc3339()` (INTEROP.md): same field order, same time
+        // format (as many fraction digits as needed, `+00:00`).
+        #[derive(serde::Serialize)]
+        struct HarnessRecord {
+            instance_id: String,
+            pid: u32,
+            claimed_at: String,
+        }
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_781_481_600);
+        for t in [
+            t0,
+            t0 + Duration::from_millis(123),
+            t0 + Duration::from_nanos(123_456_789),
+            SystemTime::now(),
+        ] {
+            let harness = serde_json::to_vec(&HarnessRecord {
+                instance_id: "4242-1718409600000000000".into(),
+                pid: 4242,
+                claimed_at: DateTime::<Utc>::from(t).to_rfc3339(),
+            })
+            .unwrap();
+            assert_eq!(
+                String::from_utf8(encode_record("4242-1718409600000000000", 4242, t, None))
+                    .unwrap(),
+                String::from_utf8(harness).unwrap()
+            );
+        }
+    }
+
+    #[test]
     fn accepts_unix_seconds_and_unknown_fields() {
         let a = rec(r#"{"instance_id":"x","pid":1,"claimed_at":1781481600}"#);
         let b = rec(
@@ -304,7 +339,7 @@ mod tests {
         let bytes = encode_record("inst-1", 4242, t, None);
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),
-            r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250Z"}"#
+            r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250+00:00"}"#
         );
         // And it reads back to the same record.
         let r = rec(std::str::from_utf8(&bytes).unwrap());
@@ -324,7 +359,7 @@ mod tests {
         let bytes = encode_record("inst-1", 4242, t, Some(ext));
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),
-            r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250Z","epoch":7,"live":"1234-0123456789abcdef"}"#
+            r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250+00:00","epoch":7,"live":"1234-0123456789abcdef"}"#
         );
         let r = rec(std::str::from_utf8(&bytes).unwrap());
         assert_eq!(

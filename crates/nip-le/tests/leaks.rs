@@ -55,8 +55,8 @@ fn threads_and_fds_stay_flat_across_join_leave_and_return_after_shutdown() {
     println!("threads {t0} → {t1} → {t2} → {t3}; fds {f0} → {f1} → {f2} → {f3}");
     assert_eq!(t3, t0, "threads after shutdown");
     assert_eq!(f3, f0, "open files after shutdown");
-    // Nothing of ours is left in the lock directory but the lock file and
-    // the shared presence file, whose slots are all free.
+    // Nothing of ours is left in the lock directory but the lock file, its
+    // epoch mark and the shared presence file, whose slots are all free.
     let mut names: Vec<String> = std::fs::read_dir(tmp.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -64,7 +64,11 @@ fn threads_and_fds_stay_flat_across_join_leave_and_return_after_shutdown() {
     names.sort();
     assert_eq!(
         names,
-        vec![format!("{}.lock", k.as_str()), "presence.live".to_owned()]
+        vec![
+            format!("{}.epoch", k.as_str()),
+            format!("{}.lock", k.as_str()),
+            "presence.live".to_owned()
+        ]
     );
     assert!(nip_le::presence::live_siblings(tmp.path(), &k, "").is_empty());
 }

@@ -56,6 +56,13 @@ pub struct RunArgs {
     /// leadership cancels the turn in flight.
     #[arg(long, requires = "mentions")]
     turn_ms: Option<u64>,
+    /// A file of NIP-AO control frames (JSON lines) standing in for the
+    /// relay: followed from its end, each `claim_leadership` frame is
+    /// handled as if the relay had delivered it, and the `claim` command
+    /// appends the frame naming this instance, as Buzz's desktop sends it.
+    /// Spec instances learn of a claim no other way.
+    #[arg(long)]
+    relay: Option<PathBuf>,
 }
 
 enum Msg {
@@ -70,6 +77,8 @@ enum Msg {
     },
     /// `--turn-ms`: a line to print as is.
     Report(Line),
+    /// `--relay`: a control frame the relay delivered.
+    Relay(String),
 }
 
 fn emit(line: &Line) {
@@ -125,6 +134,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     });
     elector.join_all(&keys)?;
     read_stdin(tx.clone());
+    if let Some(relay) = &a.relay {
+        follow_relay(FeedFollower::from_end(relay), tx.clone());
+    }
     if let (Some(m), Some(r)) = (a.mentions, a.replies) {
         let tx = tx.clone();
         match a.turn_ms {
@@ -153,7 +165,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
         }
     }
     drop(tx);
-    serve(elector, pubkey, rx);
+    serve(elector, pubkey, a.relay.as_deref(), rx);
     emit(&Line::Stopped);
     Ok(ExitCode::SUCCESS)
 }
@@ -202,8 +214,34 @@ fn read_stdin(tx: mpsc::Sender<Msg>) {
     });
 }
 
+/// `--relay`: every frame appended to the relay file reaches every
+/// instance, ours included, as the relay fans frames out.
+fn follow_relay(mut relay: FeedFollower, tx: mpsc::Sender<Msg>) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_millis(5));
+        for v in relay.poll() {
+            if tx.send(Msg::Relay(v.to_string())).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// `--relay`: sends the claim as the desktop does, one appended line.
+fn send_claim_frame(relay: &Path, id: &InstanceId) -> std::io::Result<()> {
+    let frame = serde_json::json!({
+        "type": nip_le::control::CLAIM_LEADERSHIP,
+        "targetInstanceId": id.as_str(),
+    });
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(relay)?
+        .write_all(format!("{frame}\n").as_bytes())
+}
+
 /// The main loop: the one writer of stdout.
-fn serve(elector: Elector, pubkey: AgentPubkey, rx: mpsc::Receiver<Msg>) {
+fn serve(elector: Elector, pubkey: AgentPubkey, relay: Option<&Path>, rx: mpsc::Receiver<Msg>) {
     let (mut seen, mut replied) = (0u64, 0u64);
     let mut elector = Some(elector);
     for msg in rx {
@@ -236,11 +274,31 @@ fn serve(elector: Elector, pubkey: AgentPubkey, rx: mpsc::Receiver<Msg>) {
             }
             Msg::Line(line) => {
                 if let Some(e) = elector.as_ref() {
-                    if let Some(out) = command(e, &pubkey, line.trim(), seen, replied) {
+                    let line = line.trim();
+                    if let Some(out) = command(e, &pubkey, line, seen, replied) {
                         emit(&out);
+                    }
+                    if let (Some(relay), "claim") = (relay, line) {
+                        if let Err(err) = send_claim_frame(relay, e.instance_id()) {
+                            emit(&Line::Error {
+                                message: format!("relay {}: {err}", relay.display()),
+                            });
+                        }
                     }
                 }
             }
+            Msg::Relay(frame) => match elector
+                .as_ref()
+                .map(|e| e.handle_control_frame(&pubkey, &frame))
+            {
+                Some(Ok(Some(result))) => emit(&Line::ControlResult {
+                    result: Some(result),
+                }),
+                Some(Err(err)) => emit(&Line::Error {
+                    message: format!("relay frame: {err}"),
+                }),
+                _ => {}
+            },
             Msg::Signal => {
                 // Release, then let the change thread drain: it ends with
                 // ChangesClosed once the elector is gone.

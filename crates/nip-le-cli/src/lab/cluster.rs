@@ -31,6 +31,8 @@ pub struct RunOptions {
     pub stand_down_ms: Option<u64>,
     /// `--mentions FILE --replies FILE`, when set.
     pub feed: Option<(PathBuf, PathBuf)>,
+    /// `--relay FILE` (the relay's fan-out of control frames), when set.
+    pub relay: Option<PathBuf>,
     /// Extra arguments appended to `run`.
     pub extra_args: Vec<String>,
 }
@@ -46,8 +48,16 @@ impl RunOptions {
             stale_ms: None,
             stand_down_ms: None,
             feed: None,
+            relay: None,
             extra_args: Vec::new(),
         }
+    }
+
+    /// Instances follow `path` as the relay: a claim reaches every one of
+    /// them as a `claim_leadership` frame, spec instances included.
+    pub fn relay(mut self, path: impl Into<PathBuf>) -> Self {
+        self.relay = Some(path.into());
+        self
     }
 
     /// Sets refresh, stale and stand-down in milliseconds.
@@ -77,6 +87,9 @@ impl RunOptions {
         }
         if let Some((m, r)) = &self.feed {
             c.arg("--mentions").arg(m).arg("--replies").arg(r);
+        }
+        if let Some(r) = &self.relay {
+            c.arg("--relay").arg(r);
         }
         if let Some(id) = instance_id {
             c.arg("--instance-id").arg(id);

@@ -323,6 +323,8 @@ impl Demo {
         );
         opts.extra_args = vec!["--mode".into(), cfg.mode.as_str().into()];
         opts.feed = Some((mentions.clone(), replies.clone()));
+        // Claims travel as the desktop sends them, through the relay.
+        opts.relay = Some(tmp.join("relay.jsonl"));
         Ok(Self {
             start: Instant::now(),
             instances: 3,

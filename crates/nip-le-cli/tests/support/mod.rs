@@ -49,11 +49,10 @@ impl Scratch {
     }
 
     pub fn opts(&self) -> RunOptions {
-        RunOptions::new(env!("CARGO_BIN_EXE_nip-le"), &self.lock_dir, self.pubkey).timings(
-            REFRESH_MS,
-            STALE_MS,
-            STAND_DOWN_MS,
-        )
+        RunOptions::new(env!("CARGO_BIN_EXE_nip-le"), &self.lock_dir, self.pubkey)
+            .timings(REFRESH_MS, STALE_MS, STAND_DOWN_MS)
+            // Claims travel as the desktop sends them, through the relay.
+            .relay(self.tmp.path().join("relay.jsonl"))
     }
 
     pub fn spawn(&self, name: &str) -> Instance {

@@ -104,6 +104,16 @@ impl KeyCell {
         until == ALWAYS_VALID || mono_nanos() < until
     }
 
+    /// How long until the self-fencing deadline, while we lead and one is
+    /// set (`None`: not leading, or never fenced).
+    pub(crate) fn fences_in(&self) -> Option<Duration> {
+        if !self.leader.load(Ordering::Acquire) {
+            return None;
+        }
+        let until = self.valid_until.load(Ordering::Acquire);
+        (until != ALWAYS_VALID).then(|| Duration::from_nanos(until.saturating_sub(mono_nanos())))
+    }
+
     /// Sets the flag; returns the previous value.
     pub(crate) fn set_leader(&self, leader: bool) -> bool {
         self.leader.swap(leader, Ordering::AcqRel)

@@ -227,6 +227,9 @@ pub(crate) struct KeyMachine {
     /// Extension: the last record seen and since when (our monotonic clock)
     /// it has not changed, to tell a hung holder from a slept machine.
     seen: Option<(LockRecord, Instant)>,
+    /// Extension: the `seen` instant whose hang was judged already (taken,
+    /// or left alone by the other rules), so its deadline is not due again.
+    hang_judged: Option<Instant>,
     /// Highest fencing epoch seen for this key.
     epoch: u64,
     observed: Observed,
@@ -247,6 +250,7 @@ impl KeyMachine {
             honoured: None,
             holds_lock: false,
             seen: None,
+            hang_judged: None,
             epoch: 0,
             observed: Observed::Nothing,
             last_error: None,
@@ -425,6 +429,9 @@ impl KeyMachine {
             });
         }
         let unchanged = self.unchanged_for(content, now.mono);
+        if unchanged > self.rules.stale {
+            self.hang_judged = self.seen.as_ref().map(|(_, since)| *since);
+        }
         election::takeable_extended(
             content,
             &self.our_id,
@@ -452,6 +459,38 @@ impl KeyMachine {
                 Duration::ZERO
             }
         }
+    }
+
+    /// Extension: when the holder's record, unchanged since we saw it
+    /// written, will have outlived the stale bound: the writer looks again
+    /// at that moment, not at its next tick, so a hung holder is judged on
+    /// time. `None` unless we watch another live participant's record.
+    pub(crate) fn hang_deadline(&self) -> Option<Instant> {
+        if !self.rules.extended || self.holds_lock {
+            return None;
+        }
+        let (r, since) = self.seen.as_ref()?;
+        (r.instance_id != *self.our_id && r.live.is_some() && self.hang_judged != Some(*since))
+            .then(|| *since + self.rules.stale + Duration::from_millis(1))
+    }
+
+    /// Extension: our own clock ran on while we could not look (the
+    /// process or the whole machine was paused: SIGSTOP, a frozen VM, a
+    /// cgroup freeze). The holder may have been paused with us, so that time
+    /// proves nothing against it: its record gets a fresh stale window from
+    /// `now`. A holder that stays silent is still replaced, one window
+    /// later.
+    pub(crate) fn forgive_pause(&mut self, now: Instant) {
+        if let Some((_, since)) = self.seen.as_mut() {
+            *since = now;
+        }
+    }
+
+    /// The store's high-water mark of issued epochs (extension): a new
+    /// holder's epoch is above it even when the record that carried the
+    /// last one was emptied or overwritten by a writer without epochs.
+    pub(crate) fn raise_epoch_floor(&mut self, floor: u64) {
+        self.epoch = self.epoch.max(floor);
     }
 
     /// The epoch for a new holder: one above every epoch seen for this key.

@@ -76,9 +76,15 @@ impl Elector {
     pub fn start(config: Config, id: InstanceId) -> Result<Self> {
         config.validate()?;
         let (dir, wait) = (config.lock_dir.clone(), config.lock_wait);
+        let extended = config.mode == crate::Mode::Extended;
         let stores: StoreFactory = Box::new(move |pk| {
-            Box::new(FileStore::new(&dir, lockfile::lock_path(&dir, pk), wait))
-                as Box<dyn LockStore>
+            let floor = extended.then(|| crate::epoch::epoch_path(&dir, pk));
+            Box::new(FileStore::new(
+                &dir,
+                lockfile::lock_path(&dir, pk),
+                wait,
+                floor,
+            )) as Box<dyn LockStore>
         });
         Self::start_with(config, id, stores)
     }
@@ -184,9 +190,14 @@ impl Elector {
     }
 
     /// The user's claim: "this instance wants to lead" (the sidebar's
-    /// claim). Co-located instances learn it through the local lead request,
-    /// without a relay: the holder stands down on its next look and we take
-    /// the lock on ours. Never evicts a live leader by force.
+    /// claim). In extended mode co-located instances learn it through the
+    /// local lead request, without a relay: the holder stands down on its
+    /// next look and we take the lock on ours. In spec mode (the plain NIP,
+    /// which touches nothing but the lock file) only the relay's
+    /// `claim_leadership` frame reaches the holder: send it, and the claim
+    /// completes when we take the lock the holder releases (`Pending` until
+    /// then, for at most the stand-down timeout). Never evicts a live
+    /// leader by force.
     pub fn claim(&self, pubkey: &AgentPubkey) -> Result<ClaimOutcome> {
         self.call(|r| Command::Claim(*pubkey, r))
     }
@@ -411,7 +422,10 @@ mod tests {
             self.note();
             self.inner.read()
         }
-        fn update(&mut self, decide: &mut dyn FnMut(&LockContent) -> Write) -> Result<Updated> {
+        fn update(
+            &mut self,
+            decide: &mut dyn FnMut(&LockContent, u64) -> Write,
+        ) -> Result<Updated> {
             self.note();
             self.inner.update(decide)
         }
@@ -430,7 +444,7 @@ mod tests {
             let (dir, t) = (tmp.path().to_owned(), Arc::clone(&threads));
             let stores: StoreFactory = Box::new(move |pk| {
                 Box::new(Recording {
-                    inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait),
+                    inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait, None),
                     threads: Arc::clone(&t),
                 }) as Box<dyn LockStore>
             });
@@ -461,5 +475,110 @@ mod tests {
                 "[{mode:?}] lock file I/O off the writer thread: {seen:?}"
             );
         }
+    }
+
+    /// A file store whose updates fail while `failing` is set, as on a
+    /// disk that returns EIO: no write of ours can succeed.
+    struct Failing {
+        inner: FileStore,
+        failing: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl LockStore for Failing {
+        fn read(&self) -> Result<LockContent> {
+            self.inner.read()
+        }
+        fn update(
+            &mut self,
+            decide: &mut dyn FnMut(&LockContent, u64) -> Write,
+        ) -> Result<Updated> {
+            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::io("lock", std::io::Error::other("injected EIO")));
+            }
+            self.inner.update(decide)
+        }
+    }
+
+    /// Whether `f` holds within `within`.
+    fn wait_for(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+        let end = std::time::Instant::now() + within;
+        while std::time::Instant::now() < end {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    /// The next change within `within`, if any.
+    fn next_change(
+        rx: &mut broadcast::Receiver<LeadershipChange>,
+        within: Duration,
+    ) -> Option<LeadershipChange> {
+        let end = std::time::Instant::now() + within;
+        while std::time::Instant::now() < end {
+            if let Ok(c) = rx.try_recv() {
+                return Some(c);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+
+    #[test]
+    fn fencing_and_unfencing_are_announced_and_agree_with_status() {
+        let tmp = tempfile::tempdir().unwrap();
+        // The validity (2.45 s after the last write) runs out half a
+        // refresh before the next tick: only a wake-up at the deadline
+        // itself announces the fencing in time.
+        let mut c = Config::new(tmp.path());
+        c.refresh = Duration::from_millis(1_000);
+        c.stale = Duration::from_millis(2_500);
+        c.lock_wait = Duration::from_millis(10);
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (dir, f) = (tmp.path().to_owned(), Arc::clone(&failing));
+        let stores: StoreFactory = Box::new(move |pk| {
+            Box::new(Failing {
+                inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait, None),
+                failing: Arc::clone(&f),
+            }) as Box<dyn LockStore>
+        });
+        let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores).unwrap();
+        let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
+        let mut rx = e.subscribe();
+        assert!(e.join(&k).unwrap());
+        let first = next_change(&mut rx, Duration::from_secs(1)).expect("join change");
+        assert!(first.is_leader);
+        failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        let flag = e.leader_flag(&k).unwrap();
+        assert!(
+            wait_for(Duration::from_secs(4), || !flag.is_leader()),
+            "never fenced"
+        );
+        let fenced_at = std::time::Instant::now();
+        let fenced = next_change(&mut rx, Duration::from_secs(2)).expect("no fenced change");
+        let lag = fenced_at.elapsed();
+        assert!(
+            lag < Duration::from_millis(300),
+            "fencing announced {lag:?} after is_leader turned false (at a tick, not at the deadline)"
+        );
+        assert_eq!(
+            (fenced.is_leader, fenced.reason, fenced.must_cancel_turn),
+            (false, ChangeReason::Fenced, true),
+            "{fenced:?}"
+        );
+        assert!(!e.is_leader(&k));
+        assert!(!e.status()[0].is_leader, "status and is_leader disagree");
+        failing.store(false, std::sync::atomic::Ordering::SeqCst);
+        let back = next_change(&mut rx, Duration::from_secs(3)).expect("no unfenced change");
+        assert_eq!(
+            (back.is_leader, back.reason, back.must_cancel_turn),
+            (true, ChangeReason::Unfenced, false),
+            "{back:?}"
+        );
+        assert!(e.is_leader(&k) && e.status()[0].is_leader);
+        // Nothing else: one change each way.
+        assert!(next_change(&mut rx, Duration::from_millis(300)).is_none());
     }
 }

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::epoch;
 use crate::error::Result;
 use crate::lockfile::{self, LockedFile};
 use crate::record::LockContent;
@@ -29,29 +30,37 @@ pub(crate) trait LockStore: Send {
     /// parses as malformed). An error means "unreadable".
     fn read(&self) -> Result<LockContent>;
 
-    /// Shows the current content to `decide` under the store's exclusion
-    /// and carries out what it returns. The exclusion is waited for at most
-    /// the configured lock wait; on timeout nothing changes.
-    fn update(&mut self, decide: &mut dyn FnMut(&LockContent) -> Write) -> Result<Updated>;
+    /// Shows the current content to `decide` under the store's exclusion,
+    /// with the highest fencing epoch the store has issued for the key (0
+    /// when it keeps none), and carries out what it returns. The exclusion
+    /// is waited for at most the configured lock wait; on timeout nothing
+    /// changes.
+    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated>;
 }
 
 /// The NIP's lock file, `<lock dir>/<pubkey>.lock`: the exclusive `flock` is
 /// taken on the file itself (never renamed, never unlinked), writes are in
 /// place, reads are capped and never follow a symlink (see
-/// [`crate::lockfile`]).
+/// [`crate::lockfile`]). Extension: the epoch's high-water mark beside it
+/// ([`crate::epoch`]), read and raised under the same `flock`.
 #[derive(Debug)]
 pub(crate) struct FileStore {
     dir: PathBuf,
     path: PathBuf,
     wait: Duration,
+    /// `<pubkey>.epoch`, in extended mode.
+    floor: Option<PathBuf>,
 }
 
 impl FileStore {
-    pub(crate) fn new(dir: &Path, path: PathBuf, wait: Duration) -> Self {
+    /// The lock file at `path` in `dir`; `floor` is the epoch mark's path
+    /// (extended mode) or `None` (spec mode: nothing but the lock file).
+    pub(crate) fn new(dir: &Path, path: PathBuf, wait: Duration, floor: Option<PathBuf>) -> Self {
         Self {
             dir: dir.to_owned(),
             path,
             wait,
+            floor,
         }
     }
 }
@@ -61,16 +70,26 @@ impl LockStore for FileStore {
         lockfile::read_unguarded(&self.path)
     }
 
-    fn update(&mut self, decide: &mut dyn FnMut(&LockContent) -> Write) -> Result<Updated> {
+    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated> {
         lockfile::ensure_dir(&self.dir)?;
         let mut f = LockedFile::open_and_lock(&self.path, self.wait)?;
         let content = f.read()?;
-        Ok(match decide(&content) {
+        let floor = self.floor.as_deref().map_or(0, epoch::read_floor);
+        Ok(match decide(&content, floor) {
             Write::Keep => Updated {
                 content,
                 wrote: false,
             },
             Write::Put(bytes) => {
+                let issued = LockContent::parse(&bytes).record().and_then(|r| r.epoch);
+                if let (Some(path), Some(e)) = (&self.floor, issued.filter(|e| *e > floor)) {
+                    // First the mark, then the record: a crash in between
+                    // leaves a gap in the epochs, never a repeat. A mark we
+                    // cannot write must not silence the agent.
+                    if let Err(err) = epoch::raise_floor(path, e) {
+                        tracing::warn!("cannot raise the epoch mark {}: {err}", path.display());
+                    }
+                }
                 f.write(&bytes)?;
                 Updated {
                     content: LockContent::parse(&bytes),

@@ -34,6 +34,15 @@ pub enum ChangeReason {
     /// Extension: the previous leader handed the lock straight to us
     /// (graceful exit, or its stand-down for a claim that named us).
     HandedOver,
+    /// Extension: we hold the lock but have gone longer than the stale
+    /// bound (our monotonic clock) without a successful write, so an
+    /// observer may already have judged us hung and taken over: we act on
+    /// nothing until a write of ours succeeds again. Cancel the in-flight
+    /// turn now.
+    Fenced,
+    /// Extension: a write of ours succeeded after we had fenced ourselves
+    /// (or confirmed a record handed to us): we act again.
+    Unfenced,
 }
 
 impl ChangeReason {
@@ -49,13 +58,24 @@ impl ChangeReason {
             ChangeReason::StoodDown => "stood_down",
             ChangeReason::Released => "released",
             ChangeReason::HandedOver => "handed_over",
+            ChangeReason::Fenced => "fenced",
+            ChangeReason::Unfenced => "unfenced",
         }
     }
 
     /// Whether the window must abort its in-flight agent turn (NIP-LE
-    /// hard-steal, via NIP-AO `cancel_turn`).
+    /// hard-steal, via NIP-AO `cancel_turn`): every way of ceasing to act
+    /// as leader, so that a turn never finishes after another window may
+    /// have begun it again. A change carries this only when we did act
+    /// before it.
     pub fn must_cancel_turn(self) -> bool {
-        matches!(self, ChangeReason::StoodDown)
+        matches!(
+            self,
+            ChangeReason::StoodDown
+                | ChangeReason::Lost
+                | ChangeReason::Fenced
+                | ChangeReason::Released
+        )
     }
 }
 
@@ -79,9 +99,9 @@ pub struct LeadershipChange {
     /// Why.
     pub reason: ChangeReason,
     /// True when this window must abort its in-flight agent turn now
-    /// (hard-steal: NIP-AO `cancel_turn`). Same as
-    /// [`ChangeReason::must_cancel_turn`], carried so that no reader has to
-    /// know the rule.
+    /// (hard-steal: NIP-AO `cancel_turn`): we acted as leader until this
+    /// change and [`ChangeReason::must_cancel_turn`] holds. Carried so that
+    /// no reader has to know the rule.
     pub must_cancel_turn: bool,
     /// Extension: the holder's fencing epoch, when its record carries one.
     /// It grows with every change of holder: tag work started as leader with

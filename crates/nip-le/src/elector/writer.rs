@@ -186,12 +186,21 @@ struct Key {
     replaced: Option<LockContent>,
     /// Extension: the work ledger, while we hold the lock at an epoch.
     work: Option<WorkState>,
+    /// Whether the last change we announced said we act as leader: what
+    /// `is_leader` answered then, self-fencing included.
+    reported: bool,
+    /// The reason of a gain we could not announce yet because we were
+    /// fenced (a handed-over record we could not confirm), told when a
+    /// write of ours unfences us.
+    withheld: Option<ChangeReason>,
 }
 
 /// The writer.
 pub(crate) struct Writer {
     ctx: Ctx,
     keys: BTreeMap<AgentPubkey, Key>,
+    /// When the last round of the loop began (see [`Writer::notice_pause`]).
+    last_round: Instant,
 }
 
 enum Flow {
@@ -244,6 +253,7 @@ impl Writer {
                 probed: RefCell::new(HashMap::new()),
             },
             keys: BTreeMap::new(),
+            last_round: Instant::now(),
         }
     }
 
@@ -255,6 +265,7 @@ impl Writer {
                 .next_tick()
                 .map(|t| t.saturating_duration_since(Instant::now()));
             let woken = self.ctx.sources.wait(timeout);
+            self.notice_pause();
             for c in woken.commands {
                 if let Flow::Stop = self.command(c) {
                     return;
@@ -263,7 +274,35 @@ impl Writer {
                 self.after_answer();
             }
             self.refresh_due(&woken.keys, woken.all);
+            for key in self.keys.values_mut() {
+                key.announce_fencing(&self.ctx);
+            }
             self.after_answer();
+        }
+    }
+
+    /// Extension: the loop wakes at least once per refresh, so a round that
+    /// begins much later than that means we were paused (or starved) and
+    /// could not look: every hang timer starts again, so that a cluster
+    /// paused and resumed together, in any order, keeps its leader. The
+    /// slack is half the margin between refresh and stale: any pause long
+    /// enough to make a live holder look hung is noticed.
+    fn notice_pause(&mut self) {
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(std::mem::replace(&mut self.last_round, now));
+        let rules = &self.ctx.rules;
+        if !rules.extended || self.keys.is_empty() {
+            return;
+        }
+        let slack = rules.stale.saturating_sub(rules.refresh) / 2;
+        if gap > rules.refresh + slack {
+            tracing::info!(
+                ?gap,
+                "the election task was paused: hang timers start again"
+            );
+            for key in self.keys.values_mut() {
+                key.m.forgive_pause(now);
+            }
         }
     }
 
@@ -283,8 +322,24 @@ impl Writer {
         }
     }
 
+    /// When the loop must wake next: the earliest tick, the moment a
+    /// holder we watch would count as hung, or the moment a key we
+    /// announced as led fences itself (each judged then, not at the next
+    /// tick).
     fn next_tick(&self) -> Option<Instant> {
-        self.keys.values().map(|k| k.next_tick).min()
+        let now = Instant::now();
+        self.keys
+            .values()
+            .map(|k| k.next_tick)
+            .chain(self.keys.values().filter_map(|k| k.m.hang_deadline()))
+            .chain(self.keys.values().filter_map(|k| {
+                // The coarse clock may lag the loop's by a tick of its own.
+                k.reported
+                    .then(|| k.cell.fences_in())
+                    .flatten()
+                    .map(|d| now + d + Duration::from_millis(5))
+            }))
+            .min()
     }
 
     /// Ticks every key that is due (or nearly: ticks are coalesced, a
@@ -294,12 +349,16 @@ impl Writer {
         // Ticks due within a few milliseconds are coalesced; never much
         // earlier, or a spec claimant would tick just before the holder
         // releases and wait a whole interval more.
-        let due = Instant::now() + (self.ctx.rules.refresh / 16).min(Duration::from_millis(10));
+        let now = Instant::now();
+        let due = now + (self.ctx.rules.refresh / 16).min(Duration::from_millis(10));
         for key in self.keys.values_mut() {
             if key.next_tick <= due {
                 key.evaluate(&mut self.ctx, Cause::Tick);
                 key.next_tick = Instant::now() + self.ctx.rules.refresh;
-            } else if all || woken.contains(&key.pubkey) {
+            } else if all
+                || woken.contains(&key.pubkey)
+                || key.m.hang_deadline().is_some_and(|d| d <= now)
+            {
                 key.evaluate(&mut self.ctx, Cause::Wake);
             }
         }
@@ -411,6 +470,8 @@ impl Writer {
             leader_since: None,
             replaced: None,
             work: None,
+            reported: false,
+            withheld: None,
         };
         let cell = Arc::clone(&key.cell);
         self.ctx
@@ -514,7 +575,13 @@ impl Key {
     /// carry out what the machine concludes.
     fn evaluate(&mut self, ctx: &mut Ctx, cause: Cause) {
         let now = Now::system();
-        let request = control::read_lead_request(&self.request_path);
+        // Spec mode touches nothing but the lock file: claims reach the
+        // holder as relay frames only.
+        let request = ctx
+            .rules
+            .extended
+            .then(|| control::read_lead_request(&self.request_path))
+            .flatten();
         let begin = self.m.begin(now, request.as_ref());
         if let Some(sd) = begin.step_down.clone() {
             tracing::info!(pubkey = %self.pubkey, target = ?sd.target, "standing down for a local claim");
@@ -577,8 +644,9 @@ impl Key {
         let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
         let (mut took, mut locked_at, mut before) = (None, None, None);
         let m = &mut self.m;
-        let result = self.store.update(&mut |content| {
+        let result = self.store.update(&mut |content, floor| {
             locked_at = Some(cache::mono_nanos());
+            m.raise_epoch_floor(floor);
             let (w, t) = m.decide(content, Now::system(), look, token.as_deref(), &probes);
             if t.is_some() {
                 before = Some(content.clone());
@@ -626,9 +694,23 @@ impl Key {
                 ctx.rules.validity(),
             ),
         }
-        let was = self.cell.set_leader(c.leader);
+        let held = self.cell.set_leader(c.leader);
         self.track_work(ctx, c.leader);
-        self.notify(ctx, was, c.leader, c.reason, c.always);
+        // What readers see from now on: the flag, self-fencing included.
+        let acting = self.cell.is_leader();
+        let reason = match (self.reported, acting) {
+            (true, false) if c.leader => ChangeReason::Fenced,
+            (false, true) if held && c.reason == ChangeReason::Acquired => {
+                self.withheld.take().unwrap_or(ChangeReason::Unfenced)
+            }
+            _ => c.reason,
+        };
+        if c.leader && !acting && !self.reported && c.reason != ChangeReason::Acquired {
+            self.withheld = Some(c.reason);
+        } else if acting || !c.leader {
+            self.withheld = None;
+        }
+        self.notify(ctx, acting, reason, c.always);
         self.publish();
         self.watch = Some(c.watch);
         if let Some(nonce) = &c.remove_request {
@@ -650,12 +732,14 @@ impl Key {
         always: bool,
     ) -> bool {
         self.m.step_down(Now::system());
-        let was = self.cell.set_leader(false);
+        self.cell.set_leader(false);
+        self.withheld = None;
         self.track_work(ctx, false);
         let heir = self.heir(ctx, target);
         let mut released = false;
         let m = &mut self.m;
-        let result = self.store.update(&mut |content| {
+        let result = self.store.update(&mut |content, floor| {
+            m.raise_epoch_floor(floor);
             let (w, r) = m.decide_release(content, Now::system(), heir.as_ref());
             released = r;
             w
@@ -674,7 +758,7 @@ impl Key {
             }
         }
         self.m.released(result);
-        self.notify(ctx, was, false, reason, always);
+        self.notify(ctx, false, reason, always);
         self.publish();
         released
     }
@@ -693,9 +777,10 @@ impl Key {
         }
     }
 
-    /// The user's claim: co-located instances learn it through the local
-    /// lead request, without a relay; the holder stands down on its next
-    /// look and we take the lock on ours. Never evicts a live leader.
+    /// The user's claim. Extension: co-located instances learn it through
+    /// the local lead request, without a relay; the holder stands down on
+    /// its next look and we take the lock on ours. In spec mode only the
+    /// relay frame carries it. Never evicts a live leader.
     fn claim(&mut self, ctx: &mut Ctx) -> Result<ClaimOutcome> {
         self.m.claim_started();
         if self.m.holds_lock() {
@@ -709,6 +794,12 @@ impl Key {
         self.evaluate(ctx, Cause::Tick);
         if self.m.holds_lock() {
             return Ok(ClaimOutcome::Claimed);
+        }
+        if !ctx.rules.extended {
+            // The plain NIP: the holder learns of the claim from the relay's
+            // `claim_leadership` frame, and we take the lock it releases on
+            // a later look, until the stand-down timeout.
+            return Ok(ClaimOutcome::Pending);
         }
         let req = LeadRequest::new(&ctx.our_id);
         control::write_lead_request(&self.request_path, &req)?;
@@ -897,7 +988,21 @@ impl Key {
         }
     }
 
-    fn notify(&self, ctx: &Ctx, was: bool, leader: bool, reason: ChangeReason, always: bool) {
+    /// Extension: a key we announced as led whose validity ran out without
+    /// a successful write is announced as fenced at once, so the app's gate
+    /// closes when `is_leader` turns false, not at our next tick.
+    fn announce_fencing(&mut self, ctx: &Ctx) {
+        if self.reported && !self.cell.is_leader() {
+            tracing::warn!(pubkey = %self.pubkey, "no successful write within the stale bound: fenced");
+            self.notify(ctx, false, ChangeReason::Fenced, false);
+            self.publish();
+        }
+    }
+
+    /// Announces what readers now see (`leader`: the flag, fencing
+    /// included) when it differs from the last announcement, or `always`.
+    fn notify(&mut self, ctx: &Ctx, leader: bool, reason: ChangeReason, always: bool) {
+        let was = std::mem::replace(&mut self.reported, leader);
         if was == leader && !always {
             return;
         }
@@ -907,7 +1012,7 @@ impl Key {
             is_leader: leader,
             leader_instance_id: record.map(|r| r.instance_id.clone()),
             reason,
-            must_cancel_turn: reason.must_cancel_turn(),
+            must_cancel_turn: was && !leader && reason.must_cancel_turn(),
             epoch: record.and_then(|r| r.epoch),
             at_ms: unix_ms(SystemTime::now()),
         };

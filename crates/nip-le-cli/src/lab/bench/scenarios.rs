@@ -36,7 +36,8 @@ impl Bench {
             ms(self.cfg.stand_down),
         );
         o.extra_args = vec!["--mode".into(), v.mode.as_str().into()];
-        o
+        // Claims travel as the desktop sends them, through the relay.
+        o.relay(dir.join("relay.jsonl"))
     }
 
     /// `n` instances of one election, settled with exactly one leader.

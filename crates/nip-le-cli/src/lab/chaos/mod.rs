@@ -90,6 +90,8 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         a.stand_down_ms,
     );
     opts.feed = Some((mentions.clone(), replies.clone()));
+    // Claims travel as the desktop sends them, through the relay.
+    opts.relay = Some(tmp.path().join("relay.jsonl"));
     if let Some(t) = a.turn_ms {
         opts.extra_args = vec!["--turn-ms".into(), t.to_string()];
     }

@@ -1,0 +1,132 @@
+//! Extension: the fencing epoch's high-water mark, so that epochs never go
+//! backwards for a key.
+//!
+//! The epoch lives in the lock file's record, and the NIP empties that file
+//! on release; the harness writes records without one. Either way the next
+//! holder would count again from zero, and a work ledger entry taken at an
+//! old epoch could then read as taken by the new holder. So every holder
+//! that issues an epoch first raises `<lock dir>/<pubkey>.epoch` to it, and
+//! every taker reads it, both under the lock file's `flock`: the file only
+//! ever grows, whatever happens to the record.
+//!
+//! The content is the epoch as 20 zero-padded decimal digits and a newline,
+//! always written whole at offset 0 with one positioned write, so the file
+//! never needs truncating and no reader sees a shorter number. Anything
+//! else (absent, a symlink, not a regular file, malformed) reads as 0: the
+//! record's own epoch still applies, so a hostile file can never lower an
+//! epoch, only fail to raise it. Spec mode never opens it.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::lockfile::{self, Create};
+use crate::pubkey::AgentPubkey;
+
+/// Width of the stored number: `u64::MAX` has 20 digits.
+const DIGITS: usize = 20;
+
+/// `<lock dir>/<pubkey>.epoch`.
+pub fn epoch_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
+    dir.join(format!("{}.epoch", pubkey.as_str()))
+}
+
+/// The highest epoch issued for the key, 0 when none can be read.
+pub fn read_floor(path: &Path) -> u64 {
+    let Ok(f) = lockfile::open_regular_file(path, Create::No) else {
+        return 0;
+    };
+    parse(&f).unwrap_or(0)
+}
+
+fn parse(f: &File) -> Option<u64> {
+    let mut buf = [0u8; DIGITS + 1];
+    let n = lockfile::read_prefix(f, &mut buf).ok()?;
+    let digits = buf[..n].strip_suffix(b"\n")?;
+    if digits.len() != DIGITS || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// Raises the mark to `epoch` (never lowers it). Called under the lock
+/// file's `flock`, before the record carrying `epoch` is written: a crash in
+/// between leaves a gap, never a repeat.
+pub fn raise_floor(path: &Path, epoch: u64) -> std::io::Result<()> {
+    let f = lockfile::open_regular_file(path, Create::IfMissing)?;
+    if parse(&f).is_some_and(|have| have >= epoch) {
+        return Ok(());
+    }
+    write_at(&f, format!("{epoch:0DIGITS$}\n").as_bytes())
+}
+
+#[cfg(unix)]
+fn write_at(f: &File, bytes: &[u8]) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::write_all_at(f, bytes, 0)
+}
+
+#[cfg(windows)]
+fn write_at(f: &File, bytes: &[u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < bytes.len() {
+        done += std::os::windows::fs::FileExt::seek_write(f, &bytes[done..], done as u64)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grows_only_and_reads_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("k.epoch");
+        assert_eq!(read_floor(&p), 0);
+        raise_floor(&p, 7).unwrap();
+        assert_eq!(read_floor(&p), 7);
+        raise_floor(&p, 3).unwrap();
+        assert_eq!(read_floor(&p), 7, "lowered");
+        raise_floor(&p, u64::MAX).unwrap();
+        assert_eq!(read_floor(&p), u64::MAX);
+        assert_eq!(std::fs::read(&p).unwrap().len(), DIGITS + 1);
+    }
+
+    #[test]
+    fn hostile_content_reads_as_zero_and_is_repaired() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("k.epoch");
+        for bad in [
+            &b""[..],
+            b"7\n",
+            b"-0000000000000000007\n",
+            b"0000000000000000007",
+            b"99999999999999999999\n", // over u64::MAX
+            &[0xff; 64],
+        ] {
+            std::fs::write(&p, bad).unwrap();
+            assert_eq!(read_floor(&p), 0, "{bad:?}");
+        }
+        raise_floor(&p, 5).unwrap();
+        assert_eq!(read_floor(&p), 5);
+        std::fs::remove_file(&p).unwrap();
+        std::fs::create_dir(&p).unwrap();
+        assert_eq!(read_floor(&p), 0);
+        assert!(raise_floor(&p, 5).is_err());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn never_follows_a_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("elsewhere");
+        std::fs::write(&target, format!("{:020}\n", 9)).unwrap();
+        let p = tmp.path().join("k.epoch");
+        std::os::unix::fs::symlink(&target, &p).unwrap();
+        assert_eq!(read_floor(&p), 0);
+        assert!(raise_floor(&p, 12).is_err());
+        assert_eq!(
+            std::fs::read_to_string(&target).unwrap(),
+            format!("{:020}\n", 9)
+        );
+    }
+}
