@@ -178,6 +178,9 @@ pub(crate) struct Seen {
     pub took: Option<TakeReason>,
     /// Whether the locked look succeeded (a failed one fell back to a read).
     pub locked: bool,
+    /// The locked look failed because a peer held the store's exclusion
+    /// for the whole lock wait: nobody else can have written meanwhile.
+    pub busy: bool,
     /// The error of a failed locked look.
     pub error: Option<String>,
 }
@@ -227,6 +230,8 @@ pub(crate) struct KeyMachine {
     /// Extension: the last record seen and since when (our monotonic clock)
     /// it has not changed, to tell a hung holder from a slept machine.
     seen: Option<(LockRecord, Instant)>,
+    /// The record we last decided to write (to recognise it unchanged).
+    written: Option<LockRecord>,
     /// Extension: the `seen` instant whose hang was judged already (taken,
     /// or left alone by the other rules), so its deadline is not due again.
     hang_judged: Option<Instant>,
@@ -250,6 +255,7 @@ impl KeyMachine {
             honoured: None,
             holds_lock: false,
             seen: None,
+            written: None,
             hang_judged: None,
             epoch: 0,
             observed: Observed::Nothing,
@@ -373,6 +379,7 @@ impl KeyMachine {
                     _ => None,
                 };
                 let bytes = encode_record(&self.our_id, self.our_pid, now.wall, ext);
+                self.written = LockContent::parse(&bytes).record().cloned();
                 (Write::Put(bytes), Some(reason))
             }
             None => (Write::Keep, None),
@@ -474,6 +481,22 @@ impl KeyMachine {
             .then(|| *since + self.rules.stale + Duration::from_millis(1))
     }
 
+    /// Whether `content` is exactly the record we wrote last.
+    fn wrote_last(&self, content: &Result<LockContent, String>) -> bool {
+        match (content, &self.written) {
+            (Ok(LockContent::Record(r)), Some(w)) => r == w,
+            _ => false,
+        }
+    }
+
+    /// Extension: the holder could not have written for a while either (a
+    /// peer held the store's exclusion when we tried), so the time its
+    /// record stayed unchanged proves nothing: a fresh stale window from
+    /// `now`.
+    pub(crate) fn forgive(&mut self, now: Instant) {
+        self.forgive_pause(now);
+    }
+
     /// Extension: our own clock ran on while we could not look (the
     /// process or the whole machine was paused: SIGSTOP, a frozen VM, a
     /// cgroup freeze). The holder may have been paused with us, so that time
@@ -516,6 +539,7 @@ impl KeyMachine {
             content,
             took,
             locked,
+            busy,
             error,
         } = seen;
         match look {
@@ -543,6 +567,15 @@ impl KeyMachine {
             // from the last change they saw, which is never earlier than
             // that write, so we are fenced before any of them may take over.
             // A read that finds our record unchanged proves nothing to them.
+            Validity::Renew
+        } else if busy && self.held_before && self.wrote_last(&content) {
+            // A peer hangs holding the store's exclusion, and the record is
+            // still exactly the one we wrote: nobody can have written since
+            // (every writer needs the exclusion), and observers that try
+            // give us a fresh stale window ([`KeyMachine::forgive`]). Going
+            // silent would be the one thing the NIP ranks below a
+            // duplicate, so we keep leading (README, "a peer hanging on the
+            // file lock").
             Validity::Renew
         } else if !self.held_before {
             // A record naming us that we did not write (a handoff) and
@@ -773,6 +806,7 @@ mod tests {
             content: Ok(file.clone()),
             took,
             locked: look != Look::Read,
+            busy: false,
             error: None,
         };
         m.conclude(cause, &begin, look, seen)
@@ -826,6 +860,59 @@ mod tests {
         assert_eq!((out.leader, out.reason), (true, ChangeReason::Failover));
         assert_eq!(out.validity, Validity::Renew);
         assert_eq!(f.record().unwrap().epoch, Some(4), "one above the holder's");
+    }
+
+    /// A locked look that timed out because a peer held the exclusion.
+    fn busy_look(m: &mut KeyMachine, file: &LockContent, now: Now) -> Conclusion {
+        let begin = m.begin(now, None);
+        let look = m.look(now, Cause::Tick, None, &begin);
+        let seen = Seen {
+            content: Ok(file.clone()),
+            took: None,
+            locked: false,
+            busy: true,
+            error: Some("exclusive lock not obtained".into()),
+        };
+        m.conclude(Cause::Tick, &begin, look, seen)
+    }
+
+    #[test]
+    fn a_holder_whose_record_stands_renews_while_a_peer_holds_the_exclusion() {
+        let mut c = Clock::new();
+        let mut m = machine(true, "me");
+        let mut f = LockContent::Absent;
+        evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+        c.advance(STALE);
+        let out = busy_look(&mut m, &f, c.now());
+        assert!(out.leader);
+        assert_eq!(out.validity, Validity::Renew, "nobody can have written");
+        // Our record with another claimed_at is not the one we wrote: a
+        // timed-out look proves nothing then.
+        let mut changed = f.record().unwrap().clone();
+        changed.claimed_at = ClaimedAt::At(c.now().wall);
+        let out = busy_look(&mut m, &LockContent::Record(changed), c.now());
+        assert_eq!(out.validity, Validity::Keep);
+    }
+
+    #[test]
+    fn an_observer_that_finds_the_exclusion_held_gives_the_holder_a_fresh_window() {
+        let mut c = Clock::new();
+        let mut m = machine(true, "me");
+        let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+        evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+        let first = m.hang_deadline().unwrap();
+        c.advance(STALE - Duration::from_millis(100));
+        busy_look(&mut m, &f, c.now());
+        m.forgive(c.now().mono);
+        assert_eq!(
+            m.hang_deadline().unwrap(),
+            first + STALE - Duration::from_millis(100)
+        );
+        c.advance(Duration::from_millis(200));
+        assert!(
+            !evaluate(&mut m, &mut f, c.now(), Cause::Tick, None, &ALIVE).leader,
+            "judged hung for time it could not have written in"
+        );
     }
 
     #[test]
@@ -981,6 +1068,7 @@ mod tests {
             content: Ok(ours),
             took: None,
             locked: false,
+            busy: false,
             error: Some("exclusive lock not obtained".into()),
         };
         let out = m.conclude(Cause::Wake, &begin, look, seen);
@@ -998,6 +1086,7 @@ mod tests {
             content: Err("permission denied".into()),
             took: None,
             locked: false,
+            busy: false,
             error: Some("permission denied".into()),
         };
         let out = m.conclude(Cause::Join, &begin, look, seen);

@@ -353,8 +353,9 @@ impl Writer {
         let due = now + (self.ctx.rules.refresh / 16).min(Duration::from_millis(10));
         for key in self.keys.values_mut() {
             if key.next_tick <= due {
-                key.evaluate(&mut self.ctx, Cause::Tick);
+                // Before the look: the look may bring its next one closer.
                 key.next_tick = Instant::now() + self.ctx.rules.refresh;
+                key.evaluate(&mut self.ctx, Cause::Tick);
             } else if all
                 || woken.contains(&key.pubkey)
                 || key.m.hang_deadline().is_some_and(|d| d <= now)
@@ -590,10 +591,14 @@ impl Key {
         }
         let look = self.m.look(now, cause, request.as_ref(), &begin);
         let (seen, locked_at) = self.look(ctx, look, cause);
-        let wrote = seen.took.is_some();
+        let (wrote, busy) = (seen.took.is_some(), seen.busy);
         let c = self.m.conclude(cause, &begin, look, seen);
         tracing::debug!(pubkey = %self.pubkey, ?cause, ?c, "evaluated");
         self.apply(ctx, c, locked_at);
+        if busy && ctx.rules.extended {
+            self.while_a_peer_holds_the_lock(ctx);
+            return;
+        }
         // Ticks keep their own cadence (`Writer::refresh_due`): a command's
         // look does not move the next tick, or a claimant would always wait
         // a whole interval after its claim. In extended mode an observer's
@@ -606,6 +611,20 @@ impl Key {
         }
     }
 
+    /// Extension: a peer hangs holding the lock file's `flock`. The holder
+    /// tries again soon (its write must land as soon as the hold ends, before
+    /// anyone judges it hung); an observer gives the holder a fresh stale
+    /// window, since it could not have written either.
+    fn while_a_peer_holds_the_lock(&mut self, ctx: &Ctx) {
+        let now = Instant::now();
+        if self.m.holds_lock() {
+            let retry = (ctx.config.lock_wait + Duration::from_millis(50)).min(ctx.rules.refresh);
+            self.next_tick = self.next_tick.min(now + retry);
+        } else {
+            self.m.forgive(now);
+        }
+    }
+
     /// Looks at the lock as `look` says. Returns what was seen and, when we
     /// wrote, the monotonic instant taken under the exclusion before the
     /// write (our validity counts from there).
@@ -615,6 +634,7 @@ impl Key {
                 content: self.store.read().map_err(|e| e.to_string()),
                 took: None,
                 locked: false,
+                busy: false,
                 error: None,
             };
             return (seen, None);
@@ -631,6 +651,7 @@ impl Key {
                         content: Ok(content),
                         took: None,
                         locked: false,
+                        busy: false,
                         error: self.m.last_error().map(str::to_owned),
                     };
                     return (seen, None);
@@ -663,6 +684,7 @@ impl Key {
                     content: Ok(u.content),
                     took,
                     locked: true,
+                    busy: false,
                     error: None,
                 },
                 locked_at,
@@ -673,6 +695,7 @@ impl Key {
                     content: self.store.read().map_err(|e| e.to_string()),
                     took: None,
                     locked: false,
+                    busy: matches!(e, Error::LockTimeout { .. }),
                     error: Some(e.to_string()),
                 };
                 (seen, None)

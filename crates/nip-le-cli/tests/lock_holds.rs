@@ -1,0 +1,107 @@
+//! A peer hanging on the lock file's `flock` (a real `flock -x <lock> sleep`
+//! process) must not silence the agent, nor move leadership when it lets go.
+#![cfg(unix)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nip_le_cli::lab::cluster::{wait_until, Instance};
+use nip_le_cli::lines::ReplyLine;
+use support::*;
+
+/// Whether another process holds the exclusive `flock` of `path`.
+fn held_by_someone(path: &std::path::Path) -> bool {
+    matches!(
+        nip_le::lockfile::LockedFile::open_and_lock(path, Duration::ZERO),
+        Err(nip_le::Error::LockTimeout { .. })
+    )
+}
+
+#[test]
+fn the_holder_keeps_answering_while_a_peer_hangs_on_the_file_lock_and_keeps_leading_after() {
+    let s = Scratch::new();
+    let mentions = s.tmp.path().join("mentions.jsonl");
+    let replies = s.tmp.path().join("replies.jsonl");
+    std::fs::write(&mentions, b"").unwrap();
+    let mut opts = s.opts();
+    opts.feed = Some((mentions.clone(), replies.clone()));
+    let insts: Vec<Instance> = (0..3)
+        .map(|i| s.spawn_with(&format!("i{i}"), opts.clone()))
+        .collect();
+    assert!(wait_until(Duration::from_secs(10), || leaders(&insts)
+        .len()
+        == 1
+        && insts.iter().all(|i| i.is_leader().is_some())));
+    let leader = insts
+        .iter()
+        .position(|i| i.is_leader() == Some(true))
+        .unwrap();
+    let cursors: Vec<usize> = insts.iter().map(Instance::cursor).collect();
+    // Three stale bounds of a peer stuck inside its critical section.
+    let hold_ms = 3 * STALE_MS;
+    let mut peer = Command::new("flock")
+        .arg("-x")
+        .arg(s.lock_path())
+        .arg("sleep")
+        .arg(format!("{}", hold_ms as f64 / 1000.0))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("flock(1) from util-linux");
+    assert!(wait_until(Duration::from_secs(5), || held_by_someone(
+        &s.lock_path()
+    )));
+    // Mentions keep arriving during the hold, past the point where the
+    // holder would have fenced itself.
+    let ids: Vec<String> = (0..6).map(|i| format!("held{i}")).collect();
+    for id in &ids {
+        let line = format!("{{\"id\":\"{id}\",\"at_ms\":{}}}\n", nip_le_cli::unix_ms());
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&mentions)
+            .unwrap()
+            .write_all(line.as_bytes())
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(hold_ms / 8));
+    }
+    assert!(
+        held_by_someone(&s.lock_path()),
+        "the hold ended before the last mention"
+    );
+    let answered = || {
+        let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in ReplyLine::read_all(&replies) {
+            m.entry(r.mention_id()).or_default().push(r.instance_id);
+        }
+        m
+    };
+    assert!(
+        wait_until(Duration::from_secs(2), || ids
+            .iter()
+            .all(|id| answered().contains_key(id))),
+        "silent while a peer held the file lock: {:?}",
+        answered()
+    );
+    for id in &ids {
+        assert_eq!(
+            answered()[id],
+            vec![insts[leader].instance_id.clone()],
+            "{id}"
+        );
+    }
+    peer.wait().unwrap();
+    // The hold is over: nobody judges the holder hung for it.
+    assert!(
+        !wait_until(Duration::from_millis(2 * STALE_MS), || (0..3)
+            .any(|i| i != leader && ever_led_after(&insts[i], cursors[i]))),
+        "leadership moved when the hold ended"
+    );
+    assert_eq!(
+        s.holder().as_deref(),
+        Some(insts[leader].instance_id.as_str())
+    );
+    assert_eq!(insts[leader].is_leader(), Some(true));
+}
