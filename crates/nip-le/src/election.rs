@@ -100,7 +100,8 @@ pub fn takeable(
 /// unchanged for longer than `stale` by our monotonic clock
 /// (`unchanged_for`), never by the wall clock, so a machine that slept does
 /// not move leadership. Records without a token, and tokens we cannot judge,
-/// keep the NIP's rules ([`takeable`]).
+/// keep the NIP's rules ([`takeable`]), except that a stale or future-dated
+/// `claimed_at` of a live pid must also be confirmed by `unchanged_for`.
 pub fn takeable_extended(
     content: &LockContent,
     our_id: &str,
@@ -125,7 +126,20 @@ pub fn takeable_extended(
             }
         }
     }
-    takeable(content, our_id, now, stale, probe_pid)
+    match takeable(content, our_id, now, stale, probe_pid) {
+        // A writer without presence (the harness, a spec instance) whose pid
+        // lives is judged by its `claimed_at`, and a step of the wall clock
+        // (ours or its) makes a live writer's stamp look stale or
+        // future-dated. A live writer rewrites its record every refresh, so
+        // we take it only once the record has also stayed unchanged for
+        // longer than the stale bound on our monotonic clock: no takeover
+        // of a live harness on any wall-clock step. (A dead pid is still
+        // taken at once.)
+        Takeable::Yes(TakeReason::Stale | TakeReason::FutureDated) if unchanged_for <= stale => {
+            Takeable::No
+        }
+        verdict => verdict,
+    }
 }
 
 /// How far `claimed_at` is from `now`.
@@ -294,9 +308,11 @@ mod tests {
             t(1, PeerPresence::Gone),
             Takeable::Yes(TakeReason::HolderGone)
         );
-        // Unknown presence: the NIP's rules (here: stale by the wall clock).
+        // Unknown presence: the NIP's rules (here: stale by the wall clock),
+        // confirmed by our own clock: a live writer rewrites its record.
+        assert_eq!(t(1, PeerPresence::Unknown), Takeable::No);
         assert_eq!(
-            t(1, PeerPresence::Unknown),
+            t(11, PeerPresence::Unknown),
             Takeable::Yes(TakeReason::Stale)
         );
         // Records without a token: the NIP's rules, presence never probed.
@@ -311,6 +327,34 @@ mod tests {
             |_| panic!("probed"),
         );
         assert_eq!(r, Takeable::No);
+    }
+
+    #[test]
+    fn a_wall_clock_step_never_evicts_a_live_writer_without_presence() {
+        let now = SystemTime::now();
+        let t = |offset: i64, unchanged: u64, pid: fn(u32) -> Liveness| {
+            takeable_extended(
+                &record("harness", at(now, offset)),
+                "me",
+                now,
+                STALE,
+                Duration::from_secs(unchanged),
+                pid,
+                |_| panic!("no token, no presence probe"),
+            )
+        };
+        // The clock stepped back (their stamp is an hour ahead) or forward
+        // (an hour behind): a record that keeps changing is a live writer.
+        assert_eq!(t(3600, 1, alive), Takeable::No);
+        assert_eq!(t(-3600, 1, alive), Takeable::No);
+        // Unchanged past the bound on our clock: abandoned (recycled pid).
+        assert_eq!(t(3600, 11, alive), Takeable::Yes(TakeReason::FutureDated));
+        assert_eq!(t(-3600, 11, alive), Takeable::Yes(TakeReason::Stale));
+        // A dead pid is still taken at once.
+        assert_eq!(
+            t(3600, 0, |_| Liveness::Dead),
+            Takeable::Yes(TakeReason::DeadPid)
+        );
     }
 
     #[test]

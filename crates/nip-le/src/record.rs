@@ -52,7 +52,16 @@ impl ClaimedAt {
 fn parse_time_str(s: &str) -> Option<SystemTime> {
     let s = s.trim();
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
-        return Some(t.with_timezone(&Utc).into());
+        // Checked: chrono's own conversion panics on instants the platform
+        // cannot hold (before 1601 on Windows).
+        let secs = t.timestamp();
+        let nanos = Duration::from_nanos(u64::from(t.timestamp_subsec_nanos()));
+        let whole = Duration::from_secs(secs.unsigned_abs());
+        return if secs >= 0 {
+            UNIX_EPOCH.checked_add(whole)?.checked_add(nanos)
+        } else {
+            UNIX_EPOCH.checked_sub(whole)?.checked_add(nanos)
+        };
     }
     s.parse::<f64>().ok().and_then(unix_seconds)
 }
@@ -276,6 +285,31 @@ mod tests {
                 String::from_utf8(harness).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn any_rfc3339_time_parses_without_panicking() {
+        for s in [
+            "0001-01-01T00:00:00Z",
+            "1600-12-31T23:59:59.999999999Z",
+            "1601-01-01T00:00:00Z",
+            "1969-12-31T23:59:59.5Z",
+            "9999-12-31T23:59:59.999999999+00:00",
+            "2026-06-15T00:00:00-23:59",
+        ] {
+            let r = rec(&format!(
+                r#"{{"instance_id":"x","pid":1,"claimed_at":"{s}"}}"#
+            ));
+            if let ClaimedAt::At(t) = r.claimed_at {
+                // Printing it back (status) must not panic either.
+                let _ = format_claimed_at(t);
+            }
+        }
+        let r = rec(r#"{"instance_id":"x","pid":1,"claimed_at":"1969-12-31T23:59:59.5Z"}"#);
+        assert_eq!(
+            r.claimed_at,
+            ClaimedAt::At(UNIX_EPOCH - Duration::from_millis(500))
+        );
     }
 
     #[test]

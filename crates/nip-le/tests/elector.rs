@@ -509,3 +509,54 @@ fn fencing_epochs_never_go_backwards_across_a_truncating_release_or_a_harness_wr
         std::fs::write(&path, b"").unwrap();
     }
 }
+
+#[test]
+fn no_takeover_of_a_live_harness_on_a_wall_clock_step_in_either_direction() {
+    for step_secs in [3_600i64, -3_600] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut c = extended(tmp.path());
+        c.refresh = Duration::from_millis(50);
+        c.stale = Duration::from_millis(300);
+        c.lock_wait = Duration::from_millis(10);
+        let k = pk('1');
+        let path = nip_le::lockfile::lock_path(tmp.path(), &k);
+        std::fs::create_dir_all(tmp.path()).unwrap();
+        // The harness (a live pid, no presence) refreshes every 100 ms, its
+        // stamps an hour off ours: one of the two clocks stepped.
+        let stamp = move || {
+            let d = Duration::from_secs(step_secs.unsigned_abs());
+            let now = std::time::SystemTime::now();
+            let t = if step_secs > 0 { now + d } else { now - d };
+            nip_le::record::encode_record("harness", std::process::id(), t, None)
+        };
+        std::fs::write(&path, stamp()).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (stop, path) = (stop.clone(), path.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1))
+                        .unwrap()
+                        .write(&stamp())
+                        .unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
+        assert!(!a.join(&k).unwrap());
+        let end = std::time::Instant::now() + Duration::from_millis(1_000);
+        while std::time::Instant::now() < end {
+            assert!(!a.is_leader(&k), "[{step_secs:+}] took over a live harness");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The harness stops refreshing (hung, or its pid recycled): its
+        // record is taken once it has stayed unchanged past the bound.
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(
+            wait_until(|| a.is_leader(&k)),
+            "[{step_secs:+}] never took an abandoned record"
+        );
+    }
+}

@@ -270,6 +270,10 @@ impl KeyMachine {
     pub(crate) fn observed(&self) -> &Observed {
         &self.observed
     }
+    /// Records an error for the status, until the next look replaces it.
+    pub(crate) fn note_error(&mut self, e: String) {
+        self.last_error = Some(e);
+    }
     pub(crate) fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
     }

@@ -581,4 +581,62 @@ mod tests {
         // Nothing else: one change each way.
         assert!(next_change(&mut rx, Duration::from_millis(300)).is_none());
     }
+
+    /// A store whose every look panics, as a bug would.
+    struct Panicking;
+
+    impl LockStore for Panicking {
+        fn read(&self) -> Result<LockContent> {
+            panic!("a bug in the store");
+        }
+        fn update(
+            &mut self,
+            _decide: &mut dyn FnMut(&LockContent, u64) -> Write,
+        ) -> Result<Updated> {
+            panic!("a bug in the store");
+        }
+    }
+
+    #[test]
+    fn a_panic_in_one_key_costs_that_key_a_look_never_the_election_task() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut c = Config::new(tmp.path());
+        c.refresh = Duration::from_millis(50);
+        c.stale = Duration::from_millis(300);
+        c.lock_wait = Duration::from_millis(10);
+        let bad = AgentPubkey::parse(&"bd".repeat(32)).unwrap();
+        let good = AgentPubkey::parse(&"60".repeat(32)).unwrap();
+        let dir = tmp.path().to_owned();
+        let stores: StoreFactory = Box::new(move |pk| {
+            if *pk == bad {
+                Box::new(Panicking) as Box<dyn LockStore>
+            } else {
+                Box::new(FileStore::new(
+                    &dir,
+                    lockfile::lock_path(&dir, pk),
+                    c.lock_wait,
+                    None,
+                ))
+            }
+        });
+        let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores).unwrap();
+        e.join(&bad).unwrap();
+        assert!(e.join(&good).unwrap(), "the healthy key leads");
+        // Several ticks of the panicking key later, everything still answers.
+        std::thread::sleep(Duration::from_millis(200));
+        e.refresh_now();
+        assert!(e.is_leader(&good));
+        assert_eq!(e.claim(&good).unwrap(), ClaimOutcome::AlreadyLeader);
+        let status = e.status();
+        let bad_status = status.iter().find(|s| s.pubkey == bad).unwrap();
+        assert!(
+            bad_status
+                .last_error
+                .as_deref()
+                .is_some_and(|m| m.contains("a bug in the store")),
+            "{bad_status:?}"
+        );
+        e.leave(&good).unwrap();
+        e.shutdown();
+    }
 }

@@ -267,8 +267,16 @@ impl Writer {
             let woken = self.ctx.sources.wait(timeout);
             self.notice_pause();
             for c in woken.commands {
-                if let Flow::Stop = self.command(c) {
-                    return;
+                // A panic in a command drops its reply (the caller gets an
+                // error) and leaves the task running.
+                let flow =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.command(c)));
+                match flow {
+                    Ok(Flow::Stop) => return,
+                    Ok(Flow::Go) => {}
+                    Err(panic) => {
+                        tracing::error!("a command panicked: {}", panic_message(&panic));
+                    }
                 }
                 // What waited for the answer: our presence, the watches.
                 self.after_answer();
@@ -420,7 +428,9 @@ impl Writer {
                 let _ = r.send(Ok(()));
             }
             Command::Shutdown(r) => {
-                self.shutdown();
+                // Stop whatever happens: a panic while releasing must not
+                // keep the task (and the caller of `shutdown`) waiting.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.shutdown()));
                 let _ = r.send(Ok(()));
                 return Flow::Stop;
             }
@@ -572,9 +582,27 @@ impl Probes for FileProbes<'_> {
 }
 
 impl Key {
+    /// One evaluation (see [`Key::evaluate_once`]). A panic in it (a bug,
+    /// or content no check foresaw) costs this key this look, never the
+    /// election task: the other keys, the commands and the next tick go on,
+    /// and the key's status says what happened. (An app built with
+    /// `panic = "abort"` aborts instead, as it would anywhere.)
+    fn evaluate(&mut self, ctx: &mut Ctx, cause: Cause) {
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.evaluate_once(ctx, cause)
+        }));
+        if let Err(panic) = run {
+            let what = panic_message(&panic);
+            tracing::error!(pubkey = %self.pubkey, "evaluation panicked: {what}");
+            self.m
+                .note_error(format!("internal error while evaluating: {what}"));
+            self.publish();
+        }
+    }
+
     /// One evaluation: honour a local lead request, look at the lock, and
     /// carry out what the machine concludes.
-    fn evaluate(&mut self, ctx: &mut Ctx, cause: Cause) {
+    fn evaluate_once(&mut self, ctx: &mut Ctx, cause: Cause) {
         let now = Now::system();
         // Spec mode touches nothing but the lock file: claims reach the
         // holder as relay frames only.
@@ -631,7 +659,7 @@ impl Key {
     fn look(&mut self, ctx: &mut Ctx, look: Look, cause: Cause) -> (Seen, Option<u64>) {
         if look == Look::Read {
             let seen = Seen {
-                content: self.store.read().map_err(|e| e.to_string()),
+                content: guarded(|| self.store.read()).map_err(|e| e.to_string()),
                 took: None,
                 locked: false,
                 busy: false,
@@ -644,7 +672,7 @@ impl Key {
         // the read shows a record we would leave alone (a live holder, or
         // ours on a wake-up), the locked look would decide the same.
         if ctx.rules.extended && (cause == Cause::Wake || !self.m.holds_lock()) {
-            if let Ok(content) = self.store.read() {
+            if let Ok(content) = guarded(|| self.store.read()) {
                 let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
                 if !self.m.would_write(&content, Now::system(), look, &probes) {
                     let seen = Seen {
@@ -664,16 +692,18 @@ impl Key {
         let token = ctx.token().map(str::to_owned);
         let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
         let (mut took, mut locked_at, mut before) = (None, None, None);
-        let m = &mut self.m;
-        let result = self.store.update(&mut |content, floor| {
-            locked_at = Some(cache::mono_nanos());
-            m.raise_epoch_floor(floor);
-            let (w, t) = m.decide(content, Now::system(), look, token.as_deref(), &probes);
-            if t.is_some() {
-                before = Some(content.clone());
-            }
-            took = t;
-            w
+        let (m, store) = (&mut self.m, &mut self.store);
+        let result = guarded(|| {
+            store.update(&mut |content, floor| {
+                locked_at = Some(cache::mono_nanos());
+                m.raise_epoch_floor(floor);
+                let (w, t) = m.decide(content, Now::system(), look, token.as_deref(), &probes);
+                if t.is_some() {
+                    before = Some(content.clone());
+                }
+                took = t;
+                w
+            })
         });
         if before.is_some() {
             self.replaced = before;
@@ -692,7 +722,7 @@ impl Key {
             Err(e) => {
                 tracing::debug!(pubkey = %self.pubkey, "acquire failed: {e}");
                 let seen = Seen {
-                    content: self.store.read().map_err(|e| e.to_string()),
+                    content: guarded(|| self.store.read()).map_err(|e| e.to_string()),
                     took: None,
                     locked: false,
                     busy: matches!(e, Error::LockTimeout { .. }),
@@ -760,12 +790,14 @@ impl Key {
         self.track_work(ctx, false);
         let heir = self.heir(ctx, target);
         let mut released = false;
-        let m = &mut self.m;
-        let result = self.store.update(&mut |content, floor| {
-            m.raise_epoch_floor(floor);
-            let (w, r) = m.decide_release(content, Now::system(), heir.as_ref());
-            released = r;
-            w
+        let (m, store) = (&mut self.m, &mut self.store);
+        let result = guarded(|| {
+            store.update(&mut |content, floor| {
+                m.raise_epoch_floor(floor);
+                let (w, r) = m.decide_release(content, Now::system(), heir.as_ref());
+                released = r;
+                w
+            })
         });
         let result = result.map(|u| u.content).map_err(|e| {
             tracing::warn!(pubkey = %self.pubkey, "release failed: {e}");
@@ -1066,6 +1098,27 @@ impl Key {
             claim_pending_until: self.m.pending_until(),
         });
     }
+}
+
+/// Runs a store call; a panic in it becomes an error (the store is where
+/// foreign content and the platform meet, so that is where one is most
+/// likely).
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        Err(Error::io(
+            "<store>",
+            std::io::Error::other(format!("internal error: {}", panic_message(&panic))),
+        ))
+    })
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_owned())
 }
 
 fn lock_state(c: &LockContent) -> LockState {
