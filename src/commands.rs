@@ -41,21 +41,25 @@ pub(crate) fn status<R: Runtime>(app: AppHandle<R>) -> Status {
 
 #[command]
 pub(crate) async fn join<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<bool> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.join(&pubkey)).await
 }
 
 #[command]
 pub(crate) async fn leave<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<()> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.leave(&pubkey)).await
 }
 
 #[command]
 pub(crate) async fn claim<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<ClaimOutcome> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.claim(&pubkey)).await
 }
 
 #[command]
 pub(crate) async fn release<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<bool> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.release(&pubkey)).await
 }
 
@@ -65,6 +69,7 @@ pub(crate) async fn handle_control_frame<R: Runtime>(
     pubkey: String,
     frame: String,
 ) -> Result<Option<ControlResult>> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.handle_control_frame(&pubkey, &frame)).await
 }
 
@@ -74,6 +79,7 @@ pub(crate) async fn take<R: Runtime>(
     pubkey: String,
     event_id: String,
 ) -> Result<TakeOutcome> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.take(&pubkey, &event_id)).await
 }
 
@@ -83,6 +89,7 @@ pub(crate) async fn done<R: Runtime>(
     pubkey: String,
     event_id: String,
 ) -> Result<bool> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.done(&pubkey, &event_id)).await
 }
 
@@ -92,6 +99,7 @@ pub(crate) async fn give_back<R: Runtime>(
     pubkey: String,
     event_id: String,
 ) -> Result<()> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.give_back(&pubkey, &event_id)).await
 }
 
@@ -101,6 +109,7 @@ pub(crate) async fn owed<R: Runtime>(
     pubkey: String,
     queue: Vec<QueuedEvent>,
 ) -> Result<Vec<String>> {
+    app.leader_election().check_webview_may_act(&pubkey)?;
     blocking(&app, move |le| le.owed(&pubkey, &queue)).await
 }
 

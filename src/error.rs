@@ -29,6 +29,9 @@ pub enum ErrorKind {
     Io,
     /// The plugin has shut down (the app is exiting).
     ShutDown,
+    /// The app does not let its webviews act on this agent (see
+    /// `Builder::allow_agents`).
+    NotAllowed,
 }
 
 /// The wire form of [`Error`].
@@ -50,6 +53,10 @@ pub enum Error {
     /// A blocking task could not be joined (it panicked or was cancelled).
     #[error("background task failed: {0}")]
     Task(String),
+    /// A webview named an agent the app does not let its webviews join,
+    /// claim or release (deny by default: see `Builder::allow_agents`).
+    #[error("webviews may not act on agent {0}: the app does not list it")]
+    NotAllowed(nip_le::AgentPubkey),
 }
 
 impl Error {
@@ -69,6 +76,7 @@ impl Error {
             ) => ErrorKind::UnsafeLockPath,
             Error::Engine(E::ShutDown) => ErrorKind::ShutDown,
             Error::Engine(E::Io { .. }) | Error::Task(_) => ErrorKind::Io,
+            Error::NotAllowed(_) => ErrorKind::NotAllowed,
         }
     }
 }

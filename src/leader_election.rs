@@ -25,6 +25,9 @@ pub struct LeaderElection {
     elector: Arc<Elector>,
     /// The agents the builder named, joined at setup.
     launch_agents: Arc<[AgentPubkey]>,
+    /// The agents webviews may act on: the launch agents and the builder's
+    /// allow-list. Everything else is denied to them.
+    webview_agents: Arc<[AgentPubkey]>,
 }
 
 fn key(pubkey: &str) -> Result<AgentPubkey> {
@@ -32,10 +35,31 @@ fn key(pubkey: &str) -> Result<AgentPubkey> {
 }
 
 impl LeaderElection {
-    pub(crate) fn new(elector: Elector, launch_agents: Vec<AgentPubkey>) -> Self {
+    pub(crate) fn new(
+        elector: Elector,
+        launch_agents: Vec<AgentPubkey>,
+        allowed: Vec<AgentPubkey>,
+    ) -> Self {
+        let mut webview_agents = launch_agents.clone();
+        webview_agents.extend(allowed);
+        webview_agents.sort();
+        webview_agents.dedup();
         Self {
             elector: Arc::new(elector),
             launch_agents: launch_agents.into(),
+            webview_agents: webview_agents.into(),
+        }
+    }
+
+    /// Whether a webview may act on `pubkey` (join, leave, claim, release,
+    /// control frames, the work ledger): only on the agents the app listed.
+    /// The app's own Rust code is not restricted.
+    pub fn check_webview_may_act(&self, pubkey: &str) -> Result<()> {
+        let k = key(pubkey)?;
+        if self.webview_agents.binary_search(&k).is_ok() {
+            Ok(())
+        } else {
+            Err(crate::Error::NotAllowed(k))
         }
     }
 
@@ -135,7 +159,7 @@ impl LeaderElection {
         Status {
             instance_id: self.instance_id().to_owned(),
             pid: std::process::id(),
-            lock_dir: self.elector.config().lock_dir.display().to_string(),
+            network_fs: self.elector.network_fs().map(str::to_owned),
             agents: self.elector.status(),
         }
     }

@@ -81,6 +81,7 @@ pub struct Builder {
     work_retention: Option<Duration>,
     mode: Option<Mode>,
     agents: Vec<String>,
+    allowed: Vec<String>,
     election_id: Option<String>,
 }
 
@@ -148,6 +149,18 @@ impl Builder {
         self
     }
 
+    /// Agents the webviews may join, leave, claim and release (and whose
+    /// control frames and work ledger they may use), besides the launch
+    /// agents ([`Builder::agent`]), which they may always act on. Webviews
+    /// can act on no other agent: a command naming one fails with
+    /// `notAllowed` (deny by default), so a compromised webview cannot take
+    /// the lock of an agent this app does not run. The app's own Rust code
+    /// ([`LeaderElectionExt`]) is not restricted. Validated at setup.
+    pub fn allow_agents<I: IntoIterator<Item = S>, S: Into<String>>(mut self, pubkeys: I) -> Self {
+        self.allowed.extend(pubkeys.into_iter().map(Into::into));
+        self
+    }
+
     /// Overrides the election id (otherwise `$BUZZ_INSTANCE_ELECTION_ID` or a
     /// fresh UUID v4). It must be unique per running window.
     pub fn election_id(mut self, id: impl Into<String>) -> Self {
@@ -192,15 +205,17 @@ impl Builder {
             Some(id) => nip_le::InstanceId::new(id.clone()).map_err(nip_le::Error::from)?,
             None => nip_le::InstanceId::from_env_or_random(),
         };
-        let agents = self
-            .agents
-            .iter()
-            .map(|a| nip_le::AgentPubkey::parse(a))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(nip_le::Error::from)?;
+        let parse = |list: &[String]| {
+            list.iter()
+                .map(|a| nip_le::AgentPubkey::parse(a))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(nip_le::Error::from)
+        };
+        let (agents, allowed) = (parse(&self.agents)?, parse(&self.allowed)?);
         Ok(LeaderElection::new(
             nip_le::Elector::start(config, id)?,
             agents,
+            allowed,
         ))
     }
 

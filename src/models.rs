@@ -15,8 +15,11 @@ pub struct Status {
     pub instance_id: String,
     /// This window's process id.
     pub pid: u32,
-    /// The lock directory.
-    pub lock_dir: String,
+    /// The network filesystem the lock directory sits on (`"nfs"`,
+    /// `"smb"`, …), when it does: `flock` there may not exclude across
+    /// hosts, so tell the user. The directory's path itself is not exposed
+    /// to the webview.
+    pub network_fs: Option<String>,
     /// One entry per joined agent, ordered by pubkey.
     pub agents: Vec<ElectionStatus>,
 }

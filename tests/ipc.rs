@@ -52,6 +52,8 @@ fn window(dir: &std::path::Path, id: &str, agents: &[&str]) -> Window {
                 .lock_dir(dir)
                 .election_id(id)
                 .agents(agents.iter().copied())
+                // Webviews may also act on these two; on nothing else.
+                .allow_agents(["b".repeat(64), "c".repeat(64)])
                 // Long timings: the tests drive refreshes by hand.
                 .refresh(Duration::from_secs(60))
                 .stale(Duration::from_secs(120))
@@ -191,6 +193,45 @@ fn commands_answer_through_ipc() {
     assert_eq!(
         std::fs::read(tmp.path().join(format!("{KEY}.lock"))).unwrap(),
         b""
+    );
+}
+
+#[test]
+fn webviews_may_act_only_on_the_agents_the_app_lists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = window(tmp.path(), "window-1", &[KEY]);
+    let unlisted = "d".repeat(64);
+    for (cmd, args) in [
+        ("join", json!({"pubkey": unlisted})),
+        ("leave", json!({"pubkey": unlisted})),
+        ("claim", json!({"pubkey": unlisted})),
+        ("release", json!({"pubkey": unlisted})),
+        (
+            "handle_control_frame",
+            json!({"pubkey": unlisted, "frame": r#"{"type":"claim_leadership","targetInstanceId":"window-1"}"#}),
+        ),
+        ("take", json!({"pubkey": unlisted, "eventId": "e1"})),
+        ("done", json!({"pubkey": unlisted, "eventId": "e1"})),
+        ("give_back", json!({"pubkey": unlisted, "eventId": "e1"})),
+        ("owed", json!({"pubkey": unlisted, "queue": []})),
+    ] {
+        let e = w.invoke(cmd, args).unwrap_err();
+        assert_eq!(e["kind"], "notAllowed", "{cmd}: {e}");
+    }
+    // Upper case is the same key: still denied, and nothing was touched.
+    let e = w
+        .invoke("join", json!({"pubkey": unlisted.to_uppercase()}))
+        .unwrap_err();
+    assert_eq!(e["kind"], "notAllowed");
+    assert!(!tmp.path().join(format!("{unlisted}.lock")).exists());
+    // Listed agents work as before; the app's own Rust code is not limited.
+    assert_eq!(w.invoke("join", json!({"pubkey": "b".repeat(64)})).unwrap(), true);
+    assert!(w.app.leader_election().join(&unlisted).unwrap());
+    // The status names no path of the user's.
+    let status = w.invoke("status", json!({})).unwrap().to_string();
+    assert!(
+        !status.contains(tmp.path().to_str().unwrap()),
+        "status exposes the lock dir: {status}"
     );
 }
 

@@ -14,9 +14,12 @@ instanceId: string,
  */
 pid: number, 
 /**
- * The lock directory.
+ * The network filesystem the lock directory sits on (`"nfs"`,
+ * `"smb"`, …), when it does: `flock` there may not exclude across
+ * hosts, so tell the user. The directory's path itself is not exposed
+ * to the webview.
  */
-lockDir: string, 
+networkFs: string | null, 
 /**
  * One entry per joined agent, ordered by pubkey.
  */

@@ -200,6 +200,8 @@ mod tests {
             claimed_at,
             epoch: None,
             live: None,
+            host: None,
+            boot: None,
         })
     }
 

@@ -43,6 +43,7 @@ pub mod election;
 pub mod elector;
 pub mod epoch;
 pub mod error;
+pub mod host;
 pub mod identity;
 pub mod ledger;
 pub mod liveness;

@@ -99,6 +99,12 @@ pub struct LockRecord {
     /// Absent in records written by the harness or in spec mode; ignored
     /// unless it is a well-formed token.
     pub live: Option<String>,
+    /// Extension: the writer's host name (see [`crate::host`]); ignored
+    /// unless well-formed.
+    pub host: Option<String>,
+    /// Extension: the writer's boot id (see [`crate::host`]); ignored
+    /// unless well-formed.
+    pub boot: Option<String>,
 }
 
 /// What a lock file holds, classified.
@@ -137,6 +143,10 @@ impl LockContent {
             epoch: serde_json::Value,
             #[serde(default)]
             live: serde_json::Value,
+            #[serde(default)]
+            host: serde_json::Value,
+            #[serde(default)]
+            boot: serde_json::Value,
         }
         // The NIP says "a JSON object"; serde would also accept an array.
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -153,6 +163,8 @@ impl LockContent {
                     .as_str()
                     .filter(|t| crate::presence::valid_token(t))
                     .map(str::to_owned),
+                host: field(&raw.host),
+                boot: field(&raw.boot),
             }),
             Err(e) => LockContent::Malformed(e.to_string()),
         }
@@ -178,6 +190,13 @@ impl LockContent {
     }
 }
 
+/// A well-formed `host` or `boot` extension field, if `v` is one.
+fn field(v: &serde_json::Value) -> Option<String> {
+    v.as_str()
+        .filter(|s| crate::host::valid_field(s))
+        .map(str::to_owned)
+}
+
 /// Formats an instant exactly as the harness does (chrono's default RFC
 /// 3339: UTC as `+00:00`, as many fraction digits as the instant needs,
 /// e.g. `2026-06-15T00:00:00.123456789+00:00`), so a record of ours is
@@ -197,7 +216,9 @@ pub struct RecordExt<'a> {
 
 /// The exact bytes written for a claim:
 /// `{"instance_id":"<id>","pid":<pid>,"claimed_at":"<RFC 3339 UTC>"}`, plus
-/// `,"epoch":N,"live":"<token>"` in extended mode. The three NIP fields
+/// `,"epoch":N,"live":"<token>","host":"<host>","boot":"<boot id>"` in
+/// extended mode (host and boot when this machine has them, see
+/// [`crate::host`]). The three NIP fields
 /// always come first, in that order, with the harness's types.
 pub fn encode_record(
     instance_id: &str,
@@ -214,13 +235,20 @@ pub fn encode_record(
         epoch: Option<u64>,
         #[serde(skip_serializing_if = "Option::is_none")]
         live: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        host: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        boot: Option<&'a str>,
     }
+    let here = ext.map(|_| crate::host::here());
     serde_json::to_vec(&Wire {
         instance_id,
         pid,
         claimed_at: format_claimed_at(claimed_at),
         epoch: ext.map(|e| e.epoch),
         live: ext.map(|e| e.live),
+        host: here.and_then(|h| h.host.as_deref()),
+        boot: here.and_then(|h| h.boot.as_deref()),
     })
     .expect("a struct of strings and integers always serialises")
 }
@@ -391,15 +419,27 @@ mod tests {
             live: "1234-0123456789abcdef",
         };
         let bytes = encode_record("inst-1", 4242, t, Some(ext));
-        assert_eq!(
-            std::str::from_utf8(&bytes).unwrap(),
-            r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250+00:00","epoch":7,"live":"1234-0123456789abcdef"}"#
-        );
+        let here = crate::host::here();
+        let mut expected = r#"{"instance_id":"inst-1","pid":4242,"claimed_at":"2026-06-15T00:00:00.250+00:00","epoch":7,"live":"1234-0123456789abcdef""#.to_owned();
+        for (k, v) in [("host", &here.host), ("boot", &here.boot)] {
+            if let Some(v) = v {
+                expected += &format!(r#","{k}":{}"#, serde_json::to_string(v).unwrap());
+            }
+        }
+        expected += "}";
+        assert_eq!(std::str::from_utf8(&bytes).unwrap(), expected);
         let r = rec(std::str::from_utf8(&bytes).unwrap());
         assert_eq!(
-            (r.epoch, r.live.as_deref()),
-            (Some(7), Some("1234-0123456789abcdef"))
+            (r.epoch, r.live.as_deref(), &r.host, &r.boot),
+            (
+                Some(7),
+                Some("1234-0123456789abcdef"),
+                &here.host,
+                &here.boot
+            )
         );
+        let r = rec(r#"{"instance_id":"x","pid":1,"claimed_at":"x","host":"a\nb","boot":7}"#);
+        assert_eq!((r.host, r.boot), (None, None), "ill-formed: ignored");
         // Wrong types or hostile tokens are ignored, never malformed.
         let r = rec(
             r#"{"instance_id":"x","pid":1,"claimed_at":"x","epoch":"7","live":"../../etc/passwd"}"#,

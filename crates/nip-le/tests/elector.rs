@@ -560,3 +560,76 @@ fn no_takeover_of_a_live_harness_on_a_wall_clock_step_in_either_direction() {
         );
     }
 }
+
+/// A record as an extended instance on `host`, in boot `boot`, writes it.
+fn record_from(host: &str, boot: &str, pid: u32) -> Vec<u8> {
+    format!(
+        r#"{{"instance_id":"elsewhere","pid":{pid},"claimed_at":"{}","epoch":5,"live":"1-0123456789abcdef","host":"{host}","boot":"{boot}"}}"#,
+        nip_le::record::format_claimed_at(std::time::SystemTime::now())
+    )
+    .into_bytes()
+}
+
+#[test]
+fn a_record_from_an_earlier_boot_of_this_host_is_dead_at_once() {
+    let here = nip_le::host::here();
+    let (Some(host), Some(_)) = (&here.host, &here.boot) else {
+        eprintln!("no boot id on this platform: nothing to test");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let k = pk('1');
+    let path = nip_le::lockfile::lock_path(tmp.path(), &k);
+    std::fs::create_dir_all(tmp.path()).unwrap();
+    // Fresh, and its pid (ours) is alive: before the reboot, that pid was
+    // someone else.
+    std::fs::write(
+        &path,
+        record_from(host, "an-earlier-boot", std::process::id()),
+    )
+    .unwrap();
+    let a = Elector::start(extended(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let mut ra = a.subscribe();
+    assert!(
+        a.join(&k).unwrap(),
+        "a recycled pid kept a dead holder alive"
+    );
+    assert_eq!(ra.blocking_recv().unwrap().reason, ChangeReason::Failover);
+}
+
+#[test]
+fn a_record_from_another_host_is_never_judged_by_its_pid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = extended(tmp.path());
+    c.refresh = Duration::from_millis(50);
+    c.stale = Duration::from_millis(300);
+    c.lock_wait = Duration::from_millis(10);
+    let k = pk('1');
+    let path = nip_le::lockfile::lock_path(tmp.path(), &k);
+    std::fs::create_dir_all(tmp.path()).unwrap();
+    // A pid that is dead here (a child we reaped) is alive on its host,
+    // whose holder keeps refreshing over the shared directory.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let write = move || {
+        nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1))
+            .unwrap()
+            .write(&record_from("another-host", "its-boot", pid))
+            .unwrap();
+    };
+    write();
+    let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
+    assert!(!a.join(&k).unwrap(), "judged another host's pid as dead");
+    let end = std::time::Instant::now() + Duration::from_millis(900);
+    while std::time::Instant::now() < end {
+        write();
+        assert!(!a.is_leader(&k), "took over a live holder of another host");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // It stops refreshing: taken once unchanged past the bound, by our clock.
+    assert!(
+        wait_until(|| a.is_leader(&k)),
+        "never took an abandoned record"
+    );
+}

@@ -103,6 +103,8 @@ proptest! {
                 claimed_at: claimed_at.clone(),
                 epoch: None,
                 live: None,
+                host: None,
+                boot: None,
             }),
         };
         // The model, from the NIP's text plus our documented future rule.

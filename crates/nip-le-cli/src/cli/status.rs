@@ -94,6 +94,13 @@ pub fn status(a: StatusArgs) -> Result<ExitCode, nip_le::Error> {
             })
         }
     };
+    if let Some(fs) = nip_le::host::network_fs(dir) {
+        // On stderr, so `--json` output stays one JSON document.
+        eprintln!(
+            "warning: {} is on a network filesystem ({fs}): flock may not exclude across hosts",
+            dir.display()
+        );
+    }
     let now = SystemTime::now();
     let mut rows: Vec<LockEntry> = entries
         .filter_map(Result::ok)

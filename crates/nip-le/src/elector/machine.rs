@@ -37,6 +37,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::control::LeadRequest;
 use crate::election::{self, TakeReason, Takeable};
+use crate::host::{self, Origin};
 use crate::liveness::Liveness;
 use crate::presence::{PeerPresence, Sibling};
 use crate::record::{encode_record, LockContent, LockRecord, RecordExt};
@@ -443,14 +444,27 @@ impl KeyMachine {
         if unchanged > self.rules.stale {
             self.hang_judged = self.seen.as_ref().map(|(_, since)| *since);
         }
+        // A pid (and a presence) means something only on the host and boot
+        // that wrote it (see `crate::host`).
+        let origin = content
+            .record()
+            .map_or(Origin::HereOrUnknown, |r| host::origin(r, host::here()));
         election::takeable_extended(
             content,
             &self.our_id,
             now.wall,
             self.rules.stale,
             unchanged,
-            |p| probes.pid(p),
-            |t| probes.presence(t),
+            |p| match origin {
+                Origin::OtherBoot => Liveness::Dead,
+                Origin::OtherHost => Liveness::Alive,
+                Origin::HereOrUnknown => probes.pid(p),
+            },
+            |t| match origin {
+                Origin::OtherBoot => PeerPresence::Gone,
+                Origin::OtherHost => PeerPresence::Unknown,
+                Origin::HereOrUnknown => probes.presence(t),
+            },
         )
     }
 
@@ -593,6 +607,7 @@ impl KeyMachine {
             Ok(c) if self.rules.extended => c
                 .record()
                 .filter(|r| r.instance_id != *self.our_id)
+                .filter(|r| host::origin(r, host::here()) == Origin::HereOrUnknown)
                 .and_then(|r| r.live.clone()),
             _ => None,
         };
@@ -784,6 +799,8 @@ mod tests {
             claimed_at: ClaimedAt::At(wall),
             epoch: live.map(|_| 3),
             live: live.map(str::to_owned),
+            host: None,
+            boot: None,
         })
     }
 

@@ -59,6 +59,8 @@ pub struct Elector {
     shared: Arc<Shared>,
     mailbox: Mailbox<Command>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The network filesystem under the lock directory, if any.
+    network_fs: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -110,9 +112,18 @@ impl Elector {
             .name("nip-le-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| Error::io("<writer thread>", e))?;
+        let network_fs = crate::host::network_fs(&config.lock_dir);
+        if let Some(fs) = network_fs {
+            tracing::warn!(
+                lock_dir = %config.lock_dir.display(),
+                "the lock directory is on a network filesystem ({fs}): flock may not exclude \
+                 across hosts, and instances of other hosts are judged only by their records"
+            );
+        }
         Ok(Self {
             config,
             id,
+            network_fs,
             shared,
             mailbox,
             thread: Mutex::new(Some(thread)),
@@ -137,6 +148,14 @@ impl Elector {
     /// The validated configuration in force.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Extension: the network filesystem the lock directory sits on (NFS,
+    /// SMB, …), if it does, as found at start (Linux). `flock` there may not
+    /// exclude across hosts: tell the user (the plugin's status carries it,
+    /// and a warning was logged).
+    pub fn network_fs(&self) -> Option<&'static str> {
+        self.network_fs
     }
 
     /// Subscribes to every later [`LeadershipChange`]. A receiver that falls

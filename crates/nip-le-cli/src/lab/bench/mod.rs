@@ -5,6 +5,7 @@
 //! `nip-le` (say, the last commit's), so a change is measured against its
 //! predecessor side by side, on the same machine, in the same run.
 
+mod faults;
 mod scenarios;
 mod turns;
 
@@ -34,8 +35,8 @@ pub struct BenchArgs {
     #[arg(long)]
     before: Option<PathBuf>,
     /// Only the rows whose key is listed (comma-separated): sigkill,
-    /// graceful, claim, foreign, sigstop, start, idle, slept, queued,
-    /// turn-kill, in-process.
+    /// graceful, claim, foreign, sigstop, start, idle, slept, pause, flock,
+    /// queued, turn-kill, in-process.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(flatten)]
@@ -119,7 +120,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     let b = Bench { cfg: cfg.clone() };
     let slow_runs = (a.runs / 4).max(3);
     println!(
-        "nip-le bench: refresh {:?}, stale {:?}, stand-down {:?}, {} runs per row ({} for SIGSTOP, start-together and queued, 3 for idle and slept), {} cores",
+        "nip-le bench: refresh {:?}, stale {:?}, stand-down {:?}, {} runs per row ({} for SIGSTOP, start-together and queued, 3 for idle, slept, pause and flock), {} cores",
         cfg.refresh,
         cfg.stale,
         cfg.stand_down,
@@ -178,6 +179,18 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             "slept",
             "machine slept > stale, then woke: leadership moved (1 = yes)",
             Bench::slept,
+            3,
+        ),
+        row(
+            "pause",
+            "whole cluster paused 3 × stale, resumed in random order → others that led",
+            Bench::cluster_pause,
+            3,
+        ),
+        row(
+            "flock",
+            "peer holds the lock file's flock stale + refresh → mentions answered (%)",
+            Bench::flock_hold,
             3,
         ),
         row(

@@ -21,6 +21,17 @@ pub(super) fn random_below(d: Duration) -> Duration {
     Duration::from_micros((uuid::Uuid::new_v4().as_u128() % d.as_micros().max(1)) as u64)
 }
 
+/// What the instances of a bench cluster do with a mention feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Feed {
+    /// No feed.
+    None,
+    /// Reply to each mention at once while leading.
+    Replies,
+    /// `--turn-ms`: work the queue one turn at a time.
+    Turns(u64),
+}
+
 /// The bench's timings, shared by every scenario.
 pub struct Bench {
     /// The validated timings every instance runs with.
@@ -36,35 +47,42 @@ impl Bench {
             ms(self.cfg.stand_down),
         );
         o.extra_args = vec!["--mode".into(), v.mode.as_str().into()];
+        if v.before {
+            // An earlier build has no `--relay`; its claims use the lead
+            // request in both modes.
+            return o;
+        }
         // Claims travel as the desktop sends them, through the relay.
         o.relay(dir.join("relay.jsonl"))
     }
 
     /// `n` instances of one election, settled with exactly one leader.
-    fn cluster(
+    pub(super) fn cluster(
         &self,
         v: &Variant,
         n: usize,
     ) -> std::io::Result<(tempfile::TempDir, AgentPubkey, Vec<Instance>, usize)> {
-        self.cluster_with(v, n, None)
+        self.cluster_with(v, n, Feed::None)
     }
 
-    /// [`Bench::cluster`]; with `turn_ms`, the instances work the feed
+    /// [`Bench::cluster`]; with a [`Feed`], the instances follow the feed
     /// `mentions.jsonl` (replies in `replies.jsonl`) of the returned
-    /// directory with `--turn-ms`.
+    /// directory.
     pub(super) fn cluster_with(
         &self,
         v: &Variant,
         n: usize,
-        turn_ms: Option<u64>,
+        feed: Feed,
     ) -> std::io::Result<(tempfile::TempDir, AgentPubkey, Vec<Instance>, usize)> {
         let tmp = tempfile::tempdir()?;
         let pk = random_pubkey();
         let mut o = self.opts(tmp.path(), pk, v);
-        if let Some(t) = turn_ms {
+        if feed != Feed::None {
             let mentions = tmp.path().join("mentions.jsonl");
             std::fs::write(&mentions, b"")?;
             o.feed = Some((mentions, tmp.path().join("replies.jsonl")));
+        }
+        if let Feed::Turns(t) = feed {
             o.extra_args.extend(["--turn-ms".into(), t.to_string()]);
         }
         let mut insts = Vec::new();

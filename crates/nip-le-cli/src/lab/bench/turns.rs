@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use super::scenarios::{random_below, Bench};
+use super::scenarios::{random_below, Bench, Feed};
 use super::{Row, Variant};
 use crate::lab::cluster::{first_new_leader, wait_until, Instance};
 use crate::lines::{Line, ReplyLine, TurnOutcome};
@@ -26,7 +26,7 @@ const QUEUED_TURN_MS: u64 = 1_500;
 const LONG_TURN_MS: u64 = 2_000;
 
 /// Appends mentions `ids` to the feed in `dir`, published now.
-fn publish(dir: &Path, ids: &[String]) -> std::io::Result<()> {
+pub(super) fn publish(dir: &Path, ids: &[String]) -> std::io::Result<()> {
     let at = unix_ms();
     let lines: String = ids
         .iter()
@@ -39,7 +39,7 @@ fn publish(dir: &Path, ids: &[String]) -> std::io::Result<()> {
 }
 
 /// Per mention id in the feed of `dir`, when each reply was written.
-fn replies(dir: &Path) -> BTreeMap<String, Vec<u64>> {
+pub(super) fn replies(dir: &Path) -> BTreeMap<String, Vec<u64>> {
     let mut m: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for r in ReplyLine::read_all(&dir.join("replies.jsonl")) {
         m.entry(r.mention_id()).or_default().push(r.at_ms);
@@ -63,7 +63,7 @@ fn started(inst: &Instance, cursor: usize, id: &str, within: Duration) -> Option
 }
 
 /// A shortfall is the measured behaviour in spec mode, a failure in ours.
-fn shortfall(v: &Variant, row: &mut Row, what: String) {
+pub(super) fn shortfall(v: &Variant, row: &mut Row, what: String) {
     if v.mode == nip_le::Mode::Spec {
         row.notes.push(what);
     } else {
@@ -79,7 +79,7 @@ impl Bench {
         if v.before {
             return Ok(()); // an earlier build has no --turn-ms
         }
-        let (tmp, _pk, mut insts, leader) = self.cluster_with(v, 3, Some(QUEUED_TURN_MS))?;
+        let (tmp, _pk, mut insts, leader) = self.cluster_with(v, 3, Feed::Turns(QUEUED_TURN_MS))?;
         let ids: Vec<String> = (0..QUEUED).map(|i| format!("q{i}")).collect();
         let c = insts[leader].cursor();
         publish(tmp.path(), &ids)?;
@@ -138,7 +138,7 @@ impl Bench {
         if v.before {
             return Ok(());
         }
-        let (tmp, _pk, mut insts, leader) = self.cluster_with(v, 3, Some(LONG_TURN_MS))?;
+        let (tmp, _pk, mut insts, leader) = self.cluster_with(v, 3, Feed::Turns(LONG_TURN_MS))?;
         let id = "k0".to_owned();
         let c = insts[leader].cursor();
         publish(tmp.path(), std::slice::from_ref(&id))?;
