@@ -225,7 +225,10 @@ fn webviews_may_act_only_on_the_agents_the_app_lists() {
     assert_eq!(e["kind"], "notAllowed");
     assert!(!tmp.path().join(format!("{unlisted}.lock")).exists());
     // Listed agents work as before; the app's own Rust code is not limited.
-    assert_eq!(w.invoke("join", json!({"pubkey": "b".repeat(64)})).unwrap(), true);
+    assert_eq!(
+        w.invoke("join", json!({"pubkey": "b".repeat(64)})).unwrap(),
+        true
+    );
     assert!(w.app.leader_election().join(&unlisted).unwrap());
     // The status names no path of the user's.
     let status = w.invoke("status", json!({})).unwrap().to_string();

@@ -1,7 +1,17 @@
-//! Presence backend for platforms without OFD locks: one file per elector,
-//! `<lock dir>/<token>.live`, with an exclusive `flock` held as long as the
-//! elector runs. Dropping it removes the file (its removal tells watchers
-//! the elector left).
+//! Presence backend for platforms without OFD locks: per elector, a lock
+//! file `<lock dir>/<token>.live` with an exclusive lock held as long as the
+//! elector runs, and its body in `<token>.info`. Dropping it removes both
+//! (the removal tells watchers the elector left).
+//!
+//! * The body lives in a file of its own because on Windows a locked range
+//!   cannot be read by anyone else: with the body under the lock, no
+//!   sibling could be found to hand the lock to. `.info` is never locked and
+//!   is replaced whole (written beside it, then renamed over it).
+//! * A `.live` file is locked from birth: it is created and locked under a
+//!   temporary name (`.<token>.new`) and renamed into place. So a `.live`
+//!   file nobody holds belongs to a process that died, and is removed
+//!   (with its `.info`) by the next elector that starts in the directory,
+//!   never racing a creator.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -20,24 +30,38 @@ pub fn presence_path(dir: &Path, token: &str) -> PathBuf {
     dir.join(format!("{token}.live"))
 }
 
+/// `<dir>/<token>.info`: the body.
+pub fn info_path(dir: &Path, token: &str) -> PathBuf {
+    dir.join(format!("{token}.info"))
+}
+
+/// `<dir>/.<token>.new`: a lock file being born.
+fn newborn_path(dir: &Path, token: &str) -> PathBuf {
+    dir.join(format!(".{token}.new"))
+}
+
+/// How old an unheld newborn or orphaned body must be before a sweep
+/// removes it: far longer than a creator takes between its steps.
+const SWEEP_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The token of a presence file name, if it is one.
 pub fn token_of_name(name: &str) -> Option<&str> {
     name.strip_suffix(".live").filter(|t| valid_token(t))
 }
 
-/// Our presence: the file and its exclusive lock. Dropping it unlinks the
-/// file (while still holding the lock) and releases the lock.
+/// Our presence: the lock file and its exclusive lock, and the body.
+/// Dropping it unlinks both (while still holding the lock) and releases the
+/// lock.
 #[derive(Debug)]
 pub struct Presence {
     token: String,
+    dir: PathBuf,
     path: PathBuf,
-    file: File,
+    /// Held open: the lock lives as long as this file handle.
+    _lock: File,
     instance_id: String,
     pid: u32,
     keys: Vec<AgentPubkey>,
-    /// Length of the body on disk, so that a rewrite truncates only when
-    /// the body shrank.
-    len: u64,
 }
 
 impl Presence {
@@ -45,40 +69,43 @@ impl Presence {
     /// no key yet. Its token is random and appears in no record before the
     /// file is locked, so no probe can find it unlocked while we live.
     pub fn create(dir: &Path, instance_id: &str) -> Result<Self> {
+        sweep(dir);
         let pid = std::process::id();
         let token = fresh_token(pid);
-        let path = presence_path(dir, &token);
-        let file = open_regular_file(&path, Create::New).map_err(|e| Error::io(&path, e))?;
+        let newborn = newborn_path(dir, &token);
+        let file = open_regular_file(&newborn, Create::New).map_err(|e| Error::io(&newborn, e))?;
+        let born = match fs4::FileExt::try_lock(&file) {
+            Ok(()) => Ok(()),
+            Err(fs4::TryLockError::WouldBlock) => {
+                Err(std::io::Error::other("presence file already locked"))
+            }
+            Err(fs4::TryLockError::Error(e)) => Err(e),
+        };
+        if let Err(e) = born {
+            let _ = std::fs::remove_file(&newborn);
+            return Err(Error::io(&newborn, e));
+        }
         let mut p = Self {
+            path: newborn.clone(),
             token,
-            path,
-            file,
+            dir: dir.to_owned(),
+            _lock: file,
             instance_id: instance_id.to_owned(),
             pid,
             keys: Vec::new(),
-            len: 0,
         };
-        // On failure, dropping `p` removes the file.
-        p.lock_and_write()?;
+        // The body first, then the lock file under its real name: a probe
+        // that finds the `.live` file finds its body. On failure, dropping
+        // `p` removes what exists.
+        p.write_body()?;
+        let path = presence_path(dir, &p.token);
+        std::fs::rename(&newborn, &path).map_err(|e| Error::io(&path, e))?;
+        p.path = path;
         Ok(p)
     }
 
-    fn lock_and_write(&mut self) -> Result<()> {
-        match fs4::FileExt::try_lock(&self.file) {
-            Ok(()) => {}
-            Err(fs4::TryLockError::WouldBlock) => {
-                return Err(Error::io(
-                    &self.path,
-                    std::io::Error::other("presence file already locked"),
-                ))
-            }
-            Err(fs4::TryLockError::Error(e)) => return Err(Error::io(&self.path, e)),
-        }
-        self.write_body()
-    }
-
-    /// Rewrites the body in place: one positioned write, and a truncation
-    /// only when it shrank.
+    /// Replaces the body whole: written beside it, renamed over it (a
+    /// rename never follows a symlink at its destination).
     fn write_body(&mut self) -> Result<()> {
         let body = serde_json::to_vec(&Body {
             token: self.token.clone(),
@@ -87,16 +114,18 @@ impl Presence {
             keys: self.keys.clone(),
         })
         .expect("strings and integers always serialise");
-        let new_len = body.len() as u64;
+        let info = info_path(&self.dir, &self.token);
+        let next = self.dir.join(format!(".{}.info.new", self.token));
+        let _ = std::fs::remove_file(&next);
         let r = (|| {
-            write_all_at(&self.file, &body)?;
-            if new_len < self.len {
-                self.file.set_len(new_len)?;
-            }
-            Ok(())
+            let f = open_regular_file(&next, Create::New)?;
+            write_all_at(&f, &body)?;
+            std::fs::rename(&next, &info)
         })();
-        self.len = new_len;
-        r.map_err(|e| Error::io(&self.path, e))
+        if r.is_err() {
+            let _ = std::fs::remove_file(&next);
+        }
+        r.map_err(|e| Error::io(&info, e))
     }
 
     /// Lists `keys` as the elections we take part in (rewritten in place
@@ -121,8 +150,60 @@ impl Presence {
 impl Drop for Presence {
     fn drop(&mut self) {
         // Still holding the lock: nobody can mistake the file for a dead
-        // peer's before it is gone.
+        // peer's before it is gone. The body first, so no body outlives
+        // its lock file.
+        let _ = std::fs::remove_file(info_path(&self.dir, &self.token));
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Removes what electors that died left in `dir`: `.live` files nobody
+/// holds (and their bodies), and newborns or bodies without a lock file
+/// that are older than [`SWEEP_AFTER`]. A `.live` file is locked from
+/// birth, so one that can be locked is a dead elector's, and it is removed
+/// while we hold its lock: never a live or starting elector's.
+pub fn sweep(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let old = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > SWEEP_AFTER)
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(token) = token_of_name(name) {
+            let path = presence_path(dir, token);
+            let Ok(f) = open_existing(&path) else {
+                continue;
+            };
+            if fs4::FileExt::try_lock(&f).is_ok() {
+                let _ = std::fs::remove_file(info_path(dir, token));
+                let _ = std::fs::remove_file(&path);
+            }
+        } else if let Some(token) = name.strip_suffix(".info").filter(|t| valid_token(t)) {
+            if !presence_path(dir, token).exists() && old(&e.path()) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        } else if let Some(hidden) = name.strip_prefix('.') {
+            let path = e.path();
+            if let Some(t) = hidden.strip_suffix(".info.new") {
+                // A body being written: never locked.
+                if valid_token(t) && old(&path) {
+                    let _ = std::fs::remove_file(&path);
+                }
+            } else if let Some(t) = hidden.strip_suffix(".new") {
+                // A lock file being born: locked at once by its creator.
+                let unheld = open_existing(&path).is_ok_and(|f| fs4::FileExt::try_lock(&f).is_ok());
+                if valid_token(t) && unheld && old(&path) {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
     }
 }
 
@@ -130,8 +211,13 @@ fn open_existing(path: &Path) -> std::io::Result<File> {
     open_regular_file(path, Create::No)
 }
 
-/// The body of a presence file, if it parses (one positioned read for a
-/// body of up to 4 KiB).
+/// The body of `token`'s presence, if it parses.
+fn body_of(dir: &Path, token: &str) -> Option<Body> {
+    read_body(&mut open_existing(&info_path(dir, token)).ok()?)
+}
+
+/// The body in `f`, if it parses (one positioned read for a body of up to
+/// 4 KiB).
 fn read_body(f: &mut File) -> Option<Body> {
     let mut small = [0u8; 4096];
     let n = crate::lockfile::read_prefix(f, &mut small).ok()?;
@@ -170,18 +256,19 @@ pub fn probe_holder(dir: &Path, token: &str) -> HolderPresence {
         return HolderPresence::Unknown;
     }
     let path = presence_path(dir, token);
-    let mut f = match open_existing(&path) {
+    let f = match open_existing(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HolderPresence::Gone,
         Err(_) => return HolderPresence::Unknown,
     };
     match fs4::FileExt::try_lock(&f) {
         Ok(()) => {
+            let _ = std::fs::remove_file(info_path(dir, token));
             let _ = std::fs::remove_file(&path);
             HolderPresence::Gone
         }
         Err(fs4::TryLockError::WouldBlock) => {
-            HolderPresence::Alive(read_body(&mut f).map(|b| b.keys))
+            HolderPresence::Alive(body_of(dir, token).map(|b| b.keys))
         }
         Err(fs4::TryLockError::Error(_)) => HolderPresence::Unknown,
     }
@@ -218,7 +305,7 @@ pub fn live_siblings(dir: &Path, key: &AgentPubkey, except_token: &str) -> Vec<S
         if token == except_token {
             continue;
         }
-        let Ok(mut f) = open_existing(&presence_path(dir, token)) else {
+        let Ok(f) = open_existing(&presence_path(dir, token)) else {
             continue;
         };
         if !matches!(
@@ -228,7 +315,7 @@ pub fn live_siblings(dir: &Path, key: &AgentPubkey, except_token: &str) -> Vec<S
             let _ = fs4::FileExt::unlock(&f);
             continue; // not held: gone
         }
-        if let Some(b) = read_body(&mut f).filter(|b| b.keys.contains(key)) {
+        if let Some(b) = body_of(dir, token).filter(|b| b.keys.contains(key)) {
             out.push(Sibling {
                 token: token.to_owned(),
                 instance_id: b.instance_id,
@@ -289,11 +376,18 @@ mod tests {
         drop(p);
         assert_eq!(probe(tmp.path(), &token, &pk('f')), PeerPresence::Gone);
         wait_gone(tmp.path(), &token); // returns at once
-        let names: Vec<_> = std::fs::read_dir(tmp.path())
+        let mut names: Vec<_> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(names, vec![format!("{}.live", sib.token())]);
+        names.sort();
+        assert_eq!(
+            names,
+            vec![
+                format!("{}.info", sib.token()),
+                format!("{}.live", sib.token())
+            ]
+        );
     }
 
     #[test]
@@ -307,6 +401,100 @@ mod tests {
         .unwrap();
         assert_eq!(probe(tmp.path(), t, &pk('e')), PeerPresence::Gone);
         assert!(!presence_path(tmp.path(), t).exists());
+    }
+
+    /// Sets a file's modification time `secs` into the past.
+    fn age(path: &Path, secs: u64) {
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs))
+            .unwrap();
+    }
+
+    #[test]
+    fn what_dead_electors_left_is_swept_and_a_live_ones_never() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let mut live = Presence::create(dir, "live").unwrap();
+        live.set_keys([pk('e')]).unwrap();
+        // The body is readable without the lock (Windows locks are
+        // mandatory): the lock file holds nothing, the body is beside it.
+        assert_eq!(
+            std::fs::read(presence_path(dir, live.token())).unwrap(),
+            b""
+        );
+        assert!(std::fs::read_to_string(info_path(dir, live.token()))
+            .unwrap()
+            .contains("\"live\""));
+        // A crashed elector's lock file and body, a newborn whose creator
+        // died, a body whose lock file is gone, a body being written.
+        let dead = "7-00000000000000aa";
+        std::fs::write(presence_path(dir, dead), b"").unwrap();
+        std::fs::write(
+            info_path(dir, dead),
+            br#"{"token":"7-00000000000000aa","instance_id":"d","pid":7,"keys":[]}"#,
+        )
+        .unwrap();
+        let newborn = newborn_path(dir, "8-00000000000000bb");
+        std::fs::write(&newborn, b"").unwrap();
+        age(&newborn, 60);
+        let orphan = info_path(dir, "9-00000000000000cc");
+        std::fs::write(&orphan, b"{}").unwrap();
+        age(&orphan, 60);
+        let half = dir.join(".6-00000000000000dd.info.new");
+        std::fs::write(&half, b"{").unwrap();
+        age(&half, 60);
+        // A young newborn may belong to a creator about to lock it: kept.
+        let young = newborn_path(dir, "5-00000000000000ee");
+        std::fs::write(&young, b"").unwrap();
+        let next = Presence::create(dir, "next").unwrap();
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        let mut expected = vec![
+            ".5-00000000000000ee.new".to_owned(),
+            format!("{}.info", live.token()),
+            format!("{}.live", live.token()),
+            format!("{}.info", next.token()),
+            format!("{}.live", next.token()),
+        ];
+        expected.sort();
+        assert_eq!(names, expected);
+        assert_eq!(probe(dir, live.token(), &pk('e')), PeerPresence::Alive);
+    }
+
+    #[test]
+    fn sweeping_never_removes_a_starting_or_running_elector() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_owned();
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    for round in 0..150 {
+                        // Each creation sweeps: every other thread's
+                        // presence is starting, running or leaving.
+                        let mut p = Presence::create(&dir, &format!("t{i}")).unwrap();
+                        p.set_keys([pk('e')]).unwrap();
+                        assert!(
+                            presence_path(&dir, p.token()).exists(),
+                            "thread {i} round {round}: swept while running"
+                        );
+                        assert_eq!(
+                            probe_holder(&dir, p.token()).in_election(&pk('e')),
+                            PeerPresence::Alive,
+                            "thread {i} round {round}"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        // Everyone left: nothing remains.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     }
 
     #[test]
@@ -339,7 +527,7 @@ mod tests {
         // A held file whose body is garbage: alive (the hang rule bounds it).
         let mut p = Presence::create(tmp.path(), "me").unwrap();
         p.set_keys([pk('e')]).unwrap();
-        std::fs::write(presence_path(tmp.path(), p.token()), b"{garbage").unwrap();
+        std::fs::write(info_path(tmp.path(), p.token()), b"{garbage").unwrap();
         assert_eq!(probe(tmp.path(), p.token(), &pk('e')), PeerPresence::Alive);
     }
 }
