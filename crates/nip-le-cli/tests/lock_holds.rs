@@ -24,11 +24,7 @@ fn held_by_someone(path: &std::path::Path) -> bool {
 #[test]
 fn the_holder_keeps_answering_while_a_peer_hangs_on_the_file_lock_and_keeps_leading_after() {
     let s = Scratch::new();
-    let mentions = s.tmp.path().join("mentions.jsonl");
-    let replies = s.tmp.path().join("replies.jsonl");
-    std::fs::write(&mentions, b"").unwrap();
-    let mut opts = s.opts();
-    opts.feed = Some((mentions.clone(), replies.clone()));
+    let (opts, mentions, replies) = s.fed_opts(b"");
     let insts: Vec<Instance> = (0..3)
         .map(|i| s.spawn_with(&format!("i{i}"), opts.clone()))
         .collect();

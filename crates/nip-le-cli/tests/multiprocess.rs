@@ -566,11 +566,7 @@ fn sigstopped_leader(
 #[test]
 fn mentions_are_answered_once_by_the_leader_only() {
     let s = Scratch::new();
-    let mentions = s.tmp.path().join("mentions.jsonl");
-    let replies = s.tmp.path().join("replies.jsonl");
-    std::fs::write(&mentions, b"{\"id\":\"before-start\"}\n").unwrap();
-    let mut opts = s.opts();
-    opts.feed = Some((mentions.clone(), replies.clone()));
+    let (opts, mentions, replies) = s.fed_opts(b"{\"id\":\"before-start\"}\n");
     let insts: Vec<_> = (0..3)
         .map(|i| s.spawn_with(&format!("i{i}"), opts.clone()))
         .collect();

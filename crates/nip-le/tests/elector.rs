@@ -43,6 +43,16 @@ fn extended(dir: &std::path::Path) -> Config {
     c
 }
 
+/// Extended mode with short timings, for tests that wait on real time:
+/// refresh 50 ms, stale 300 ms, lock wait 10 ms.
+fn fast_extended(dir: &std::path::Path) -> Config {
+    let mut c = extended(dir);
+    c.refresh = Duration::from_millis(50);
+    c.stale = Duration::from_millis(300);
+    c.lock_wait = Duration::from_millis(10);
+    c
+}
+
 fn wait_until(mut f: impl FnMut() -> bool) -> bool {
     let end = std::time::Instant::now() + Duration::from_secs(5);
     while std::time::Instant::now() < end {
@@ -321,10 +331,7 @@ fn extended_claim_is_handed_straight_to_the_target() {
 #[test]
 fn extended_leader_keeps_leading_while_a_peer_hangs_on_the_file_lock_but_not_once_it_writes() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = extended(tmp.path());
-    c.refresh = Duration::from_millis(50);
-    c.stale = Duration::from_millis(300);
-    c.lock_wait = Duration::from_millis(10);
+    let c = fast_extended(tmp.path());
     let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
     let k = pk('1');
     assert!(a.join(&k).unwrap());
@@ -514,10 +521,7 @@ fn fencing_epochs_never_go_backwards_across_a_truncating_release_or_a_harness_wr
 fn no_takeover_of_a_live_harness_on_a_wall_clock_step_in_either_direction() {
     for step_secs in [3_600i64, -3_600] {
         let tmp = tempfile::tempdir().unwrap();
-        let mut c = extended(tmp.path());
-        c.refresh = Duration::from_millis(50);
-        c.stale = Duration::from_millis(300);
-        c.lock_wait = Duration::from_millis(10);
+        let c = fast_extended(tmp.path());
         let k = pk('1');
         let path = nip_le::lockfile::lock_path(tmp.path(), &k);
         std::fs::create_dir_all(tmp.path()).unwrap();
@@ -600,10 +604,7 @@ fn a_record_from_an_earlier_boot_of_this_host_is_dead_at_once() {
 #[test]
 fn a_record_from_another_host_is_never_judged_by_its_pid() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = extended(tmp.path());
-    c.refresh = Duration::from_millis(50);
-    c.stale = Duration::from_millis(300);
-    c.lock_wait = Duration::from_millis(10);
+    let c = fast_extended(tmp.path());
     let k = pk('1');
     let path = nip_le::lockfile::lock_path(tmp.path(), &k);
     std::fs::create_dir_all(tmp.path()).unwrap();

@@ -55,6 +55,17 @@ impl Scratch {
             .relay(self.tmp.path().join("relay.jsonl"))
     }
 
+    /// Options with a mention feed (`mentions.jsonl`, starting with
+    /// `first`) and its replies file (`replies.jsonl`) in the scratch dir.
+    pub fn fed_opts(&self, first: &[u8]) -> (RunOptions, PathBuf, PathBuf) {
+        let mentions = self.tmp.path().join("mentions.jsonl");
+        let replies = self.tmp.path().join("replies.jsonl");
+        std::fs::write(&mentions, first).unwrap();
+        let mut opts = self.opts();
+        opts.feed = Some((mentions.clone(), replies.clone()));
+        (opts, mentions, replies)
+    }
+
     pub fn spawn(&self, name: &str) -> Instance {
         self.spawn_with(name, self.opts())
     }

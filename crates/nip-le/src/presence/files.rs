@@ -159,7 +159,7 @@ impl Drop for Presence {
 
 /// Removes what electors that died left in `dir`: `.live` files nobody
 /// holds (and their bodies), and newborns or bodies without a lock file
-/// that are older than [`SWEEP_AFTER`]. A `.live` file is locked from
+/// that are older than ten seconds (`SWEEP_AFTER`). A `.live` file is locked from
 /// birth, so one that can be locked is a dead elector's, and it is removed
 /// while we hold its lock: never a live or starting elector's.
 pub fn sweep(dir: &Path) {
