@@ -50,7 +50,7 @@ pub fn print(s: &Summary, secs: u64, faults: &str) -> bool {
             s.failovers.last().copied().unwrap_or(0)
         ),
     );
-    println!("  (views of stopped instances are excluded; an extended leader fences itself after a hang, so its view may say leader while it answers nothing)");
+    println!("  (views of stopped instances are excluded; an extended leader that hung past its validity reports `fenced` as it resumes)");
     if s.dup_unexplained > 0 {
         for u in s.unexplained.iter().take(10) {
             println!("  unexplained: {u}");
