@@ -6,8 +6,13 @@
 //! holder would count again from zero, and a work ledger entry taken at an
 //! old epoch could then read as taken by the new holder. So every holder
 //! that issues an epoch first raises `<lock dir>/<pubkey>.epoch` to it, and
-//! every taker reads it, both under the lock file's `flock`: the file only
-//! ever grows, whatever happens to the record.
+//! every taker that finds no epoch in the file (emptied, or a record
+//! without one) reads it, both under the lock file's `flock`: the file only
+//! ever grows, whatever happens to the record. While the file holds a
+//! record with an epoch, that epoch is the latest any record carried (a
+//! mark above it can only be an epoch issued by a holder that died before
+//! writing it, which nothing was ever stamped with), so a refresh reads no
+//! second file.
 //!
 //! The content is the epoch as 20 zero-padded decimal digits and a newline,
 //! always written whole at offset 0 with one positioned write, so the file

@@ -74,7 +74,15 @@ impl LockStore for FileStore {
         lockfile::ensure_dir(&self.dir)?;
         let mut f = LockedFile::open_and_lock(&self.path, self.wait)?;
         let content = f.read()?;
-        let floor = self.floor.as_deref().map_or(0, epoch::read_floor);
+        // The mark matters only when the file carries no epoch (emptied,
+        // or written by the harness or a spec instance): otherwise the
+        // record's own epoch is the latest that any record ever carried,
+        // and a refresh reads no second file.
+        let current = content.record().and_then(|r| r.epoch);
+        let floor = match current {
+            Some(_) => 0,
+            None => self.floor.as_deref().map_or(0, epoch::read_floor),
+        };
         Ok(match decide(&content, floor) {
             Write::Keep => Updated {
                 content,
@@ -82,7 +90,8 @@ impl LockStore for FileStore {
             },
             Write::Put(bytes) => {
                 let issued = LockContent::parse(&bytes).record().and_then(|r| r.epoch);
-                if let (Some(path), Some(e)) = (&self.floor, issued.filter(|e| *e > floor)) {
+                let known = current.unwrap_or(0).max(floor);
+                if let (Some(path), Some(e)) = (&self.floor, issued.filter(|e| *e > known)) {
                     // First the mark, then the record: a crash in between
                     // leaves a gap in the epochs, never a repeat. A mark we
                     // cannot write must not silence the agent.

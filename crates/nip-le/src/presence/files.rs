@@ -197,9 +197,13 @@ pub fn sweep(dir: &Path) {
                     let _ = std::fs::remove_file(&path);
                 }
             } else if let Some(t) = hidden.strip_suffix(".new") {
-                // A lock file being born: locked at once by its creator.
-                let unheld = open_existing(&path).is_ok_and(|f| fs4::FileExt::try_lock(&f).is_ok());
-                if valid_token(t) && unheld && old(&path) {
+                // A lock file being born: locked at once by its creator. Its
+                // age first, so we never take the lock of a young one (its
+                // creator's own attempt would then fail).
+                if valid_token(t)
+                    && old(&path)
+                    && open_existing(&path).is_ok_and(|f| fs4::FileExt::try_lock(&f).is_ok())
+                {
                     let _ = std::fs::remove_file(&path);
                 }
             }
