@@ -212,7 +212,12 @@ export async function launch(n = 3, env = {}, name = '') {
       .withCapabilities({ browserName: 'wry', 'tauri:options': { application: APP } })
       .build()
     await waitFor(`${name} ready`, 30_000, async () => (await driver.findElement(By.css('body')).getAttribute('data-ready')) === 'true')
-    const pid = Number(await driver.findElement(By.id('pid')).getText())
+    // A pid read before the page rendered would be 0, and kill(0) signals
+    // our whole process group: wait for a real one.
+    const pid = await waitFor(`${name}'s pid`, 10_000, async () => {
+      const n = Number(await driver.findElement(By.id('pid')).getText())
+      return Number.isInteger(n) && n > 0 ? n : null
+    })
     windows.push({ name, driver, pid, alive: true })
   }
 }
@@ -223,5 +228,20 @@ export async function teardown() {
     if (w.alive) await w.driver.quit().catch(() => {})
   }
   for (const c of children.reverse()) c.kill('SIGTERM')
-  fs.rmSync(tmp, { recursive: true, force: true })
+  // The apps release their locks on the way out: let them finish writing
+  // before the directory goes (a loaded machine takes a while).
+  const gone = (pid) => {
+    // Never signal 0 or a negative pid: that would address a process group.
+    if (!Number.isInteger(pid) || pid <= 0) return true
+    try {
+      // A zombie has exited (and written everything); nobody may reap it.
+      const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
+      return stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')
+    } catch {
+      return true
+    }
+  }
+  const end = Date.now() + 10_000
+  while (Date.now() < end && !windows.every((w) => gone(w.pid))) await sleep(50)
+  fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 })
 }

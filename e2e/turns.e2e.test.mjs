@@ -40,7 +40,7 @@ async function thinkingOn(w) {
 
 /** Waits for the one leader of SCOUT to be in a turn; returns it and the mention. */
 async function leaderInTurn(what) {
-  return waitFor(what, 10_000, async () => {
+  return waitFor(what, 20_000, async () => {
     const l = await leaders(SCOUT)
     if (l.length !== 1) return null
     const id = await thinkingOn(l[0])
@@ -72,9 +72,14 @@ test('queued mentions survive a claim, a SIGKILL and a graceful close mid-turn, 
   })
   const sender = live().find((w) => w !== first)
   for (let i = 0; i < MENTIONS; i++) await sender.driver.findElement(byTestId(`send-${SCOUT}`)).click()
-  const ids = await waitFor(`${MENTIONS} mentions in the feed`, 5_000, async () => {
-    const ids = sentMentions()
-    return ids.length === MENTIONS ? ids : null
+  // Deadlines below are generous: a loaded 2-core machine runs three
+  // WebKit windows here; they bound waiting, they measure nothing.
+  let seen = []
+  const ids = await waitFor(`${MENTIONS} mentions in the feed`, 15_000, async () => {
+    seen = sentMentions()
+    return seen.length === MENTIONS ? seen : null
+  }).catch((e) => {
+    throw new Error(`${e.message}; the feed holds ${seen.length}: ${JSON.stringify(seen)}`)
   })
 
   // 1. A claim mid-turn: the old leader cancels and hands its mention back.
@@ -82,9 +87,9 @@ test('queued mentions survive a claim, a SIGKILL and a graceful close mid-turn, 
   await screenshots('first-turn')
   const claimer = live().find((w) => w !== a.w)
   await claimFrom(claimer, SCOUT)
-  await waitFor('the claimer to lead', 3_000, async () => (await leaders(SCOUT))[0] === claimer)
+  await waitFor('the claimer to lead', 10_000, async () => (await leaders(SCOUT))[0] === claimer)
   const banner = await a.w.driver.findElement(byTestId('banner'))
-  await waitFor('the cancel banner', 3_000, async () => /handed back/.test(await banner.getText()))
+  await waitFor('the cancel banner', 10_000, async () => /handed back/.test(await banner.getText()))
   console.log(`# claim while ${a.w.name} was on ${a.id}: ${await banner.getText()}`)
 
   // 2. A SIGKILL mid-turn: the mention the dead window took is owed again.
@@ -106,16 +111,16 @@ test('queued mentions survive a claim, a SIGKILL and a graceful close mid-turn, 
   console.log(`# graceful close of ${c.w.name} while on ${c.id}`)
 
   const [last] = live()
-  await waitFor('every mention to be answered', MENTIONS * TURN_MS + 15_000, async () =>
+  await waitFor('every mention to be answered', MENTIONS * TURN_MS + 30_000, async () =>
     [...repliesPer(ids).values()].every((n) => n >= 1)
   )
   // No late duplicate: the last window's queue runs dry and stays answered once.
-  await waitFor('the last queue to run dry', 5_000, async () => (await last.driver.findElements(By.css('#queue li'))).length === 0)
+  await waitFor('the last queue to run dry', 15_000, async () => (await last.driver.findElements(By.css('#queue li'))).length === 0)
   await sleep(TURN_MS)
   const counts = repliesPer(ids)
   assert.ok([...counts.values()].every((n) => n === 1), `replies per mention: ${JSON.stringify([...counts])}`)
   await screenshots('all-answered')
-  const rendered = await waitFor('the last window to render every reply', 5_000, async () => {
+  const rendered = await waitFor('the last window to render every reply', 15_000, async () => {
     for (const id of ids) if ((await last.driver.findElement(byTestId(`mention-${id}`)).getAttribute('data-replies')) !== '1') return null
     return true
   })

@@ -195,8 +195,11 @@ async function work(agent: string): Promise<void> {
       const finished = await turn(agent)
       thinking.delete(agent)
       if (!finished) break
-      await invoke('reply', { mention: m.id, agent })
-      await gate.done(agent, m.id)
+      // The last check, the reply and `done` happen in Rust, where the
+      // reply is sent: the gate's view can lag the engine's under load.
+      const sent = await invoke<boolean>('reply', { mention: m.id, agent })
+      if (!sent) break
+      await gate.done(agent, m.id) // clears the gate's in-flight entry
       queueOf(agent).shift()
       renderQueue()
       await renderFeed()

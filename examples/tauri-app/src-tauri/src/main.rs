@@ -127,18 +127,32 @@ fn send_mention(
 }
 
 /// Called by the frontend at the end of an agent turn it took through the
-/// work ledger: the "agent reply" of the simulation.
+/// work ledger: the "agent reply" of the simulation. The last check, the
+/// reply and `done` happen here, where the reply is sent, one after the
+/// other: the webview learns of a change of leader through an event that can
+/// lag under load, the engine's flag cannot, and a change between the reply
+/// and `done` would make the next leader answer again. Returns whether the
+/// reply was sent (`false`: this window no longer leads; the turn is
+/// cancelled and the mention given back).
 #[tauri::command]
-fn reply(
-    app: AppHandle,
-    demo: State<'_, Demo>,
-    mention: String,
-    agent: String,
-) -> Result<(), String> {
-    append_line(
-        &demo.feed_dir.join("replies.jsonl"),
-        &json!({"mention": mention, "agent": agent, "instanceId": app.leader_election().instance_id(), "atMs": unix_ms()}),
-    )
+async fn reply(app: AppHandle, mention: String, agent: String) -> Result<bool, String> {
+    tauri::async_runtime::spawn_blocking(move || {
+        let le = app.leader_election();
+        let work = le.work(&agent).map_err(|e| e.to_string())?;
+        if !work.may_act() {
+            let _ = work.give_back(&mention);
+            return Ok(false);
+        }
+        let demo = app.state::<Demo>();
+        append_line(
+            &demo.feed_dir.join("replies.jsonl"),
+            &json!({"mention": mention, "agent": agent, "instanceId": le.instance_id(), "atMs": unix_ms()}),
+        )?;
+        work.done(&mention).map_err(|e| e.to_string())?;
+        Ok(true)
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
 #[tauri::command]
