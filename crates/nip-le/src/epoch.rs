@@ -61,21 +61,7 @@ pub fn raise_floor(path: &Path, epoch: u64) -> std::io::Result<()> {
     if parse(&f).is_some_and(|have| have >= epoch) {
         return Ok(());
     }
-    write_at(&f, format!("{epoch:0DIGITS$}\n").as_bytes())
-}
-
-#[cfg(unix)]
-fn write_at(f: &File, bytes: &[u8]) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::write_all_at(f, bytes, 0)
-}
-
-#[cfg(windows)]
-fn write_at(f: &File, bytes: &[u8]) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < bytes.len() {
-        done += std::os::windows::fs::FileExt::seek_write(f, &bytes[done..], done as u64)?;
-    }
-    Ok(())
+    lockfile::write_all_at(&f, format!("{epoch:0DIGITS$}\n").as_bytes(), 0)
 }
 
 #[cfg(test)]

@@ -186,6 +186,26 @@ fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
     std::os::windows::fs::FileExt::seek_read(f, buf, offset)
 }
 
+/// Writes all of `buf` at `offset` with positioned writes (no seek).
+#[cfg(unix)]
+pub(crate) fn write_all_at(f: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::write_all_at(f, buf, offset)
+}
+
+/// Writes all of `buf` at `offset` with positioned writes (no seek).
+#[cfg(windows)]
+pub(crate) fn write_all_at(f: &File, mut buf: &[u8], mut offset: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        let n = std::os::windows::fs::FileExt::seek_write(f, buf, offset)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[n..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
 /// The read side: no lock taken, so it may observe a half-written file (which
 /// parses as malformed). Errors mean "unreadable"; the caller fails safe.
 pub fn read_unguarded(path: &Path) -> Result<LockContent> {

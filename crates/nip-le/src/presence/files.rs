@@ -118,8 +118,8 @@ impl Presence {
         let next = self.dir.join(format!(".{}.info.new", self.token));
         let _ = std::fs::remove_file(&next);
         let r = (|| {
-            let f = open_regular_file(&next, Create::New)?;
-            write_all_at(&f, &body)?;
+            let mut f = open_regular_file(&next, Create::New)?;
+            std::io::Write::write_all(&mut f, &body)?;
             std::fs::rename(&next, &info)
         })();
         if r.is_err() {
@@ -231,25 +231,6 @@ fn read_body(f: &mut File) -> Option<Body> {
     let mut big = vec![0u8; MAX_BODY_BYTES];
     let n = crate::lockfile::read_prefix(f, &mut big).ok()?;
     serde_json::from_slice(&big[..n]).ok()
-}
-
-#[cfg(unix)]
-fn write_all_at(f: &File, buf: &[u8]) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::write_all_at(f, buf, 0)
-}
-
-#[cfg(windows)]
-fn write_all_at(f: &File, mut buf: &[u8]) -> std::io::Result<()> {
-    let mut offset = 0u64;
-    while !buf.is_empty() {
-        let n = std::os::windows::fs::FileExt::seek_write(f, buf, offset)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        buf = &buf[n..];
-        offset += n as u64;
-    }
-    Ok(())
 }
 
 /// Probes the holder of `token` without blocking. A presence file found
