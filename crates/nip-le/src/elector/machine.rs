@@ -507,21 +507,13 @@ impl KeyMachine {
         }
     }
 
-    /// Extension: the holder could not have written for a while either (a
-    /// peer held the store's exclusion when we tried), so the time its
-    /// record stayed unchanged proves nothing: a fresh stale window from
-    /// `now`.
-    pub(crate) fn forgive(&mut self, now: Instant) {
-        self.forgive_pause(now);
-    }
-
-    /// Extension: our own clock ran on while we could not look (the
-    /// process or the whole machine was paused: SIGSTOP, a frozen VM, a
-    /// cgroup freeze). The holder may have been paused with us, so that time
-    /// proves nothing against it: its record gets a fresh stale window from
-    /// `now`. A holder that stays silent is still replaced, one window
-    /// later.
-    pub(crate) fn forgive_pause(&mut self, now: Instant) {
+    /// Extension: the time the holder's record stayed unchanged proves
+    /// nothing against it, so it gets a fresh stale window from `now`: we
+    /// were paused ourselves (SIGSTOP, a frozen VM, a cgroup freeze, and the
+    /// holder may have been paused with us), or a peer held the store's
+    /// exclusion when we tried (the holder could not have written either).
+    /// A holder that stays silent is still replaced, one window later.
+    pub(crate) fn restart_hang_timer(&mut self, now: Instant) {
         if let Some((_, since)) = self.seen.as_mut() {
             *since = now;
         }
@@ -590,7 +582,7 @@ impl KeyMachine {
             // A peer hangs holding the store's exclusion, and the record is
             // still exactly the one we wrote: nobody can have written since
             // (every writer needs the exclusion), and observers that try
-            // give us a fresh stale window ([`KeyMachine::forgive`]). Going
+            // give us a fresh stale window ([`KeyMachine::restart_hang_timer`]). Going
             // silent would be the one thing the NIP ranks below a
             // duplicate, so we keep leading (README, "a peer hanging on the
             // file lock").
@@ -924,7 +916,7 @@ mod tests {
         let first = m.hang_deadline().unwrap();
         c.advance(STALE - Duration::from_millis(100));
         busy_look(&mut m, &f, c.now());
-        m.forgive(c.now().mono);
+        m.restart_hang_timer(c.now().mono);
         assert_eq!(
             m.hang_deadline().unwrap(),
             first + STALE - Duration::from_millis(100)

@@ -309,7 +309,7 @@ impl Writer {
                 "the election task was paused: hang timers start again"
             );
             for key in self.keys.values_mut() {
-                key.m.forgive_pause(now);
+                key.m.restart_hang_timer(now);
             }
         }
     }
@@ -649,7 +649,7 @@ impl Key {
             let retry = (ctx.config.lock_wait + Duration::from_millis(50)).min(ctx.rules.refresh);
             self.next_tick = self.next_tick.min(now + retry);
         } else {
-            self.m.forgive(now);
+            self.m.restart_hang_timer(now);
         }
     }
 
