@@ -11,16 +11,6 @@ use super::turns::{publish, replies};
 use super::{Row, Variant};
 use crate::lab::cluster::{lock_holder, wait_until, Instance};
 
-/// What the plain NIP or an earlier build does is measured; what ours does
-/// wrong fails the bench.
-fn shortfall(v: &Variant, row: &mut Row, what: String) {
-    if v.mode == nip_le::Mode::Spec || v.before {
-        row.notes.push(what);
-    } else {
-        row.violations.push(what);
-    }
-}
-
 /// `0..n` in a random order.
 fn shuffled(n: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
@@ -74,7 +64,7 @@ impl Bench {
         row.samples.push(moved as f64);
         let lock = nip_le::lockfile::lock_path(tmp.path(), &pk);
         if moved > 0 || lock_holder(&lock).as_deref() != Some(insts[leader].instance_id.as_str()) {
-            shortfall(v, row, "leadership moved after the pause".into());
+            row.shortfall(v, "leadership moved after the pause".into());
         }
         Ok(())
     }
@@ -112,12 +102,11 @@ impl Bench {
             .filter(|id| r.get(*id).is_some_and(|at| at.len() > 1))
             .count();
         if twice > 0 {
-            shortfall(v, row, format!("{twice} answered twice during the hold"));
+            row.shortfall(v, format!("{twice} answered twice during the hold"));
         }
         if answered < ids.len() {
-            shortfall(
+            row.shortfall(
                 v,
-                row,
                 format!(
                     "{} of {} missed during the hold",
                     ids.len() - answered,
@@ -127,7 +116,7 @@ impl Bench {
         }
         wait_until(self.cfg.stale, || others_led(&insts, &cursors, leader) > 0);
         if others_led(&insts, &cursors, leader) > 0 {
-            shortfall(v, row, "leadership moved when the hold ended".into());
+            row.shortfall(v, "leadership moved when the hold ended".into());
         }
         Ok(())
     }

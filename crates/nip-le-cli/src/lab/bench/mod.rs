@@ -68,6 +68,18 @@ pub struct Row {
     pub notes: Vec<String>,
 }
 
+impl Row {
+    /// Something the variant did wrong: the measured behaviour of the plain
+    /// NIP or of an earlier build (a note), a failure of ours (a violation).
+    pub fn shortfall(&mut self, v: &Variant, what: String) {
+        if v.mode == Mode::Spec || v.before {
+            self.notes.push(what);
+        } else {
+            self.violations.push(what);
+        }
+    }
+}
+
 /// The `p`th percentile of sorted samples (nearest rank).
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -62,15 +62,6 @@ fn started(inst: &Instance, cursor: usize, id: &str, within: Duration) -> Option
     })
 }
 
-/// A shortfall is the measured behaviour in spec mode, a failure in ours.
-pub(super) fn shortfall(v: &Variant, row: &mut Row, what: String) {
-    if v.mode == nip_le::Mode::Spec {
-        row.notes.push(what);
-    } else {
-        row.violations.push(what);
-    }
-}
-
 impl Bench {
     /// [`QUEUED`] mentions queued, a claim from an observer while the leader
     /// works them: of the mentions still unanswered when the claimant began
@@ -113,7 +104,7 @@ impl Bench {
             })
             .collect();
         if queued.is_empty() {
-            shortfall(v, row, "the queue ran dry before the handover".into());
+            row.shortfall(v, "the queue ran dry before the handover".into());
             return Ok(());
         }
         let once = queued
@@ -124,10 +115,10 @@ impl Bench {
         let missed = ids.iter().filter(|id| !r.contains_key(*id)).count();
         let twice = r.values().filter(|at| at.len() > 1).count();
         if missed > 0 {
-            shortfall(v, row, format!("{missed} of {QUEUED} missed"));
+            row.shortfall(v, format!("{missed} of {QUEUED} missed"));
         }
         if twice > 0 {
-            shortfall(v, row, format!("{twice} of {QUEUED} answered twice"));
+            row.shortfall(v, format!("{twice} of {QUEUED} answered twice"));
         }
         Ok(())
     }
@@ -157,7 +148,7 @@ impl Bench {
         let within = Duration::from_millis(LONG_TURN_MS / 2);
         match started(&insts[next], cursors[next], &id, within) {
             Some(at) => row.samples.push(at.saturating_sub(t0) as f64),
-            None => shortfall(v, row, "the turn was never begun again".into()),
+            None => row.shortfall(v, "the turn was never begun again".into()),
         }
         Ok(())
     }

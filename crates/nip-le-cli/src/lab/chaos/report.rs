@@ -5,12 +5,7 @@ use super::analysis::Summary;
 /// Prints `s`; returns whether the run passed (no duplicate the NIP does
 /// not force).
 pub fn print(s: &Summary, secs: u64, faults: &str) -> bool {
-    let p = |q: f64| {
-        s.failovers
-            .get(((s.failovers.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0)
-    };
+    let p = |q: f64| nearest_rank(&s.failovers, q);
     println!();
     println!("summary ({secs} s of faults)");
     println!("  faults: {faults}");
@@ -72,12 +67,7 @@ pub fn print(s: &Summary, secs: u64, faults: &str) -> bool {
 /// a miss may be the NIP's own (a spec leader answers only what was
 /// published after it began to lead).
 pub fn print_turns(s: &Summary, secs: u64, faults: &str, extended_only: bool) -> bool {
-    let p = |q: f64| {
-        s.latencies
-            .get(((s.latencies.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0)
-    };
+    let p = |q: f64| nearest_rank(&s.latencies, q);
     let duplicated = s.dup_forced + s.dup_unexplained;
     println!();
     println!("summary ({secs} s of faults, then drained)");
@@ -112,4 +102,12 @@ pub fn print_turns(s: &Summary, secs: u64, faults: &str, extended_only: bool) ->
     }
     println!("chaos passed: every mention answered exactly once");
     true
+}
+
+/// The `q` quantile of sorted values (nearest rank), 0 when there are none.
+fn nearest_rank(sorted: &[u64], q: f64) -> u64 {
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(0)
 }
