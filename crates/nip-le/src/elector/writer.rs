@@ -336,18 +336,7 @@ impl Writer {
     /// tick).
     fn next_tick(&self) -> Option<Instant> {
         let now = Instant::now();
-        self.keys
-            .values()
-            .map(|k| k.next_tick)
-            .chain(self.keys.values().filter_map(|k| k.m.hang_deadline()))
-            .chain(self.keys.values().filter_map(|k| {
-                // The coarse clock may lag the loop's by a tick of its own.
-                k.reported
-                    .then(|| k.cell.fences_in())
-                    .flatten()
-                    .map(|d| now + d + Duration::from_millis(5))
-            }))
-            .min()
+        self.keys.values().map(|k| k.next_wake(now)).min()
     }
 
     /// Ticks every key that is due (or nearly: ticks are coalesced, a
@@ -582,6 +571,20 @@ impl Probes for FileProbes<'_> {
 }
 
 impl Key {
+    /// When this key needs the loop next (see [`Writer::next_tick`]).
+    fn next_wake(&self, now: Instant) -> Instant {
+        // The coarse clock may lag the loop's by a tick of its own.
+        let fenced_at = self
+            .reported
+            .then(|| self.cell.fences_in())
+            .flatten()
+            .map(|d| now + d + Duration::from_millis(5));
+        [self.m.hang_deadline(), fenced_at]
+            .into_iter()
+            .flatten()
+            .fold(self.next_tick, Instant::min)
+    }
+
     /// One evaluation (see [`Key::evaluate_once`]). A panic in it (a bug,
     /// or content no check foresaw) costs this key this look, never the
     /// election task: the other keys, the commands and the next tick go on,
