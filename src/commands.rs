@@ -14,12 +14,17 @@ use crate::{
     ClaimOutcome, ControlResult, LeaderElection, LeaderElectionExt, QueuedEvent, TakeOutcome,
 };
 
+/// Runs `f` for the agent `pubkey` on the blocking pool, once the app's
+/// allow-list says a webview may act on that agent: every command that
+/// names an agent and changes something goes through here.
 async fn blocking<R: Runtime, T: Send + 'static>(
     app: &AppHandle<R>,
-    f: impl FnOnce(LeaderElection) -> Result<T> + Send + 'static,
+    pubkey: String,
+    f: impl FnOnce(LeaderElection, String) -> Result<T> + Send + 'static,
 ) -> Result<T> {
     let le = app.leader_election().clone();
-    tauri::async_runtime::spawn_blocking(move || f(le))
+    le.check_webview_may_act(&pubkey)?;
+    tauri::async_runtime::spawn_blocking(move || f(le, pubkey))
         .await
         .map_err(|e| Error::Task(e.to_string()))?
 }
@@ -41,26 +46,22 @@ pub(crate) fn status<R: Runtime>(app: AppHandle<R>) -> Status {
 
 #[command]
 pub(crate) async fn join<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<bool> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.join(&pubkey)).await
+    blocking(&app, pubkey, move |le, pubkey| le.join(&pubkey)).await
 }
 
 #[command]
 pub(crate) async fn leave<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<()> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.leave(&pubkey)).await
+    blocking(&app, pubkey, move |le, pubkey| le.leave(&pubkey)).await
 }
 
 #[command]
 pub(crate) async fn claim<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<ClaimOutcome> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.claim(&pubkey)).await
+    blocking(&app, pubkey, move |le, pubkey| le.claim(&pubkey)).await
 }
 
 #[command]
 pub(crate) async fn release<R: Runtime>(app: AppHandle<R>, pubkey: String) -> Result<bool> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.release(&pubkey)).await
+    blocking(&app, pubkey, move |le, pubkey| le.release(&pubkey)).await
 }
 
 #[command]
@@ -69,8 +70,10 @@ pub(crate) async fn handle_control_frame<R: Runtime>(
     pubkey: String,
     frame: String,
 ) -> Result<Option<ControlResult>> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.handle_control_frame(&pubkey, &frame)).await
+    blocking(&app, pubkey, move |le, pubkey| {
+        le.handle_control_frame(&pubkey, &frame)
+    })
+    .await
 }
 
 #[command]
@@ -79,8 +82,7 @@ pub(crate) async fn take<R: Runtime>(
     pubkey: String,
     event_id: String,
 ) -> Result<TakeOutcome> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.take(&pubkey, &event_id)).await
+    blocking(&app, pubkey, move |le, pubkey| le.take(&pubkey, &event_id)).await
 }
 
 #[command]
@@ -89,8 +91,7 @@ pub(crate) async fn done<R: Runtime>(
     pubkey: String,
     event_id: String,
 ) -> Result<bool> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.done(&pubkey, &event_id)).await
+    blocking(&app, pubkey, move |le, pubkey| le.done(&pubkey, &event_id)).await
 }
 
 #[command]
@@ -99,8 +100,10 @@ pub(crate) async fn give_back<R: Runtime>(
     pubkey: String,
     event_id: String,
 ) -> Result<()> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.give_back(&pubkey, &event_id)).await
+    blocking(&app, pubkey, move |le, pubkey| {
+        le.give_back(&pubkey, &event_id)
+    })
+    .await
 }
 
 #[command]
@@ -109,8 +112,7 @@ pub(crate) async fn owed<R: Runtime>(
     pubkey: String,
     queue: Vec<QueuedEvent>,
 ) -> Result<Vec<String>> {
-    app.leader_election().check_webview_may_act(&pubkey)?;
-    blocking(&app, move |le| le.owed(&pubkey, &queue)).await
+    blocking(&app, pubkey, move |le, pubkey| le.owed(&pubkey, &queue)).await
 }
 
 #[cfg(test)]
