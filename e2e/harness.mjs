@@ -50,16 +50,26 @@ export async function waitFor(what, timeoutMs, fn) {
   }
 }
 
-/** A port nobody listens on right now. */
-function freePort() {
+/** A listening socket on a port the kernel picked. */
+function listenAnywhere() {
   return new Promise((resolve, reject) => {
     const srv = net.createServer()
     srv.once('error', reject)
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address()
-      srv.close(() => resolve(port))
-    })
+    srv.listen(0, '127.0.0.1', () => resolve(srv))
   })
+}
+
+/**
+ * `n` distinct ports nobody listens on right now. All are held until all
+ * are picked: one port closed and picked again would be handed out twice
+ * (a tauri-driver given the same port twice spins and never serves).
+ */
+async function freePorts(n) {
+  const servers = []
+  for (let i = 0; i < n; i++) servers.push(await listenAnywhere())
+  const ports = servers.map((s) => s.address().port)
+  await Promise.all(servers.map((s) => new Promise((r) => s.close(r))))
+  return ports
 }
 
 /** Starts Xvfb on a display number it picks itself (-displayfd). */
@@ -192,8 +202,7 @@ export async function launch(n = 3, env = {}, name = '') {
     const name = `w${i + 1}`
     const xdg = path.join(tmp, name)
     // One driver per window: a tauri-driver serves one session at a time.
-    const port = await freePort()
-    const nativePort = await freePort()
+    const [port, nativePort] = await freePorts(2)
     start(
       'tauri-driver',
       ['--port', String(port), '--native-port', String(nativePort)],
