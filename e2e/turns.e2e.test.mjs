@@ -50,8 +50,10 @@ async function leaderInTurn(what) {
 
 /** The ids of the mentions sent for SCOUT, from the shared feed file. */
 function sentMentions() {
+  const feed = path.join(tmp, 'feed', 'mentions.jsonl')
+  if (!fs.existsSync(feed)) return []
   return fs
-    .readFileSync(path.join(tmp, 'feed', 'mentions.jsonl'), 'utf8')
+    .readFileSync(feed, 'utf8')
     .split('\n')
     .filter((l) => l.trim())
     .map((l) => JSON.parse(l))
@@ -71,7 +73,15 @@ test('queued mentions survive a claim, a SIGKILL and a graceful close mid-turn, 
     return l.length === 1 ? l : null
   })
   const sender = live().find((w) => w !== first)
-  for (let i = 0; i < MENTIONS; i++) await sender.driver.findElement(byTestId(`send-${SCOUT}`)).click()
+  // One click, one mention; a click WebKit drops under load (seen once in
+  // CI: 4 of 5 arrived) is made again, only after waiting for its mention.
+  for (let i = 0; i < MENTIONS; i++) {
+    for (let attempt = 0; sentMentions().length <= i; attempt++) {
+      assert.ok(attempt < 3, `mention ${i + 1} never reached the feed`)
+      await sender.driver.findElement(byTestId(`send-${SCOUT}`)).click()
+      await waitFor(`mention ${i + 1} in the feed`, 5_000, async () => sentMentions().length > i).catch(() => {})
+    }
+  }
   // Deadlines below are generous: a loaded 2-core machine runs three
   // WebKit windows here; they bound waiting, they measure nothing.
   let seen = []
