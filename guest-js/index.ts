@@ -18,9 +18,12 @@ import type { ClaimOutcome } from './bindings/ClaimOutcome'
 import type { ControlResult } from './bindings/ControlResult'
 import type { ElectionStatus } from './bindings/ElectionStatus'
 import type { ErrorKind } from './bindings/ErrorKind'
+import type { GlobalHolder } from './bindings/GlobalHolder'
+import type { GlobalStatus } from './bindings/GlobalStatus'
 import type { HolderStatus } from './bindings/HolderStatus'
 import type { LeaderElectionError } from './bindings/LeaderElectionError'
 import type { LeadershipChange } from './bindings/LeadershipChange'
+import type { Level } from './bindings/Level'
 import type { LockState } from './bindings/LockState'
 import type { QueuedEvent } from './bindings/QueuedEvent'
 import type { Status } from './bindings/Status'
@@ -32,9 +35,12 @@ export type {
   ControlResult,
   ElectionStatus,
   ErrorKind,
+  GlobalHolder,
+  GlobalStatus,
   HolderStatus,
   LeaderElectionError,
   LeadershipChange,
+  Level,
   LockState,
   QueuedEvent,
   Status,

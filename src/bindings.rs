@@ -38,6 +38,9 @@ fn generated_bindings_are_up_to_date() {
     check::<nip_le::ControlResult>(&mut stale);
     check::<nip_le::TakeOutcome>(&mut stale);
     check::<nip_le::QueuedEvent>(&mut stale);
+    check::<nip_le::Level>(&mut stale);
+    check::<nip_le::GlobalHolder>(&mut stale);
+    check::<nip_le::GlobalStatus>(&mut stale);
     check::<crate::Status>(&mut stale);
     check::<crate::ErrorKind>(&mut stale);
     check::<crate::LeaderElectionError>(&mut stale);

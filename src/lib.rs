@@ -83,6 +83,8 @@ pub struct Builder {
     agents: Vec<String>,
     allowed: Vec<String>,
     election_id: Option<String>,
+    #[cfg(feature = "etcd")]
+    etcd: Option<nip_le::global::EtcdConfig>,
 }
 
 impl Builder {
@@ -168,6 +170,31 @@ impl Builder {
         self
     }
 
+    /// Feature `etcd`: one prompter per agent across hosts. This window
+    /// leads its host by the NIP's lock file as before, and then acts only
+    /// while it also holds the agent's lease in the etcd cluster at
+    /// `endpoints` (`http://host:port`); status and events say which level
+    /// it holds. Defaults: host id = the hostname (every window of a host
+    /// must share it), lease TTL 10 s, fall back to host-local leadership
+    /// while etcd is unreachable. See [`Builder::etcd_config`] to change
+    /// them, and the README's "Across hosts" for the failure model.
+    #[cfg(feature = "etcd")]
+    pub fn etcd<I: IntoIterator<Item = S>, S: Into<String>>(mut self, endpoints: I) -> Self {
+        let host = nip_le::host::here().host.clone().unwrap_or_default();
+        let endpoints = endpoints.into_iter().map(Into::into).collect();
+        self.etcd = Some(nip_le::global::EtcdConfig::new(endpoints, host));
+        self
+    }
+
+    /// Feature `etcd`: the whole cross-host configuration (host id, TTL,
+    /// key prefix, what to do while etcd is unreachable). Validated at
+    /// setup.
+    #[cfg(feature = "etcd")]
+    pub fn etcd_config(mut self, config: nip_le::global::EtcdConfig) -> Self {
+        self.etcd = Some(config);
+        self
+    }
+
     /// The validated engine configuration this builder describes.
     pub fn config(&self) -> Result<nip_le::Config> {
         let mut c = match &self.lock_dir {
@@ -192,6 +219,10 @@ impl Builder {
         }
         if let Some(m) = self.mode {
             c.mode = m;
+        }
+        #[cfg(feature = "etcd")]
+        {
+            c.etcd = self.etcd.clone();
         }
         c.validate().map_err(nip_le::Error::from)?;
         Ok(c)

@@ -116,6 +116,14 @@ pub struct Leadership {
     pub epoch: Option<u64>,
     /// When the view changed, unix ms.
     pub at_ms: u64,
+    /// The level held after the change (`none`, `host`, `global`); with
+    /// `--etcd`, `is_leader` is true at `global`, or at `host` while
+    /// falling back.
+    #[serde(default)]
+    pub level: nip_le::Level,
+    /// With `--etcd`: the holder of the agent's etcd key, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_holder: Option<nip_le::GlobalHolder>,
 }
 
 impl From<&nip_le::LeadershipChange> for Leadership {
@@ -127,6 +135,8 @@ impl From<&nip_le::LeadershipChange> for Leadership {
             leader_instance_id: c.leader_instance_id.clone(),
             epoch: c.epoch,
             at_ms: c.at_ms,
+            level: c.level,
+            global_holder: c.global_holder.clone(),
         }
     }
 }
@@ -277,6 +287,12 @@ mod tests {
             leader_instance_id: Some("x".into()),
             epoch: Some(3),
             at_ms: 5,
+            level: nip_le::Level::Global,
+            global_holder: Some(nip_le::GlobalHolder {
+                host_id: "h".into(),
+                instance_id: "x".into(),
+                revision: 7,
+            }),
         });
         let json = l.to_json();
         assert!(

@@ -81,6 +81,9 @@ pub enum ConfigError {
     /// The lock directory is empty or relative.
     #[error("lock directory must be an absolute path, got {0:?}")]
     LockDir(PathBuf),
+    /// The cross-host configuration is not usable.
+    #[error("{0}")]
+    Etcd(String),
     /// No home directory to derive the default lock directory from.
     #[error("cannot determine the home directory; set {LOCK_DIR_ENV} or a lock dir")]
     NoHome,
@@ -108,6 +111,10 @@ pub struct Config {
     /// still queued: keep it above the age of the oldest event a window
     /// fetches when it connects.
     pub work_retention: Duration,
+    /// Extension (feature `etcd`): contend across hosts on etcd; `None`
+    /// (the default) keeps leadership host-local, as the NIP has it.
+    #[cfg(feature = "etcd")]
+    pub etcd: Option<crate::global::EtcdConfig>,
 }
 
 impl Config {
@@ -121,6 +128,8 @@ impl Config {
             lock_wait: DEFAULT_LOCK_WAIT,
             mode: Mode::default(),
             work_retention: crate::ledger::DEFAULT_RETENTION,
+            #[cfg(feature = "etcd")]
+            etcd: None,
         }
     }
 
@@ -157,6 +166,10 @@ impl Config {
         }
         if self.lock_dir.as_os_str().is_empty() || !self.lock_dir.is_absolute() {
             return Err(ConfigError::LockDir(self.lock_dir.clone()));
+        }
+        #[cfg(feature = "etcd")]
+        if let Some(etcd) = &self.etcd {
+            etcd.validate().map_err(ConfigError::Etcd)?;
         }
         Ok(())
     }

@@ -20,6 +20,8 @@
 //! * [`presence`]: extension, per-participant liveness locks;
 //! * [`control`]: `claim_leadership` frames and local lead requests;
 //! * [`ledger`]: extension, the work ledger (exactly-once across changes);
+//! * `global` (feature `etcd`): extension, one prompter per agent across
+//!   hosts, on etcd;
 //! * [`elector`]: many keys, one writer thread, a lock-free snapshot for
 //!   readers, and change events.
 //!
@@ -43,6 +45,8 @@ pub mod election;
 pub mod elector;
 pub mod epoch;
 pub mod error;
+#[cfg(feature = "etcd")]
+pub mod global;
 pub mod host;
 pub mod identity;
 pub mod ledger;
@@ -55,8 +59,8 @@ pub mod record;
 pub use config::{Config, Mode};
 pub use control::{ControlFrame, ControlResult};
 pub use elector::{
-    ChangeReason, ClaimOutcome, ElectionStatus, Elector, HolderStatus, LeaderFlag,
-    LeadershipChange, LockState, QueuedEvent, TakeOutcome, Work,
+    ChangeReason, ClaimOutcome, ElectionStatus, Elector, GlobalHolder, GlobalStatus, HolderStatus,
+    LeaderFlag, LeadershipChange, Level, LockState, QueuedEvent, TakeOutcome, Work,
 };
 pub use error::{Error, Result};
 pub use identity::{InstanceId, ELECTION_ID_ENV};

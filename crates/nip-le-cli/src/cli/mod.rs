@@ -28,6 +28,55 @@ pub struct TimingArgs {
     pub mode: Option<nip_le::Mode>,
 }
 
+/// Cross-host leadership on etcd, shared by `run` and `status`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct EtcdArgs {
+    /// etcd client URL (http://host:port); repeat for several endpoints.
+    /// With it, the host leader contends for the agent's etcd lease and
+    /// `is_leader` means "may act" across every host.
+    #[arg(long = "etcd", value_name = "URL")]
+    pub etcd: Vec<String>,
+    /// This host's id (the same for every window of one host) [default:
+    /// the hostname].
+    #[arg(long, requires = "etcd")]
+    pub host_id: Option<String>,
+    /// Lease TTL in whole seconds [default: 10].
+    #[arg(long, requires = "etcd")]
+    pub etcd_ttl_s: Option<u64>,
+    /// What a host leader does while etcd cannot be reached: `fall-back`
+    /// (act for this host: duplicates over silence) or `stay-silent`
+    /// [default: fall-back].
+    #[arg(long, requires = "etcd")]
+    pub when_etcd_unreachable: Option<nip_le::global::WhenUnreachable>,
+    /// etcd key prefix [default: /nip-le].
+    #[arg(long, requires = "etcd")]
+    pub etcd_prefix: Option<String>,
+}
+
+impl EtcdArgs {
+    /// The etcd configuration, when `--etcd` was given.
+    pub fn config(&self) -> Option<nip_le::global::EtcdConfig> {
+        if self.etcd.is_empty() {
+            return None;
+        }
+        let host = self
+            .host_id
+            .clone()
+            .or_else(|| nip_le::host::here().host.clone());
+        let mut c = nip_le::global::EtcdConfig::new(self.etcd.clone(), host.unwrap_or_default());
+        if let Some(s) = self.etcd_ttl_s {
+            c.ttl = Duration::from_secs(s);
+        }
+        if let Some(w) = self.when_etcd_unreachable {
+            c.when_unreachable = w;
+        }
+        if let Some(p) = &self.etcd_prefix {
+            c.prefix = p.clone();
+        }
+        Some(c)
+    }
+}
+
 /// Builds the validated config from the flags (shared by every command).
 pub fn config_from(
     lock_dir: Option<PathBuf>,

@@ -20,7 +20,7 @@ use nip_le::{
 };
 use serde_json::Value;
 
-use super::TimingArgs;
+use super::{EtcdArgs, TimingArgs};
 use crate::lab::feed::FeedFollower;
 use crate::lines::{Leadership, Line, MentionLine, ReplyLine, StatusLine, TurnOutcome};
 use crate::unix_ms;
@@ -63,6 +63,8 @@ pub struct RunArgs {
     /// Spec instances learn of a claim no other way.
     #[arg(long)]
     relay: Option<PathBuf>,
+    #[command(flatten)]
+    etcd: EtcdArgs,
 }
 
 enum Msg {
@@ -96,7 +98,9 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
         .map(|k| AgentPubkey::parse(k))
         .collect::<Result<Vec<_>, _>>()?;
     let pubkey = keys[0];
-    let config = super::config_from(a.lock_dir, &a.timings, a.lock_wait_ms)?;
+    let mut config = super::config_from(a.lock_dir, &a.timings, a.lock_wait_ms)?;
+    config.etcd = a.etcd.config();
+    config.validate()?;
     let id = match a.instance_id {
         Some(s) => InstanceId::new(s)?,
         None => InstanceId::from_env_or_random(),

@@ -5,10 +5,12 @@
 //! * [`demo`]: the narrated election of the README's main job;
 //! * [`bench`](mod@bench): every latency and cost row, spec and extended side by side;
 //! * [`chaos`]: random faults on a mixed cluster, with a pure analysis.
+//! * [`etcd`]: a real etcd on loopback for the cross-host tests.
 
 pub mod bench;
 #[cfg(unix)]
 pub mod chaos;
 pub mod cluster;
 pub mod demo;
+pub mod etcd;
 pub mod feed;

@@ -3,7 +3,7 @@
 //! for self-fencing. No lock, no syscall, no allocation.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 
 use crate::pubkey::AgentPubkey;
 
-use super::types::ElectionStatus;
+use super::types::{ElectionStatus, Level};
 
 /// `valid_until` meaning "no self-fencing" (spec mode, or a fail-safe
 /// leader that holds no lock).
@@ -35,6 +35,42 @@ pub(crate) fn mono_nanos() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// Nanoseconds on a clock that keeps running while the machine sleeps, for
+/// the cross-host lease deadline: etcd's clock runs on while a laptop is
+/// suspended, so a lease must be counted as spent then too.
+#[cfg(target_os = "linux")]
+pub(crate) fn boot_nanos() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// See the Linux variant; elsewhere the monotonic clock (which may stand
+/// still during a suspend: the lease is then checked again on resume by the
+/// keep-alive, and the README says so).
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn boot_nanos() -> u64 {
+    mono_nanos()
+}
+
+/// Whether an upper level (etcd) is configured for a key, and what it says.
+pub(crate) mod global_state {
+    /// No upper level: leading the host is enough.
+    pub const OFF: u8 = 0;
+    /// Etcd is configured and we do not hold the agent's lease.
+    pub const NOT_HELD: u8 = 1;
+    /// We hold the lease until `global_until`.
+    pub const HELD: u8 = 2;
+    /// Etcd cannot be reached and the policy is to act on the host level.
+    pub const FALLBACK: u8 = 3;
+}
+
 /// Monotonic nanoseconds since the first call (see the Linux variant).
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn mono_nanos() -> u64 {
@@ -50,6 +86,12 @@ pub(crate) fn mono_nanos() -> u64 {
 pub(crate) struct KeyCell {
     leader: AtomicBool,
     valid_until: AtomicU64,
+    /// The upper level's permit: `ALWAYS_VALID` without one (or in
+    /// fallback), 0 when not held, else a [`boot_nanos`] deadline. Written
+    /// only by the upper level's task.
+    global_until: AtomicU64,
+    /// One of [`global_state`].
+    global_state: AtomicU8,
     status: ArcSwap<Published>,
 }
 
@@ -75,6 +117,8 @@ impl Published {
                 standing_down: false,
                 claim_pending: false,
                 last_error: None,
+                level: Level::None,
+                global: None,
             },
             claimed_at: None,
             standing_down_until: None,
@@ -90,6 +134,8 @@ impl KeyCell {
         Self {
             leader: AtomicBool::new(false),
             valid_until: AtomicU64::new(if extended { 0 } else { ALWAYS_VALID }),
+            global_until: AtomicU64::new(ALWAYS_VALID),
+            global_state: AtomicU8::new(global_state::OFF),
             status: ArcSwap::from_pointee(status),
         }
     }
@@ -101,7 +147,41 @@ impl KeyCell {
             return false;
         }
         let until = self.valid_until.load(Ordering::Acquire);
-        until == ALWAYS_VALID || mono_nanos() < until
+        if until != ALWAYS_VALID && mono_nanos() >= until {
+            return false;
+        }
+        let global = self.global_until.load(Ordering::Acquire);
+        global == ALWAYS_VALID || boot_nanos() < global
+    }
+
+    /// The level we hold, as [`KeyCell::is_leader`] says it now.
+    pub(crate) fn level(&self) -> Level {
+        if !self.leader.load(Ordering::Acquire) {
+            return Level::None;
+        }
+        let held = self.global_state.load(Ordering::Acquire) == global_state::HELD;
+        if held && self.is_leader() {
+            Level::Global
+        } else {
+            Level::Host
+        }
+    }
+
+    /// The upper level's verdict: one of [`global_state`] and, for `HELD`,
+    /// the [`boot_nanos`] deadline of the lease.
+    pub(crate) fn set_global(&self, state: u8, until: u64) {
+        let until = match state {
+            global_state::OFF | global_state::FALLBACK => ALWAYS_VALID,
+            global_state::HELD => until.min(ALWAYS_VALID - 1),
+            _ => 0,
+        };
+        // Closing comes first, opening last: no reader sees a permit that
+        // the state does not back.
+        if until == 0 {
+            self.global_until.store(0, Ordering::Release);
+        }
+        self.global_state.store(state, Ordering::Release);
+        self.global_until.store(until, Ordering::Release);
     }
 
     /// How long until the self-fencing deadline, while we lead and one is
@@ -111,7 +191,15 @@ impl KeyCell {
             return None;
         }
         let until = self.valid_until.load(Ordering::Acquire);
-        (until != ALWAYS_VALID).then(|| Duration::from_nanos(until.saturating_sub(mono_nanos())))
+        let host = (until != ALWAYS_VALID)
+            .then(|| Duration::from_nanos(until.saturating_sub(mono_nanos())));
+        let global = self.global_until.load(Ordering::Acquire);
+        let global = (global != ALWAYS_VALID)
+            .then(|| Duration::from_nanos(global.saturating_sub(boot_nanos())));
+        match (host, global) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Sets the flag; returns the previous value.
@@ -148,6 +236,7 @@ impl KeyCell {
         let p = self.status.load();
         let mut s = p.status.clone();
         s.is_leader = self.is_leader();
+        s.level = self.level();
         let mono = Instant::now();
         s.standing_down = p.standing_down_until.is_some_and(|u| u > mono);
         s.claim_pending = p.claim_pending_until.is_some_and(|u| u > mono);

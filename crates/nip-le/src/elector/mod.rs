@@ -10,13 +10,15 @@
 //!   as owned handles;
 //! * `cache`: the hot path readers use (`is_leader`, `status`);
 //! * `writer`: the one task that owns all key state and does all file I/O;
+//! * `upper`: the seam for a level above the host (etcd, feature `etcd`);
 //! * this file: the facade, [`Elector`], whose calls are messages to the
 //!   writer or reads of the published snapshot.
 
-mod cache;
+pub(crate) mod cache;
 mod machine;
 mod store;
 pub mod types;
+pub(crate) mod upper;
 mod wake;
 mod writer;
 
@@ -34,8 +36,8 @@ use crate::pubkey::AgentPubkey;
 
 pub use cache::LeaderFlag;
 pub use types::{
-    ChangeReason, ClaimOutcome, ElectionStatus, HolderStatus, LeadershipChange, LockState,
-    QueuedEvent, TakeOutcome,
+    ChangeReason, ClaimOutcome, ElectionStatus, GlobalHolder, GlobalStatus, HolderStatus,
+    LeadershipChange, Level, LockState, QueuedEvent, TakeOutcome,
 };
 
 use store::{FileStore, LockStore};
@@ -101,12 +103,14 @@ impl Elector {
             snapshot: Default::default(),
             events: broadcast::channel(1024).0,
         });
+        let upper = Self::upper_level(&config, &id, &mailbox)?;
         let writer = Writer::new(
             config.clone(),
             Arc::from(id.as_str()),
             Arc::clone(&shared),
             sources,
             stores,
+            upper,
         );
         let thread = std::thread::Builder::new()
             .name("nip-le-writer".into())
@@ -128,6 +132,34 @@ impl Elector {
             mailbox,
             thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// The level above the host, when one is configured.
+    #[cfg(feature = "etcd")]
+    fn upper_level(
+        config: &Config,
+        id: &InstanceId,
+        mailbox: &Mailbox<Command>,
+    ) -> Result<Option<Box<dyn upper::UpperLevel>>> {
+        let Some(etcd) = config.etcd.clone() else {
+            return Ok(None);
+        };
+        let mailbox = mailbox.clone();
+        let tell = Box::new(move |pk, news| {
+            let _ = mailbox.send(Msg::Command(Command::Upper(pk, news)));
+        });
+        let contender = crate::global::Contender::start(etcd, id.as_str(), config.stand_down, tell)
+            .map_err(|e| Error::io("<etcd thread>", e))?;
+        Ok(Some(Box::new(contender)))
+    }
+
+    #[cfg(not(feature = "etcd"))]
+    fn upper_level(
+        _: &Config,
+        _: &InstanceId,
+        _: &Mailbox<Command>,
+    ) -> Result<Option<Box<dyn upper::UpperLevel>>> {
+        Ok(None)
     }
 
     /// Sends a command and waits for the writer's answer.

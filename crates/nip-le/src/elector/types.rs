@@ -111,6 +111,70 @@ pub struct LeadershipChange {
     /// Wall-clock time of the change, unix milliseconds.
     #[cfg_attr(feature = "ts", ts(type = "number"))]
     pub at_ms: u64,
+    /// Which level of leadership this window holds after the change.
+    pub level: Level,
+    /// Cross-host (etcd): the global holder as last seen, when etcd is
+    /// configured and a holder is known.
+    pub global_holder: Option<GlobalHolder>,
+}
+
+/// Which level of leadership a window holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "Level.ts"))]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    /// An observer.
+    #[default]
+    None,
+    /// Leads its host's file election (the NIP's lock). Without etcd this
+    /// is the whole of leadership; with etcd the window acts on it only
+    /// when etcd cannot be reached and the configuration says to fall back.
+    Host,
+    /// Leads its host and holds the agent's etcd lease: the one window
+    /// that acts for the agent across every host.
+    Global,
+}
+
+impl Level {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::None => "none",
+            Level::Host => "host",
+            Level::Global => "global",
+        }
+    }
+}
+
+/// Cross-host: who holds an agent's etcd key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "GlobalHolder.ts"))]
+#[serde(rename_all = "camelCase")]
+pub struct GlobalHolder {
+    /// The holder's host id.
+    pub host_id: String,
+    /// The holder's election id.
+    pub instance_id: String,
+    /// The etcd revision the key was last written at: the cross-host
+    /// fencing epoch (it grows with every change of holder).
+    #[cfg_attr(feature = "ts", ts(type = "number"))]
+    pub revision: u64,
+}
+
+/// Cross-host: this window's view of the etcd level for one agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "GlobalStatus.ts"))]
+#[serde(rename_all = "camelCase")]
+pub struct GlobalStatus {
+    /// Our host id.
+    pub host_id: String,
+    /// The holder of the agent's etcd key, when one is known.
+    pub holder: Option<GlobalHolder>,
+    /// Whether we act without the lease because etcd cannot be reached
+    /// (the "fall back to host-local leadership" policy).
+    pub fallback: bool,
+    /// The last error met talking to etcd, if the last call failed.
+    pub last_error: Option<String>,
 }
 
 /// What the user's claim did (see [`crate::Elector::claim`]).
@@ -205,6 +269,10 @@ pub struct ElectionStatus {
     pub claim_pending: bool,
     /// The last error met while refreshing, if the last refresh failed.
     pub last_error: Option<String>,
+    /// Which level of leadership we hold (as `is_leader` says it now).
+    pub level: Level,
+    /// Cross-host (etcd): the global view, when etcd is configured.
+    pub global: Option<GlobalStatus>,
 }
 
 /// What [`crate::Work::take`] granted.

@@ -33,9 +33,10 @@ use super::machine::{
 };
 use super::store::LockStore;
 use super::types::{
-    ChangeReason, ClaimOutcome, ElectionStatus, HolderStatus, LeadershipChange, LockState,
-    QueuedEvent, TakeOutcome,
+    ChangeReason, ClaimOutcome, ElectionStatus, GlobalStatus, HolderStatus, LeadershipChange,
+    LockState, QueuedEvent, TakeOutcome,
 };
+use super::upper::{UpperLevel, UpperNews};
 use super::wake::WakeSources;
 use crate::ledger::{self, Ledger, Op, Verdict};
 
@@ -56,6 +57,9 @@ pub(crate) enum Command {
     Shutdown(Reply<()>),
     /// A work-ledger operation on a key.
     Work(AgentPubkey, WorkOp, WorkReply),
+    /// News from the level above the host.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Upper(AgentPubkey, UpperNews),
 }
 
 /// A work-ledger operation (see [`crate::Work`]).
@@ -127,6 +131,8 @@ struct Ctx {
     /// Holders probed since the last answer: a holder of several keys is
     /// probed once per command, not once per key.
     probed: RefCell<HashMap<String, HolderPresence>>,
+    /// The level above the host (etcd), when configured.
+    upper: Option<Box<dyn UpperLevel>>,
 }
 
 impl Ctx {
@@ -193,6 +199,10 @@ struct Key {
     /// fenced (a handed-over record we could not confirm), told when a
     /// write of ours unfences us.
     withheld: Option<ChangeReason>,
+    /// Whether the upper level was last told that we lead our host.
+    told_upper: bool,
+    /// The upper level's view, when one is configured.
+    global: Option<GlobalStatus>,
 }
 
 /// The writer.
@@ -230,6 +240,7 @@ impl Writer {
         shared: Arc<Shared>,
         sources: WakeSources<Command>,
         new_store: StoreFactory,
+        upper: Option<Box<dyn UpperLevel>>,
     ) -> Self {
         let rules = Rules {
             extended: config.mode == crate::Mode::Extended,
@@ -251,6 +262,7 @@ impl Writer {
                 joined: BTreeSet::new(),
                 presence_dirty: false,
                 probed: RefCell::new(HashMap::new()),
+                upper,
             },
             keys: BTreeMap::new(),
             last_round: Instant::now(),
@@ -376,7 +388,9 @@ impl Writer {
             }
             Command::Claim(pk, r) => {
                 let out = match self.keys.get_mut(&pk) {
-                    Some(k) => k.claim(&mut self.ctx),
+                    Some(k) => k
+                        .claim(&mut self.ctx)
+                        .map(|o| k.claim_above(&mut self.ctx, o)),
                     None => Err(Error::NotJoined(pk)),
                 };
                 let _ = r.send(out);
@@ -427,6 +441,11 @@ impl Writer {
                 Some(k) => k.work(&self.ctx, op, reply),
                 None => reply.fail(Error::NotJoined(pk)),
             },
+            Command::Upper(pk, news) => {
+                if let Some(k) = self.keys.get_mut(&pk) {
+                    k.upper_news(&self.ctx, news);
+                }
+            }
         }
         Flow::Go
     }
@@ -472,7 +491,16 @@ impl Writer {
             work: None,
             reported: false,
             withheld: None,
+            told_upper: false,
+            global: None,
         };
+        if let Some(u) = &self.ctx.upper {
+            key.cell.set_global(cache::global_state::NOT_HELD, 0);
+            key.global = Some(GlobalStatus {
+                host_id: u.host_id().to_owned(),
+                ..GlobalStatus::default()
+            });
+        }
         let cell = Arc::clone(&key.cell);
         self.ctx
             .shared
@@ -523,6 +551,9 @@ impl Writer {
         for (_, mut key) in keys {
             key.step_down(&mut self.ctx, ChangeReason::Released, None, false);
             self.forget(key);
+        }
+        if let Some(u) = self.ctx.upper.as_mut() {
+            u.shutdown();
         }
         self.ctx.sources.stop_all();
         self.ctx.presence = None;
@@ -752,6 +783,7 @@ impl Key {
         }
         let held = self.cell.set_leader(c.leader);
         self.track_work(ctx, c.leader);
+        self.tell_upper(ctx, c.leader, false);
         // What readers see from now on: the flag, self-fencing included.
         let acting = self.cell.is_leader();
         let reason = match (self.reported, acting) {
@@ -816,9 +848,45 @@ impl Key {
             }
         }
         self.m.released(result);
+        // A sibling of this host that took the lock from us continues the
+        // upper level's hold; otherwise it is given up at once.
+        self.tell_upper(ctx, false, !(released && heir.is_some()));
         self.notify(ctx, false, reason, always);
         self.publish();
         released
+    }
+
+    /// Tells the upper level (if any) when our host leadership changed.
+    fn tell_upper(&mut self, ctx: &mut Ctx, leads: bool, revoke: bool) {
+        if let Some(u) = ctx.upper.as_mut() {
+            if std::mem::replace(&mut self.told_upper, leads) != leads {
+                u.host_leader(self.pubkey, &self.cell, leads, revoke);
+            }
+        }
+    }
+
+    /// The upper level's part of a claim: it is asked to claim too, and the
+    /// claim is complete only once we act.
+    fn claim_above(&mut self, ctx: &mut Ctx, local: ClaimOutcome) -> ClaimOutcome {
+        let Some(u) = ctx.upper.as_mut() else {
+            return local;
+        };
+        if self.cell.is_leader() {
+            return ClaimOutcome::AlreadyLeader;
+        }
+        u.claim(self.pubkey);
+        ClaimOutcome::Pending
+    }
+
+    /// News from the upper level: a change of what we may do is announced
+    /// (with the level it leaves us at), a view change only published.
+    fn upper_news(&mut self, ctx: &Ctx, news: UpperNews) {
+        self.global = Some(news.status);
+        if let Some(reason) = news.reason {
+            let acting = self.cell.is_leader();
+            self.notify_at(ctx, acting, reason, true, news.at_ms);
+        }
+        self.publish();
     }
 
     /// Extension: the live sibling to hand the lock to (`target` when it
@@ -1060,6 +1128,18 @@ impl Key {
     /// Announces what readers now see (`leader`: the flag, fencing
     /// included) when it differs from the last announcement, or `always`.
     fn notify(&mut self, ctx: &Ctx, leader: bool, reason: ChangeReason, always: bool) {
+        self.notify_at(ctx, leader, reason, always, unix_ms(SystemTime::now()));
+    }
+
+    /// [`Key::notify`] for a change that happened at `at_ms`.
+    fn notify_at(
+        &mut self,
+        ctx: &Ctx,
+        leader: bool,
+        reason: ChangeReason,
+        always: bool,
+        at_ms: u64,
+    ) {
         let was = std::mem::replace(&mut self.reported, leader);
         if was == leader && !always {
             return;
@@ -1072,7 +1152,9 @@ impl Key {
             reason,
             must_cancel_turn: was && !leader && reason.must_cancel_turn(),
             epoch: record.and_then(|r| r.epoch),
-            at_ms: unix_ms(SystemTime::now()),
+            at_ms,
+            level: self.cell.level(),
+            global_holder: self.global.as_ref().and_then(|g| g.holder.clone()),
         };
         tracing::debug!(?change, "leadership change");
         let _ = ctx.shared.events.send(change);
@@ -1095,6 +1177,8 @@ impl Key {
                 standing_down: false,
                 claim_pending: false,
                 last_error: self.m.last_error().map(str::to_owned),
+                level: super::types::Level::None,
+                global: self.global.clone(),
             },
             claimed_at: record.and_then(|r| r.claimed_at.instant()),
             standing_down_until: self.m.stand_down_until(),

@@ -1,0 +1,45 @@
+//! The seam for a level of leadership above the host's file election (the
+//! etcd contender of [`crate::global`], behind the `etcd` feature). The
+//! writer tells it when this instance starts or stops leading its host for
+//! a key and when the user claims; the upper level answers by setting the
+//! key cell's permit (so `is_leader` and the ledger's fence check see it at
+//! once, without waiting for the writer) and by news through the writer's
+//! mailbox (so changes are announced and published by the one writer).
+
+use std::sync::Arc;
+
+use crate::pubkey::AgentPubkey;
+
+use super::cache::KeyCell;
+use super::types::{ChangeReason, GlobalStatus};
+
+/// A level above the host.
+pub(crate) trait UpperLevel: Send {
+    /// Our host id.
+    fn host_id(&self) -> &str;
+
+    /// We lead our host for `pubkey` now (`leads`), or stopped. `revoke`:
+    /// we stopped and no sibling of this host took the lock from us, so the
+    /// agent should be given up at once (not left for a sibling to
+    /// continue).
+    fn host_leader(&mut self, pubkey: AgentPubkey, cell: &Arc<KeyCell>, leads: bool, revoke: bool);
+
+    /// The user claims `pubkey` for this window.
+    fn claim(&mut self, pubkey: AgentPubkey);
+
+    /// Gives up whatever is still held (after the writer stepped down
+    /// everywhere) and stops.
+    fn shutdown(&mut self);
+}
+
+/// What the upper level tells the writer about one key.
+#[derive(Debug, Clone)]
+pub(crate) struct UpperNews {
+    /// Why our answer changed; `None`: only the status view changed.
+    pub reason: Option<ChangeReason>,
+    /// The view to publish.
+    pub status: GlobalStatus,
+    /// When the permit changed (unix ms), stamped by the upper level at
+    /// the moment it opened or closed it, not when the writer got to it.
+    pub at_ms: u64,
+}

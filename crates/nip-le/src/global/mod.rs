@@ -1,0 +1,223 @@
+//! Extension (cargo feature `etcd`): one prompter per agent across hosts.
+//!
+//! Two levels. On each host the NIP's file election runs unchanged, so the
+//! harness and spec instances on that host keep working and defer to our
+//! host leader. The host leader then contends for the agent's key in etcd,
+//! `<prefix>/<pubkey>/leader`, bound to an etcd lease: created in a
+//! transaction only if absent, kept alive every third of the TTL, its
+//! `mod_revision` the cross-host fencing epoch. A window acts only while it
+//! leads its host *and* holds the key (see [`crate::Level`]).
+//!
+//! * A sibling that takes the host lock (a crash, a local claim, a handoff)
+//!   continues the same lease: etcd leases are not tied to a connection, so
+//!   the agent moves within the host in milliseconds and only the loss of a
+//!   whole host costs the TTL.
+//! * A host leader watches the prefix: a released key (lease revoked on a
+//!   graceful exit) is taken at once; a claim is a put of
+//!   `<prefix>/<pubkey>/claim`, and the holder stands down and rewrites the
+//!   key for the claimant in one transaction.
+//! * A holder that cannot renew fences itself at `sent + TTL - TTL/10`
+//!   (sent: before the request left, so etcd's expiry is later; a tenth of
+//!   the TTL covers any plausible clock-rate difference), on a clock that
+//!   keeps running through suspend.
+//! * While etcd cannot be reached, [`WhenUnreachable`] decides.
+//!
+//! The client is etcd's v3 JSON gateway over plain HTTP (`ureq`), not a
+//! gRPC crate: a few hundred kilobytes of blocking HTTP on the contender's
+//! own thread instead of tonic, prost, a protobuf toolchain and an async
+//! runtime in every app that enables the feature.
+
+mod contender;
+mod gateway;
+
+use std::time::Duration;
+
+pub(crate) use contender::Contender;
+
+use crate::elector::GlobalHolder;
+use crate::pubkey::AgentPubkey;
+
+/// Default lease TTL: the NIP's stale bound. Only the loss of a whole host
+/// (or of its link to etcd) waits this long.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "/nip-le";
+
+/// What a host leader does while etcd cannot be reached (no answer for a
+/// whole TTL).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum WhenUnreachable {
+    /// The NIP's "duplicates over silence": every host leader acts for its
+    /// host ([`crate::Level::Host`]) until etcd answers again. A partition
+    /// then answers a mention once per host.
+    #[default]
+    FallBack,
+    /// Nobody acts until etcd answers: no duplicate, but no answer either.
+    StaySilent,
+}
+
+impl std::str::FromStr for WhenUnreachable {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fall-back" | "fallback" => Ok(Self::FallBack),
+            "stay-silent" | "silent" => Ok(Self::StaySilent),
+            other => Err(format!(
+                "unknown policy {other:?} (fall-back or stay-silent)"
+            )),
+        }
+    }
+}
+
+/// Where and how to contend across hosts (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// Client URLs, `http://host:port`; a failed call moves to the next.
+    pub endpoints: Vec<String>,
+    /// This host's id: every window of one host must use the same one
+    /// (it is how a sibling knows it may continue the host's lease).
+    pub host_id: String,
+    /// Lease TTL, whole seconds (etcd's minimum is about 2 s).
+    pub ttl: Duration,
+    /// Key prefix shared by every host of the cluster.
+    pub prefix: String,
+    /// What to do while etcd cannot be reached.
+    pub when_unreachable: WhenUnreachable,
+}
+
+impl EtcdConfig {
+    /// Defaults (TTL 10 s, prefix `/nip-le`, fall back when unreachable)
+    /// for `endpoints` and `host_id`.
+    pub fn new(endpoints: Vec<String>, host_id: impl Into<String>) -> Self {
+        Self {
+            endpoints,
+            host_id: host_id.into(),
+            ttl: DEFAULT_TTL,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            when_unreachable: WhenUnreachable::default(),
+        }
+    }
+
+    /// Checks the configuration; the message says what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.endpoints.is_empty() {
+            return Err("etcd: no endpoint".into());
+        }
+        for e in &self.endpoints {
+            if !e.starts_with("http://") || e.len() <= "http://".len() {
+                return Err(format!("etcd endpoint {e:?}: must be http://host:port"));
+            }
+        }
+        if !crate::host::valid_field(&self.host_id) {
+            return Err(format!(
+                "etcd host id {:?}: 1 to 255 bytes, no control characters",
+                self.host_id
+            ));
+        }
+        if self.ttl < Duration::from_secs(2) || self.ttl.subsec_nanos() != 0 {
+            return Err(format!(
+                "etcd ttl {:?}: whole seconds, at least 2",
+                self.ttl
+            ));
+        }
+        if !self.prefix.starts_with('/') || self.prefix.len() > 128 || self.prefix.ends_with('/') {
+            return Err(format!(
+                "etcd prefix {:?}: starts with '/', does not end with one",
+                self.prefix
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn leader_key(&self, pk: &AgentPubkey) -> String {
+        format!("{}/{pk}/leader", self.prefix)
+    }
+
+    pub(crate) fn claim_key(&self, pk: &AgentPubkey) -> String {
+        format!("{}/{pk}/claim", self.prefix)
+    }
+}
+
+/// Reads who holds `pubkey`'s etcd key, for status tools (one range call).
+pub fn read_holder(
+    config: &EtcdConfig,
+    pubkey: &AgentPubkey,
+) -> Result<Option<GlobalHolder>, String> {
+    let gw = gateway::Gateway::new(&config.endpoints, Duration::from_secs(2));
+    let kv = gw
+        .get(&config.leader_key(pubkey))
+        .map_err(|e| e.to_string())?;
+    Ok(kv.map(|kv| contender::holder_of(&kv)))
+}
+
+/// One write of an agent's etcd key, for audits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyWrite {
+    /// The revision of the write.
+    pub revision: u64,
+    /// The holder it named; `None`: the key was deleted (released or its
+    /// lease expired).
+    pub holder: Option<GlobalHolder>,
+}
+
+/// Every write of `pubkey`'s etcd key still in etcd's history (up to its
+/// last compaction), oldest first: who held the agent from which revision.
+pub fn key_history(config: &EtcdConfig, pubkey: &AgentPubkey) -> Result<Vec<KeyWrite>, String> {
+    let gw = gateway::Gateway::new(&config.endpoints, Duration::from_secs(2));
+    let key = config.leader_key(pubkey);
+    let (_, now) = gw.get_at(&key).map_err(|e| e.to_string())?;
+    let mut stream = gw
+        .watch(&key, false, 1, Duration::from_millis(500))
+        .map_err(|e| e.to_string())?;
+    let mut writes = Vec::new();
+    // History comes first, then the watch waits for news: a short silence
+    // (or a write at the store's current revision) ends it.
+    loop {
+        let m = match stream.next_message() {
+            Ok(m) => m,
+            Err(_) if !writes.is_empty() || now <= 1 => break,
+            Err(e) => return Err(e.to_string()),
+        };
+        if m.ended {
+            return Err("etcd compacted the key's history".into());
+        }
+        for c in m.changes {
+            writes.push(KeyWrite {
+                revision: c.revision,
+                holder: c.kv.as_ref().map(contender::holder_of),
+            });
+        }
+        if writes.last().is_some_and(|w| w.revision >= now) {
+            break;
+        }
+    }
+    Ok(writes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_are_validated() {
+        let ok = EtcdConfig::new(vec!["http://127.0.0.1:2379".into()], "laptop");
+        ok.validate().unwrap();
+        for bad in [
+            EtcdConfig::new(vec![], "h"),
+            EtcdConfig::new(vec!["https://x:1".into()], "h"),
+            EtcdConfig::new(vec!["http://x:1".into()], ""),
+            EtcdConfig::new(vec!["http://x:1".into()], "a\nb"),
+            EtcdConfig {
+                ttl: Duration::from_millis(1500),
+                ..ok.clone()
+            },
+            EtcdConfig {
+                prefix: "nip-le".into(),
+                ..ok.clone()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?} passed");
+        }
+    }
+}
