@@ -10,9 +10,13 @@ cd "$(dirname "$0")/.."
 # --- system packages -------------------------------------------------------
 # Tauri v2 on Linux needs the WebKitGTK 4.1 / GTK 3 / libsoup 3 dev packages,
 # even for the mock-runtime tests; python3 runs the independent foreign
-# writer of the interop tests.
+# writer of the interop tests; etcd-server is the real etcd of the
+# cross-host tests (each test starts its own on loopback and stops it).
 . scripts/lib.sh
-ensure_packages pkg-config libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev librsvg2-dev python3
+ensure_packages pkg-config libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev librsvg2-dev python3 etcd-server
+# Debian's package starts a system etcd on the default ports; the tests
+# need none (they pick free ports), so it may stay or go.
+export NIP_LE_REQUIRE_ETCD=1
 for tool in cargo npm node; do
   command -v "$tool" >/dev/null 2>&1 || { echo "missing: $tool (install Rust with rustup, Node 20+ with npm)" >&2; exit 1; }
 done
@@ -56,10 +60,13 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-
 echo "== cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
 cargo test --workspace
 
-echo "== the engine links no CLI dependency"
-if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile) '; then
-  echo "the plugin pulls a CLI-only crate (above)" >&2; exit 1
+echo "== the engine links no CLI dependency, and no etcd client unless asked"
+if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile|ureq) '; then
+  echo "the plugin pulls a CLI-only or etcd-only crate (above)" >&2; exit 1
 fi
+cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^ureq ' \
+  || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
+cargo clippy -p tauri-plugin-leader-election --features etcd -- -D warnings
 
 echo "== cargo publish --dry-run (engine and plugin)"
 # Cargo extracts the packaged engine into its registry cache, never

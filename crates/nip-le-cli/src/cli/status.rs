@@ -14,7 +14,7 @@ use nip_le::record::{format_claimed_at, LockContent, MAX_RECORD_BYTES};
 use nip_le::AgentPubkey;
 use serde::Serialize;
 
-use super::TimingArgs;
+use super::{EtcdArgs, TimingArgs};
 
 /// Options of `nip-le status`.
 #[derive(Args, Debug)]
@@ -28,6 +28,9 @@ pub struct StatusArgs {
     /// Stale bound used for "takeable now", in milliseconds [default: 10000].
     #[arg(long)]
     stale_ms: Option<u64>,
+    /// With `--etcd URL`: also show who holds each agent across hosts.
+    #[command(flatten)]
+    etcd: EtcdArgs,
 }
 
 /// One `*.lock` entry of the directory.
@@ -64,6 +67,12 @@ pub struct LockEntry {
     /// Whether any other instance could take it now by the NIP's rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub takeable: Option<bool>,
+    /// With `--etcd`: the holder of the agent's etcd key (`null`: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_holder: Option<Option<nip_le::GlobalHolder>>,
+    /// With `--etcd`: why the etcd key could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_error: Option<String>,
 }
 
 /// Lists the directory.
@@ -108,6 +117,19 @@ pub fn status(a: StatusArgs) -> Result<ExitCode, nip_le::Error> {
         .map(|e| describe(&e, now, config.stale))
         .collect();
     rows.sort_by(|a, b| a.file.cmp(&b.file));
+    if let Some(etcd) = a.etcd.config() {
+        etcd.validate()
+            .map_err(|e| nip_le::Error::Config(nip_le::config::ConfigError::Etcd(e)))?;
+        for row in rows.iter_mut() {
+            let Ok(pk) = AgentPubkey::parse(row.file.trim_end_matches(".lock")) else {
+                continue;
+            };
+            match nip_le::global::read_holder(&etcd, &pk) {
+                Ok(h) => row.global_holder = Some(h),
+                Err(e) => row.global_error = Some(e),
+            }
+        }
+    }
     if a.json {
         println!(
             "{}",
@@ -203,5 +225,15 @@ fn print_table(rows: &[LockEntry]) {
             dash(r.age_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0))),
             dash(r.takeable.map(|b| b.to_string())),
         );
+        // With --etcd: who acts for this agent across hosts.
+        match (&r.global_holder, &r.global_error) {
+            (Some(Some(h)), _) => println!(
+                "  global: host {} instance {} (revision {})",
+                h.host_id, h.instance_id, h.revision
+            ),
+            (Some(None), _) => println!("  global: nobody holds the etcd key"),
+            (None, Some(e)) => println!("  global: etcd unreadable: {e}"),
+            (None, None) => {}
+        }
     }
 }

@@ -24,8 +24,9 @@ pub(crate) trait UpperLevel: Send {
     /// continue).
     fn host_leader(&mut self, pubkey: AgentPubkey, cell: &Arc<KeyCell>, leads: bool, revoke: bool);
 
-    /// The user claims `pubkey` for this window.
-    fn claim(&mut self, pubkey: AgentPubkey);
+    /// The user claims `pubkey` for this window (which may not lead its
+    /// host yet: the claim is posted once it does).
+    fn claim(&mut self, pubkey: AgentPubkey, cell: &Arc<KeyCell>);
 
     /// Gives up whatever is still held (after the writer stepped down
     /// everywhere) and stops.

@@ -874,7 +874,7 @@ impl Key {
         if self.cell.is_leader() {
             return ClaimOutcome::AlreadyLeader;
         }
-        u.claim(self.pubkey);
+        u.claim(self.pubkey, &self.cell);
         ClaimOutcome::Pending
     }
 

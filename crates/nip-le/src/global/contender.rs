@@ -48,7 +48,7 @@ enum Inbox {
         leads: bool,
         revoke: bool,
     },
-    Claim(AgentPubkey),
+    Claim(AgentPubkey, Arc<KeyCell>),
     /// The watch (re)started without a known revision: look again.
     Synced,
     Change(Change),
@@ -206,8 +206,8 @@ impl UpperLevel for Contender {
         });
     }
 
-    fn claim(&mut self, pk: AgentPubkey) {
-        let _ = self.tx.send(Inbox::Claim(pk));
+    fn claim(&mut self, pk: AgentPubkey, cell: &Arc<KeyCell>) {
+        let _ = self.tx.send(Inbox::Claim(pk, Arc::clone(cell)));
     }
 
     fn shutdown(&mut self) {
@@ -281,12 +281,16 @@ impl Task {
                 e.leads = leads;
                 if !leads {
                     self.step_back(pk, revoke);
+                } else if self.last_contact.elapsed() >= self.cfg.ttl {
+                    // A window that did not lead its host asked etcd
+                    // nothing: the silence that decides a fallback counts
+                    // from now, when we need etcd.
+                    self.last_contact = Instant::now();
                 }
             }
-            Inbox::Claim(pk) => {
-                if let Some(e) = self.entries.get_mut(&pk) {
-                    e.claim_until = Some(Instant::now() + self.stand_down);
-                }
+            Inbox::Claim(pk, cell) => {
+                let e = self.entries.entry(pk).or_insert_with(|| Entry::new(cell));
+                e.claim_until = Some(Instant::now() + self.stand_down);
             }
             Inbox::Synced => {
                 for e in self.entries.values_mut() {
@@ -577,9 +581,12 @@ impl Task {
         self.tell(pk, Some(reason));
     }
 
-    /// Someone else holds the key now.
+    /// Someone else holds the key now. We look again only after a while:
+    /// two windows of one host that both think they lead it (a fail-safe
+    /// host leader) must not take the key from each other in a hot loop.
     fn lost(&mut self, pk: AgentPubkey) {
         let e = self.entries.get_mut(&pk).expect("caller checked");
+        e.retry_at = Some(Instant::now() + self.cfg.ttl / 4);
         if e.held.take().is_some() {
             e.cell.set_global(global_state::NOT_HELD, 0);
             tracing::warn!(pubkey = %pk, "lost the etcd key");

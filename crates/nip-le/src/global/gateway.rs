@@ -147,8 +147,9 @@ impl Gateway {
                 return Err(GatewayError(format!("{url}: HTTP {code}: {text}")));
             }
             Err(e) => {
+                // ureq's transport error names the URL already.
                 self.next_endpoint();
-                return Err(GatewayError(format!("{url}: {e}")));
+                return Err(GatewayError(e.to_string()));
             }
         };
         let text = text.map_err(|e| GatewayError(format!("{url}: {e}")))?;

@@ -6,6 +6,7 @@
 //! predecessor side by side, on the same machine, in the same run.
 
 mod faults;
+mod hosts;
 mod scenarios;
 mod turns;
 
@@ -36,7 +37,9 @@ pub struct BenchArgs {
     before: Option<PathBuf>,
     /// Only the rows whose key is listed (comma-separated): sigkill,
     /// graceful, claim, foreign, sigstop, start, idle, slept, pause, flock,
-    /// queued, turn-kill, in-process.
+    /// queued, turn-kill, cross-kill, cross-lost, cross-graceful,
+    /// cross-claim, in-process. The cross-host rows start a real etcd
+    /// (Debian's etcd-server) and run only in the current extended build.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(flatten)]
@@ -218,6 +221,30 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             "turn-kill",
             "SIGKILL of the leader mid-turn → the turn begun again (ms)",
             Bench::sigkill_mid_turn,
+            a.runs,
+        ),
+        row(
+            "cross-kill",
+            "across hosts (2×2): SIGKILL of the global leader → acts (ms)",
+            Bench::cross_host_kill,
+            a.runs,
+        ),
+        row(
+            "cross-lost",
+            "across hosts (2×1): the leader's host lost → other acts (ms)",
+            Bench::cross_host_lost,
+            slow_runs,
+        ),
+        row(
+            "cross-graceful",
+            "across hosts (2×1): graceful exit → the other acts (ms)",
+            Bench::cross_host_graceful,
+            a.runs,
+        ),
+        row(
+            "cross-claim",
+            "across hosts (2×1): claim from the other host → it acts (ms)",
+            Bench::cross_host_claim,
             a.runs,
         ),
     ];
