@@ -322,7 +322,13 @@ fn a_claim_from_a_window_of_another_host_completes_in_milliseconds() {
     windows[2].send("claim").unwrap();
     let took = view_after(&windows[2], cc, Duration::from_secs(5), acts_globally)
         .expect("the claimant leads");
-    assert_eq!(took.reason, ChangeReason::Claimed);
+    assert_eq!(
+        took.reason,
+        ChangeReason::Claimed,
+        "{:#?}\n{:#?}",
+        windows[2].views(),
+        windows[0].views()
+    );
     let stood = view_after(&windows[0], lc, Duration::from_secs(1), |l| !l.is_leader)
         .expect("the holder stood down");
     assert_eq!(stood.reason, ChangeReason::StoodDown);

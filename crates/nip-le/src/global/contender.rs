@@ -81,6 +81,8 @@ struct Entry {
     retry_at: Option<Instant>,
     /// Look again even if we hold (after the watch lost track).
     verify: bool,
+    /// The latest revision at which we know the leader key's state.
+    seen: u64,
     last_error: Option<String>,
 }
 
@@ -447,11 +449,12 @@ impl Task {
     /// Looks at the key and takes it when it is free, ours or our host's.
     fn look(&mut self, pk: AgentPubkey) {
         let key = self.cfg.leader_key(&pk);
-        let r = self.gw.get(&key);
-        let Some(kv) = self.noted(pk, r) else {
+        let r = self.gw.get_at(&key);
+        let Some((kv, revision)) = self.noted(pk, r) else {
             return;
         };
         let e = self.entries.get_mut(&pk).expect("noted checked");
+        e.seen = e.seen.max(revision);
         let was = e.holder.clone();
         e.holder = kv.as_ref().map(holder_of);
         match kv {
@@ -465,6 +468,9 @@ impl Task {
                 }
                 if e.held.is_some() {
                     self.lost(pk);
+                    return;
+                }
+                if self.claim_granted(pk, &kv) {
                     return;
                 }
                 let foreign_host = !h.host_id.is_empty() && h.host_id != self.cfg.host_id;
@@ -576,8 +582,9 @@ impl Task {
         e.fallback = false;
         e.claim_until = None;
         e.claim_lease = None;
+        e.seen = e.seen.max(revision);
         e.cell.set_global(global_state::HELD, until);
-        tracing::info!(pubkey = %pk, revision, "holds the etcd lease");
+        tracing::info!(pubkey = %pk, revision, ?reason, instance = %self.our_id, "holds the etcd lease");
         self.tell(pk, Some(reason));
     }
 
@@ -589,7 +596,7 @@ impl Task {
         e.retry_at = Some(Instant::now() + self.cfg.ttl / 4);
         if e.held.take().is_some() {
             e.cell.set_global(global_state::NOT_HELD, 0);
-            tracing::warn!(pubkey = %pk, "lost the etcd key");
+            tracing::warn!(pubkey = %pk, instance = %self.our_id, "lost the etcd key");
             self.tell(pk, Some(ChangeReason::Lost));
         }
     }
@@ -679,6 +686,16 @@ impl Task {
         if !self.entries.contains_key(&pk) {
             return;
         }
+        // The watch may deliver a change older than what a call of ours
+        // has seen since (a look that found the key deleted and created
+        // it again): the latest revision wins.
+        if kind == "leader" {
+            let e = self.entries.get_mut(&pk).expect("checked");
+            if c.revision < e.seen {
+                return;
+            }
+            e.seen = c.revision;
+        }
         match (kind, c.kv) {
             ("leader", Some(kv)) => self.leader_written(pk, &kv),
             ("leader", None) => {
@@ -714,23 +731,30 @@ impl Task {
                 });
             }
             Some(_) => self.lost(pk),
-            None if h.instance_id == our_id && e.claim_lease == Some(kv.lease) && e.leads => {
-                // Our claim was granted: the key is ours, on our lease.
-                let sent = boot_nanos();
-                let r = self.gw.keep_alive(kv.lease);
-                match self.noted(pk, r) {
-                    Some(ttl) if !ttl.is_zero() => self.hold(
-                        pk,
-                        kv.lease,
-                        kv.mod_revision,
-                        ttl,
-                        sent,
-                        ChangeReason::Claimed,
-                    ),
-                    _ => {}
+            None => {
+                if !self.claim_granted(pk, kv) {
+                    self.tell(pk, None);
                 }
             }
-            None => self.tell(pk, None),
+        }
+    }
+
+    /// Whether `kv` is our claim granted (the holder rewrote the key for
+    /// us, bound to our claim's lease); if so, we hold it now.
+    fn claim_granted(&mut self, pk: AgentPubkey, kv: &Kv) -> bool {
+        let e = &self.entries[&pk];
+        let ours = holder_of(kv).instance_id == self.our_id;
+        if !(ours && e.leads && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
+            return false;
+        }
+        let sent = boot_nanos();
+        let r = self.gw.keep_alive(kv.lease);
+        match self.noted(pk, r) {
+            Some(ttl) if !ttl.is_zero() => {
+                self.hold(pk, kv.lease, kv.mod_revision, ttl, sent, ChangeReason::Claimed);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -800,6 +824,7 @@ impl Entry {
             claim_lease: None,
             retry_at: None,
             verify: false,
+            seen: 0,
             last_error: None,
         }
     }
