@@ -40,6 +40,10 @@ pub(crate) struct UpperNews {
     pub reason: Option<ChangeReason>,
     /// The view to publish.
     pub status: GlobalStatus,
+    /// A gain from a holder on another host: its work ledger is not ours,
+    /// so what it may have answered is unknown here (see
+    /// [`crate::Work::owed`]).
+    pub from_other_host: bool,
     /// When the permit changed (unix ms), stamped by the upper level at
     /// the moment it opened or closed it, not when the writer got to it.
     pub at_ms: u64,

@@ -203,6 +203,10 @@ struct Key {
     told_upper: bool,
     /// The upper level's view, when one is configured.
     global: Option<GlobalStatus>,
+    /// Since when (unix ms) we act after taking the agent from another
+    /// host, whose work ledger we cannot read: as after a predecessor that
+    /// kept no ledger, only what was published since is owed.
+    global_since: Option<u64>,
 }
 
 /// The writer.
@@ -493,6 +497,7 @@ impl Writer {
             withheld: None,
             told_upper: false,
             global: None,
+            global_since: None,
         };
         if let Some(u) = &self.ctx.upper {
             key.cell.set_global(cache::global_state::NOT_HELD, 0);
@@ -537,9 +542,16 @@ impl Writer {
         let ctx = &mut self.ctx;
         let key = self.keys.get_mut(pk).ok_or(Error::NotJoined(*pk))?;
         if target == &*ctx.our_id {
-            return Ok(key.claim(ctx)? != ClaimOutcome::Pending);
+            let local = key.claim(ctx)?;
+            return Ok(key.claim_above(ctx, local) != ClaimOutcome::Pending);
         }
         if key.m.holds_lock() {
+            // Across hosts the relay fans the frame out to every host, but
+            // only the claimant's host must give its lock up: elsewhere
+            // the claim travels through etcd and the host keeps its leader.
+            if ctx.upper.is_some() && key.heir(ctx, Some(target)).is_none() {
+                return Ok(false);
+            }
             key.step_down(ctx, ChangeReason::StoodDown, Some(target), false);
         }
         Ok(false)
@@ -882,6 +894,15 @@ impl Key {
     /// (with the level it leaves us at), a view change only published.
     fn upper_news(&mut self, ctx: &Ctx, news: UpperNews) {
         self.global = Some(news.status);
+        if news.from_other_host {
+            self.global_since = Some(news.at_ms);
+        } else if matches!(
+            news.reason,
+            Some(ChangeReason::Lost | ChangeReason::StoodDown | ChangeReason::Released)
+        ) {
+            // Given up (a fence that lifts again keeps it: nothing moved).
+            self.global_since = None;
+        }
         if let Some(reason) = news.reason {
             let acting = self.cell.is_leader();
             self.notify_at(ctx, acting, reason, true, news.at_ms);
@@ -944,6 +965,7 @@ impl Key {
     fn track_work(&mut self, ctx: &Ctx, leader: bool) {
         if !leader {
             self.leader_since = None;
+            self.global_since = None;
             self.work = None;
             self.replaced = None;
             return;
@@ -1088,13 +1110,13 @@ impl Key {
 
     /// The queued events we must dispatch now, in order.
     fn owed(&self, queue: &[QueuedEvent]) -> Vec<String> {
-        let since = self.leader_since.unwrap_or(0);
+        let since = self.leader_since.unwrap_or(0).max(self.global_since.unwrap_or(0));
         // Without a ledger that covers the predecessor, events published
         // before we led may have been answered by it.
         let published_since = |e: &QueuedEvent| e.published_ms.is_none_or(|p| p >= since);
         match self.work.as_ref() {
             Some(w) => {
-                let fallback = w.ledgerless_before || w.ledger.is_none();
+                let fallback = w.ledgerless_before || w.ledger.is_none() || self.global_since.is_some();
                 queue
                     .iter()
                     .filter(|e| !fallback || published_since(e))

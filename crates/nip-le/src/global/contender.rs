@@ -83,6 +83,8 @@ struct Entry {
     verify: bool,
     /// The latest revision at which we know the leader key's state.
     seen: u64,
+    /// The host of the last holder we saw (kept across deletions).
+    last_holder_host: Option<String>,
     last_error: Option<String>,
 }
 
@@ -318,11 +320,17 @@ impl Task {
     }
 
     fn tell(&self, pk: AgentPubkey, reason: Option<ChangeReason>) {
+        self.tell_gain(pk, reason, false);
+    }
+
+    /// [`Task::tell`], saying whether a gain came from another host.
+    fn tell_gain(&self, pk: AgentPubkey, reason: Option<ChangeReason>, from_other_host: bool) {
         if let Some(e) = self.entries.get(&pk) {
             (self.tell)(
                 pk,
                 UpperNews {
                     reason,
+                    from_other_host,
                     status: self.status(e),
                     at_ms: std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
@@ -456,7 +464,7 @@ impl Task {
         let e = self.entries.get_mut(&pk).expect("noted checked");
         e.seen = e.seen.max(revision);
         let was = e.holder.clone();
-        e.holder = kv.as_ref().map(holder_of);
+        e.see(kv.as_ref().map(holder_of));
         match kv {
             None => self.acquire(pk, was.is_some()),
             Some(kv) => {
@@ -509,7 +517,7 @@ impl Task {
             Some(Txn::Failed(kv)) => {
                 let _ = self.gw.revoke(lease);
                 let e = self.entries.get_mut(&pk).expect("noted checked");
-                e.holder = kv.as_ref().map(holder_of);
+                e.see(kv.as_ref().map(holder_of));
                 self.tell(pk, None);
             }
             None => {
@@ -545,7 +553,7 @@ impl Task {
             }
             Some(Txn::Failed(kv)) => {
                 let e = self.entries.get_mut(&pk).expect("noted checked");
-                e.holder = kv.as_ref().map(holder_of);
+                e.see(kv.as_ref().map(holder_of));
             }
             None => {}
         }
@@ -563,6 +571,12 @@ impl Task {
         let host_id = self.cfg.host_id.clone();
         let our_id = self.our_id.clone();
         let e = self.entries.get_mut(&pk).expect("caller checked");
+        // The last holder we know of; a key we found absent and never saw
+        // held counts as ours (nobody else answered for it).
+        let from_other_host = e
+            .last_holder_host
+            .as_ref()
+            .is_some_and(|h| *h != host_id);
         if !e.leads {
             // The host moved while we were asking: let the sibling have it.
             return;
@@ -574,18 +588,18 @@ impl Task {
             renew_at: Instant::now() + ttl / 3,
             until,
         });
-        e.holder = Some(GlobalHolder {
+        e.see(Some(GlobalHolder {
             host_id,
             instance_id: our_id,
             revision,
-        });
+        }));
         e.fallback = false;
         e.claim_until = None;
         e.claim_lease = None;
         e.seen = e.seen.max(revision);
         e.cell.set_global(global_state::HELD, until);
         tracing::info!(pubkey = %pk, revision, ?reason, instance = %self.our_id, "holds the etcd lease");
-        self.tell(pk, Some(reason));
+        self.tell_gain(pk, Some(reason), from_other_host);
     }
 
     /// Someone else holds the key now. We look again only after a while:
@@ -721,7 +735,7 @@ impl Task {
         let h = holder_of(kv);
         let our_id = self.our_id.clone();
         let e = self.entries.get_mut(&pk).expect("checked");
-        e.holder = Some(h.clone());
+        e.see(Some(h.clone()));
         match e.held {
             Some(held) if kv.mod_revision <= held.revision => {}
             Some(held) if h.instance_id == our_id && kv.lease == held.lease => {
@@ -813,6 +827,14 @@ impl Task {
 }
 
 impl Entry {
+    /// Records the holder the key names now (`None`: deleted).
+    fn see(&mut self, holder: Option<GlobalHolder>) {
+        if let Some(h) = holder.as_ref().filter(|h| !h.host_id.is_empty()) {
+            self.last_holder_host = Some(h.host_id.clone());
+        }
+        self.holder = holder;
+    }
+
     fn new(cell: Arc<KeyCell>) -> Self {
         Self {
             cell,
@@ -825,6 +847,7 @@ impl Entry {
             retry_at: None,
             verify: false,
             seen: 0,
+            last_holder_host: None,
             last_error: None,
         }
     }
