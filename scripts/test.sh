@@ -94,5 +94,8 @@ cargo run -q -p nip-le-cli -- chaos --seconds 60
 echo "== chaos: 60 s of random faults on extended instances working a queue (exactly once)"
 cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60
 
+echo "== chaos: 45 s across 3 simulated hosts sharing a real etcd, which is paused too"
+cargo run -q -p nip-le-cli -- chaos --seconds 45 --hosts 3 --extended 6
+
 echo "== nip-le demo (the main job, short timings)"
 cargo run -q -p nip-le-cli -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500

@@ -27,6 +27,9 @@ pub struct Summary {
     pub dup_forced: usize,
     /// Duplicates nothing excuses.
     pub dup_unexplained: usize,
+    /// Cross-host runs: duplicates answered while etcd was unreachable
+    /// (the fall-back policy: each host leader acts for its host).
+    pub dup_etcd_unreachable: usize,
     /// Never answered.
     pub missed: usize,
     /// The unexplained duplicates, described.
@@ -35,6 +38,8 @@ pub struct Summary {
     pub two_leaders_ms: u64,
     /// Of which a spec instance was one of them, ms.
     pub two_with_spec_ms: u64,
+    /// Of which while etcd was unreachable (cross-host runs), ms.
+    pub two_while_etcd_unreachable_ms: u64,
     /// Time with no running instance reporting leadership, ms.
     pub no_leader_ms: u64,
     /// After each SIGKILL of a leader, ms until the next report of leading.
@@ -59,7 +64,7 @@ pub fn analyse(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64) -> Summary
     };
     count_replies(out, replies, refresh_ms, &mut s);
     sort_latencies(&mut s);
-    timeline(&out.lives, &mut s);
+    timeline(out, &mut s);
     s.failovers = failovers(out);
     s
 }
@@ -98,6 +103,7 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                 s.missing.push(id.clone());
             }
             1 => s.once += 1,
+            _ if r.iter().any(|(_, t)| etcd_unreachable(out, *t)) => s.dup_etcd_unreachable += 1,
             _ => {
                 let forced = r.iter().any(|(who, t)| {
                     mode_of(who) == Some(Mode::Spec)
@@ -145,6 +151,14 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
     }
 }
 
+/// Whether etcd counted as unreachable at `t`: paused, or within the
+/// grace after a pause.
+fn etcd_unreachable(out: &Outcome, t: u64) -> bool {
+    out.etcd_pauses
+        .iter()
+        .any(|(s, c)| *s <= t && t <= c + out.etcd_grace_ms)
+}
+
 /// Sorts the latencies (called once every mention is counted).
 fn sort_latencies(s: &mut Summary) {
     s.latencies.sort_unstable();
@@ -165,7 +179,8 @@ fn running_at(life: &Life, t: u64) -> bool {
 }
 
 /// Samples every 5 ms, from a second after the first start to the last end.
-fn timeline(lives: &[Life], s: &mut Summary) {
+fn timeline(out: &Outcome, s: &mut Summary) {
+    let lives = &out.lives;
     let t0 = lives.iter().map(|l| l.start).min().unwrap_or(0);
     let t1 = lives.iter().filter_map(|l| l.end).max().unwrap_or(t0);
     let mut t = t0 + 1000;
@@ -181,6 +196,9 @@ fn timeline(lives: &[Life], s: &mut Summary) {
                 s.two_leaders_ms += STEP_MS;
                 if leaders.iter().any(|l| l.mode == Mode::Spec) {
                     s.two_with_spec_ms += STEP_MS;
+                }
+                if etcd_unreachable(out, t) {
+                    s.two_while_etcd_unreachable_ms += STEP_MS;
                 }
             }
         }
@@ -214,6 +232,7 @@ mod tests {
         Life {
             instance_id: id.into(),
             mode,
+            host: 0,
             start: 0,
             end: Some(10_000),
             stops: Vec::new(),
@@ -303,5 +322,28 @@ mod tests {
         );
         let s = analyse(&o, &[], 300);
         assert_eq!((s.two_leaders_ms, s.two_with_spec_ms), (50, 50));
+    }
+
+    #[test]
+    fn duplicates_while_etcd_was_unreachable_are_the_fall_back_policys() {
+        let mut o = outcome(
+            vec![
+                life("a", Mode::Extended, &[(0, true)]),
+                life("b", Mode::Extended, &[(0, false), (3000, true), (3500, false)]),
+            ],
+            &[("m0", 3100), ("m1", 8000)],
+        );
+        o.etcd_pauses.push((1000, 2800));
+        o.etcd_grace_ms = 1000;
+        let replies = [
+            reply("m0", "a", 3101),
+            reply("m0", "b", 3102),
+            reply("m1", "a", 8001),
+            reply("m1", "b", 8002),
+        ];
+        let s = analyse(&o, &replies, 300);
+        // m0 fell in the grace after the pause; m1 long after: split-brain.
+        assert_eq!((s.dup_etcd_unreachable, s.dup_unexplained), (1, 1));
+        assert_eq!(s.two_while_etcd_unreachable_ms, 500);
     }
 }

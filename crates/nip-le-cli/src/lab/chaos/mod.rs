@@ -1,6 +1,7 @@
 //! `nip-le chaos`: extended and spec-only instances on one lock directory,
 //! with a mention feed, under random SIGKILL, SIGTERM, SIGSTOP/SIGCONT,
-//! restarts and cooperative claims. Four parts: the fault [`plan`], the
+//! restarts and cooperative claims; with `--hosts N`, instances spread over
+//! simulated hosts that share a real etcd, which is paused too. Four parts: the fault [`plan`], the
 //! [`runner`] that carries it out on real processes, the pure [`analysis`]
 //! of what the instances reported and replied, and the [`report`].
 //!
@@ -60,6 +61,14 @@ pub struct ChaosArgs {
     /// print its path.
     #[arg(long)]
     keep: bool,
+    /// Simulated hosts (a lock dir and a host id each) sharing a real etcd
+    /// on loopback (Debian's etcd-server): instances are dealt to hosts in
+    /// turn and run with `--etcd`, and etcd itself is paused now and then.
+    #[arg(long, default_value_t = 1, conflicts_with = "turn_ms")]
+    hosts: usize,
+    /// Cross-host runs: the etcd lease TTL in seconds.
+    #[arg(long, default_value_t = 2)]
+    etcd_ttl_s: u64,
 }
 
 /// Runs chaos; fails on a split-brain the NIP does not force.
@@ -95,7 +104,9 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     if let Some(t) = a.turn_ms {
         opts.extra_args = vec!["--turn-ms".into(), t.to_string()];
     }
-    let spec = a.spec.unwrap_or(if a.turn_ms.is_some() { 0 } else { 2 });
+    let spec = a
+        .spec
+        .unwrap_or(if a.turn_ms.is_some() || a.hosts > 1 { 0 } else { 2 });
     let seed = a
         .seed
         .unwrap_or_else(|| unix_ms() ^ (u64::from(std::process::id()) << 32));
@@ -107,9 +118,36 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         a.stale_ms,
         a.turn_ms.map_or(String::new(), |t| format!(", turns of {t} ms"))
     );
-    let mut runner =
-        runner::Runner::start(opts, mentions, a.extended, spec).map_err(io(exe.clone()))?;
     let mut plan = plan::Plan::new(seed, a.stale_ms);
+    let mut runner = if a.hosts > 1 {
+        let etcd = crate::lab::etcd::Etcd::start().map_err(io("<etcd>".into()))?;
+        println!(
+            "  {} hosts sharing etcd at {} (lease TTL {} s); etcd is paused now and then",
+            a.hosts,
+            etcd.url(),
+            a.etcd_ttl_s
+        );
+        plan = plan.with_etcd_pauses(a.etcd_ttl_s * 1000);
+        let hosts = (0..a.hosts)
+            .map(|h| {
+                let mut o = opts.clone();
+                o.lock_dir = tmp.path().join(format!("locks-host{h}"));
+                o.extra_args.extend([
+                    "--etcd".into(),
+                    etcd.url(),
+                    "--host-id".into(),
+                    format!("host{h}"),
+                    "--etcd-ttl-s".into(),
+                    a.etcd_ttl_s.to_string(),
+                ]);
+                o
+            })
+            .collect();
+        runner::Runner::start_on_hosts(hosts, Some(etcd), mentions, a.extended, spec)
+    } else {
+        runner::Runner::start(opts, mentions, a.extended, spec)
+    }
+    .map_err(io(exe.clone()))?;
     runner
         .run(&mut plan, a.seconds, a.pace_ms)
         .map_err(io(exe.clone()))?;
@@ -129,6 +167,10 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
                 .all(|(id, _)| answered.iter().any(|r| r.mention_id() == *id))
         })
         .map_err(io(exe.clone()))?;
+    let mut outcome = outcome;
+    // A whole TTL of silence before the fall-back, and the hosts settle
+    // again after etcd returns.
+    outcome.etcd_grace_ms = 2 * a.etcd_ttl_s * 1000 + 1000;
     let summary = analysis::analyse(&outcome, &ReplyLine::read_all(&replies), a.refresh_ms);
     if a.keep {
         println!("  files kept in {}", tmp.keep().display());

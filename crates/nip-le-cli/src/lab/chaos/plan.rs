@@ -53,6 +53,11 @@ pub enum Fault {
         /// The slot.
         slot: usize,
     },
+    /// Cross-host runs: SIGSTOP etcd for `hold_ms`, then SIGCONT.
+    EtcdPause {
+        /// How long etcd stays stopped.
+        hold_ms: u64,
+    },
 }
 
 /// What the plan needs to know about the cluster now.
@@ -65,12 +70,14 @@ pub struct View {
 }
 
 /// Chooses faults: 40 % mentions, 15 % SIGKILL, 10 % SIGTERM, 12 % SIGSTOP,
-/// 15 % claims, the rest nothing. Faults hit the leader half the time, and
+/// 15 % claims, in cross-host runs 4 % etcd pauses, the rest nothing. Faults hit the leader half the time, and
 /// signals are sent only while more than two instances run.
 #[derive(Debug, Clone)]
 pub struct Plan {
     rng: Rng,
     stale_ms: u64,
+    /// Cross-host runs: etcd's lease TTL in ms; etcd pauses are planned.
+    etcd_ttl_ms: Option<u64>,
 }
 
 impl Plan {
@@ -79,7 +86,15 @@ impl Plan {
         Self {
             rng: Rng::new(seed),
             stale_ms,
+            etcd_ttl_ms: None,
         }
+    }
+
+    /// Cross-host runs: also pause etcd (about one fault in 25), for half
+    /// a TTL to three TTLs.
+    pub fn with_etcd_pauses(mut self, ttl_ms: u64) -> Self {
+        self.etcd_ttl_ms = Some(ttl_ms);
+        self
     }
 
     /// The pause before the next fault, around `pace_ms`.
@@ -104,6 +119,9 @@ impl Plan {
                 let i = self.rng.below(view.running.len() as u64) as usize;
                 view.running.get(i).map(|&slot| Fault::Claim { slot })
             }
+            92..=95 => self.etcd_ttl_ms.map(|ttl| Fault::EtcdPause {
+                hold_ms: ttl / 2 + self.rng.below(ttl * 5 / 2),
+            }),
             _ => None,
         }
     }
@@ -147,5 +165,24 @@ mod tests {
                 None | Some(Fault::Mention) | Some(Fault::Claim { .. })
             ));
         }
+    }
+
+    #[test]
+    fn etcd_pauses_only_in_cross_host_runs_and_within_their_bounds() {
+        let view = View {
+            running: vec![0, 1, 2],
+            leader: Some(0),
+        };
+        let mut single = Plan::new(9, 1000);
+        assert!((0..2000).all(|_| !matches!(single.next(&view), Some(Fault::EtcdPause { .. }))));
+        let mut hosts = Plan::new(9, 1000).with_etcd_pauses(2000);
+        let holds: Vec<u64> = (0..2000)
+            .filter_map(|_| match hosts.next(&view) {
+                Some(Fault::EtcdPause { hold_ms }) => Some(hold_ms),
+                _ => None,
+            })
+            .collect();
+        assert!(!holds.is_empty());
+        assert!(holds.iter().all(|h| (1000..6000).contains(h)), "{holds:?}");
     }
 }

@@ -17,6 +17,10 @@ pub fn print(s: &Summary, secs: u64, faults: &str) -> bool {
         s.dup_forced.to_string(),
     );
     row(
+        "duplicates while etcd was unreachable (fall-back)",
+        s.dup_etcd_unreachable.to_string(),
+    );
+    row(
         "duplicates not explained (split-brain)",
         s.dup_unexplained.to_string(),
     );
@@ -31,6 +35,10 @@ pub fn print(s: &Summary, secs: u64, faults: &str) -> bool {
     row(
         "  of which a spec instance was one of them",
         format!("{} ms", s.two_with_spec_ms),
+    );
+    row(
+        "  of which while etcd was unreachable",
+        format!("{} ms", s.two_while_etcd_unreachable_ms),
     );
     row(
         "time with no running leader",

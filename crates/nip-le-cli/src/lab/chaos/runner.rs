@@ -10,6 +10,7 @@ use nip_le::Mode;
 
 use super::plan::{Fault, Plan, View};
 use crate::lab::cluster::{Instance, RunOptions};
+use crate::lab::etcd::Etcd;
 use crate::lines::MentionLine;
 use crate::unix_ms;
 
@@ -20,6 +21,8 @@ pub struct Life {
     pub instance_id: String,
     /// Its mode.
     pub mode: Mode,
+    /// Its (simulated) host.
+    pub host: usize,
     /// Start, unix ms.
     pub start: u64,
     /// End (killed, exited, or the run's end), unix ms.
@@ -41,11 +44,18 @@ pub struct Outcome {
     pub deaths: Vec<(u64, bool)>,
     /// How many faults of each kind.
     pub counts: BTreeMap<&'static str, u64>,
+    /// Cross-host runs: when etcd was stopped, (stop, cont) in unix ms.
+    pub etcd_pauses: Vec<(u64, u64)>,
+    /// Cross-host runs: how long after a pause etcd still counts as
+    /// unreachable (the fall-back policy acts on a whole TTL of silence,
+    /// and the hosts settle again after), ms.
+    pub etcd_grace_ms: u64,
 }
 
 /// A place in the cluster that an instance occupies, restarted after death.
 struct Slot {
     mode: Mode,
+    host: usize,
     inst: Option<Instance>,
     lives: Vec<Life>,
     stopped_since: Option<u64>,
@@ -55,10 +65,15 @@ struct Slot {
 
 /// The cluster under faults.
 pub struct Runner {
-    opts: HashMap<Mode, RunOptions>,
+    /// Per host, the options of each mode.
+    opts: Vec<HashMap<Mode, RunOptions>>,
     mentions: std::path::PathBuf,
     slots: Vec<Slot>,
     out: Outcome,
+    /// Cross-host runs: the etcd every host shares, and since when (and
+    /// until when) it is stopped.
+    etcd: Option<Etcd>,
+    etcd_stopped: Option<(u64, Instant)>,
 }
 
 impl Runner {
@@ -70,25 +85,49 @@ impl Runner {
         extended: usize,
         spec: usize,
     ) -> std::io::Result<Self> {
-        let mut per_mode = HashMap::new();
-        for mode in [Mode::Extended, Mode::Spec] {
-            let mut o = opts.clone();
-            o.extra_args.extend(["--mode".into(), mode.as_str().into()]);
-            per_mode.insert(mode, o);
-        }
+        Self::start_on_hosts(vec![opts], None, mentions, extended, spec)
+    }
+
+    /// [`Runner::start`] over simulated hosts: `hosts[h]` are the options
+    /// of host `h` (its lock dir, its `--etcd … --host-id`); instances are
+    /// dealt to hosts in turn. `etcd` is what they share, paused by
+    /// [`Fault::EtcdPause`].
+    pub fn start_on_hosts(
+        hosts: Vec<RunOptions>,
+        etcd: Option<Etcd>,
+        mentions: std::path::PathBuf,
+        extended: usize,
+        spec: usize,
+    ) -> std::io::Result<Self> {
+        let per_host = hosts
+            .into_iter()
+            .map(|opts| {
+                let mut per_mode = HashMap::new();
+                for mode in [Mode::Extended, Mode::Spec] {
+                    let mut o = opts.clone();
+                    o.extra_args.extend(["--mode".into(), mode.as_str().into()]);
+                    per_mode.insert(mode, o);
+                }
+                per_mode
+            })
+            .collect();
         let mut r = Self {
-            opts: per_mode,
+            opts: per_host,
             mentions,
             slots: Vec::new(),
             out: Outcome::default(),
+            etcd,
+            etcd_stopped: None,
         };
         let modes = std::iter::repeat_n(Mode::Extended, extended)
             .chain(std::iter::repeat_n(Mode::Spec, spec));
         for mode in modes {
             let n = r.slots.len();
-            let (inst, life) = r.spawn(mode, n)?;
+            let host = n % r.opts.len();
+            let (inst, life) = r.spawn(mode, host, n)?;
             r.slots.push(Slot {
                 mode,
+                host,
                 inst: Some(inst),
                 lives: vec![life],
                 stopped_since: None,
@@ -99,15 +138,16 @@ impl Runner {
         Ok(r)
     }
 
-    fn spawn(&self, mode: Mode, n: usize) -> std::io::Result<(Instance, Life)> {
+    fn spawn(&self, mode: Mode, host: usize, n: usize) -> std::io::Result<(Instance, Life)> {
         let inst = Instance::spawn(
             format!("{}{n}", mode.as_str()),
-            self.opts[&mode].command(None),
+            self.opts[host][&mode].command(None),
             Duration::from_secs(10),
         )?;
         let life = Life {
             instance_id: inst.instance_id.clone(),
             mode,
+            host,
             start: unix_ms(),
             end: None,
             stops: Vec::new(),
@@ -160,6 +200,9 @@ impl Runner {
     /// Resumes stopped instances whose time has come; restarts dead ones.
     fn resume_and_restart(&mut self) -> std::io::Result<()> {
         let now = Instant::now();
+        if self.etcd_stopped.is_some_and(|(_, until)| until <= now) {
+            self.cont_etcd();
+        }
         for slot in self.slots.iter_mut() {
             if slot.cont_at.is_some_and(|t| t <= now) {
                 cont(slot);
@@ -167,7 +210,7 @@ impl Runner {
         }
         for i in 0..self.slots.len() {
             if self.slots[i].restart_at.is_some_and(|t| t <= now) {
-                let (inst, life) = self.spawn(self.slots[i].mode, i)?;
+                let (inst, life) = self.spawn(self.slots[i].mode, self.slots[i].host, i)?;
                 let slot = &mut self.slots[i];
                 slot.inst = Some(inst);
                 slot.lives.push(life);
@@ -227,8 +270,22 @@ impl Runner {
                 }
                 *self.out.counts.entry("claim").or_default() += 1;
             }
+            Fault::EtcdPause { hold_ms } => {
+                if let (Some(etcd), None) = (&self.etcd, self.etcd_stopped) {
+                    etcd.signal(libc::SIGSTOP)?;
+                    self.etcd_stopped = Some((unix_ms(), now + Duration::from_millis(hold_ms)));
+                    *self.out.counts.entry("etcd SIGSTOP/SIGCONT").or_default() += 1;
+                }
+            }
         }
         Ok(())
+    }
+
+    fn cont_etcd(&mut self) {
+        if let (Some(etcd), Some((since, _))) = (&self.etcd, self.etcd_stopped.take()) {
+            let _ = etcd.signal(libc::SIGCONT);
+            self.out.etcd_pauses.push((since, unix_ms()));
+        }
     }
 
     fn mention(&mut self) -> std::io::Result<()> {
@@ -261,6 +318,7 @@ impl Runner {
         max_drain: Duration,
         drained: impl Fn(&Outcome) -> bool,
     ) -> std::io::Result<Outcome> {
+        self.cont_etcd();
         for slot in self.slots.iter_mut() {
             if slot.stopped_since.is_some() {
                 cont(slot);
@@ -268,7 +326,7 @@ impl Runner {
         }
         for i in 0..self.slots.len() {
             if self.slots[i].inst.is_none() {
-                let (inst, life) = self.spawn(self.slots[i].mode, i)?;
+                let (inst, life) = self.spawn(self.slots[i].mode, self.slots[i].host, i)?;
                 self.slots[i].inst = Some(inst);
                 self.slots[i].lives.push(life);
                 self.slots[i].restart_at = None;
