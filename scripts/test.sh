@@ -66,7 +66,9 @@ if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E 
 fi
 cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^ureq ' \
   || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
-cargo clippy -p tauri-plugin-leader-election --features etcd -- -D warnings
+cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
+echo "== the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
+cargo test -p tauri-plugin-leader-election --features etcd --test etcd
 
 echo "== cargo publish --dry-run (engine and plugin)"
 # Cargo extracts the packaged engine into its registry cache, never
