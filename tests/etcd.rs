@@ -70,7 +70,10 @@ fn two_hosts_one_acting_window_and_status_says_which_level() {
     let global = app_global(&b);
     assert_eq!(global.host_id, "b");
     let holder = global.holder.expect("b knows who holds the agent");
-    assert_eq!((holder.host_id.as_str(), holder.instance_id.as_str()), ("a", "a-1"));
+    assert_eq!(
+        (holder.host_id.as_str(), holder.instance_id.as_str()),
+        ("a", "a-1")
+    );
     // The ledger follows the gate: b may not take work.
     let taken = b.leader_election().take(KEY, "ev-1").unwrap();
     assert!(!taken.granted());

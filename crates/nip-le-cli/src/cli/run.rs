@@ -279,15 +279,19 @@ fn serve(elector: Elector, pubkey: AgentPubkey, relay: Option<&Path>, rx: mpsc::
             Msg::Line(line) => {
                 if let Some(e) = elector.as_ref() {
                     let line = line.trim();
-                    if let Some(out) = command(e, &pubkey, line, seen, replied) {
-                        emit(&out);
-                    }
+                    let out = command(e, &pubkey, line, seen, replied);
+                    // The frame goes out before the claim's answer is
+                    // printed: whoever reads the answer may rely on the
+                    // relay having it.
                     if let (Some(relay), "claim") = (relay, line) {
                         if let Err(err) = send_claim_frame(relay, e.instance_id()) {
                             emit(&Line::Error {
                                 message: format!("relay {}: {err}", relay.display()),
                             });
                         }
+                    }
+                    if let Some(out) = out {
+                        emit(&out);
                     }
                 }
             }

@@ -408,8 +408,9 @@ impl Work {
     /// Of `queue` (in order), the events this window must dispatch now:
     /// none unless it leads; otherwise those neither done nor taken now.
     /// After a predecessor that kept no ledger (a spec-mode instance or the
-    /// harness), events published before this window became leader are
-    /// left out: it may have answered them.
+    /// harness), or one on another host (feature `etcd`: its ledger is not
+    /// ours), events published before this window began to act are left
+    /// out: it may have answered them.
     pub fn owed(&self, queue: &[QueuedEvent]) -> Result<Vec<String>> {
         if !self.may_act() {
             return Ok(Vec::new());

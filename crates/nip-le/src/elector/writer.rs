@@ -1110,13 +1110,17 @@ impl Key {
 
     /// The queued events we must dispatch now, in order.
     fn owed(&self, queue: &[QueuedEvent]) -> Vec<String> {
-        let since = self.leader_since.unwrap_or(0).max(self.global_since.unwrap_or(0));
+        let since = self
+            .leader_since
+            .unwrap_or(0)
+            .max(self.global_since.unwrap_or(0));
         // Without a ledger that covers the predecessor, events published
         // before we led may have been answered by it.
         let published_since = |e: &QueuedEvent| e.published_ms.is_none_or(|p| p >= since);
         match self.work.as_ref() {
             Some(w) => {
-                let fallback = w.ledgerless_before || w.ledger.is_none() || self.global_since.is_some();
+                let fallback =
+                    w.ledgerless_before || w.ledger.is_none() || self.global_since.is_some();
                 queue
                     .iter()
                     .filter(|e| !fallback || published_since(e))

@@ -573,10 +573,7 @@ impl Task {
         let e = self.entries.get_mut(&pk).expect("caller checked");
         // The last holder we know of; a key we found absent and never saw
         // held counts as ours (nobody else answered for it).
-        let from_other_host = e
-            .last_holder_host
-            .as_ref()
-            .is_some_and(|h| *h != host_id);
+        let from_other_host = e.last_holder_host.as_ref().is_some_and(|h| *h != host_id);
         if !e.leads {
             // The host moved while we were asking: let the sibling have it.
             return;
@@ -765,7 +762,14 @@ impl Task {
         let r = self.gw.keep_alive(kv.lease);
         match self.noted(pk, r) {
             Some(ttl) if !ttl.is_zero() => {
-                self.hold(pk, kv.lease, kv.mod_revision, ttl, sent, ChangeReason::Claimed);
+                self.hold(
+                    pk,
+                    kv.lease,
+                    kv.mod_revision,
+                    ttl,
+                    sent,
+                    ChangeReason::Claimed,
+                );
                 true
             }
             _ => false,

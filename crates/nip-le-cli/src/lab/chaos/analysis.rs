@@ -329,7 +329,11 @@ mod tests {
         let mut o = outcome(
             vec![
                 life("a", Mode::Extended, &[(0, true)]),
-                life("b", Mode::Extended, &[(0, false), (3000, true), (3500, false)]),
+                life(
+                    "b",
+                    Mode::Extended,
+                    &[(0, false), (3000, true), (3500, false)],
+                ),
             ],
             &[("m0", 3100), ("m1", 8000)],
         );

@@ -104,9 +104,11 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     if let Some(t) = a.turn_ms {
         opts.extra_args = vec!["--turn-ms".into(), t.to_string()];
     }
-    let spec = a
-        .spec
-        .unwrap_or(if a.turn_ms.is_some() || a.hosts > 1 { 0 } else { 2 });
+    let spec = a.spec.unwrap_or(if a.turn_ms.is_some() || a.hosts > 1 {
+        0
+    } else {
+        2
+    });
     let seed = a
         .seed
         .unwrap_or_else(|| unix_ms() ^ (u64::from(std::process::id()) << 32));
