@@ -151,9 +151,12 @@ fn foreign_write_is_seen_at_once_by_extended_instances() {
         .expect("the release was not seen before the tick");
     assert_eq!(r.reason(), Some(ChangeReason::Acquired));
     // And a foreign takeover of a's claim (a live foreign record after a
-    // crash-and-restart, written by hand here) is reflected at once.
+    // crash-and-restart, written under the flock as the harness writes) is
+    // reflected at once. (Written without the flock, the truncation can be
+    // seen alone: a then rewrites its own record over the half-written
+    // takeover, as it should for a file it holds.)
     let c = a.cursor();
-    s.write_record(
+    s.write_record_locked(
         "foreign-leader",
         unrelated.pid(),
         std::time::SystemTime::now(),

@@ -107,6 +107,16 @@ impl Scratch {
         self.write_raw(&nip_le::record::encode_record(id, pid, claimed_at, None));
     }
 
+    /// Writes a record as the harness does: under the lock file's flock,
+    /// so no reader that takes the flock sees it half written.
+    pub fn write_record_locked(&self, id: &str, pid: u32, claimed_at: SystemTime) {
+        std::fs::create_dir_all(&self.lock_dir).unwrap();
+        let mut f = nip_le::lockfile::LockedFile::open_and_lock(&self.lock_path(), ms(2_000))
+            .expect("the lock file's flock");
+        f.write(&nip_le::record::encode_record(id, pid, claimed_at, None))
+            .unwrap();
+    }
+
     pub fn holder(&self) -> Option<String> {
         nip_le_cli::lab::cluster::lock_holder(&self.lock_path())
     }

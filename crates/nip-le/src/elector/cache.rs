@@ -17,6 +17,20 @@ use super::types::{ElectionStatus, Level};
 /// leader that holds no lock).
 pub(crate) const ALWAYS_VALID: u64 = u64::MAX;
 
+/// Nanoseconds on `clock`.
+#[cfg(target_os = "linux")]
+fn clock_nanos(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec we pass.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// Monotonic nanoseconds on the clock self-fencing uses. It stands still
 /// while the machine sleeps, so a slept leader is not fenced for having
 /// slept. On Linux the coarse clock (a few ns through the vDSO, millisecond
@@ -24,15 +38,7 @@ pub(crate) const ALWAYS_VALID: u64 = u64::MAX;
 /// cheap.
 #[cfg(target_os = "linux")]
 pub(crate) fn mono_nanos() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    clock_nanos(libc::CLOCK_MONOTONIC_COARSE)
 }
 
 /// Nanoseconds on a clock that keeps running while the machine sleeps, for
@@ -40,15 +46,7 @@ pub(crate) fn mono_nanos() -> u64 {
 /// suspended, so a lease must be counted as spent then too.
 #[cfg(target_os = "linux")]
 pub(crate) fn boot_nanos() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    clock_nanos(libc::CLOCK_BOOTTIME)
 }
 
 /// See the Linux variant; elsewhere the monotonic clock (which may stand

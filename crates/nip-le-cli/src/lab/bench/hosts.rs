@@ -135,20 +135,27 @@ impl Bench {
         let Some(mut h) = self.hosts(v, &[2, 2])? else {
             return Ok(());
         };
+        if let Some(i) = self.kill_leader(&mut h, row)? {
+            if h.host_of[i] != h.host_of[h.leader] {
+                row.violations
+                    .push("another host took over from a live sibling".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs the global leader; records how long until another window
+    /// acts, and returns which one.
+    fn kill_leader(&self, h: &mut Hosts, row: &mut Row) -> std::io::Result<Option<usize>> {
         let cursors: Vec<usize> = h.insts.iter().map(Instance::cursor).collect();
         let t0 = unix_ms();
         h.insts[h.leader].kill_and_reap()?;
-        match first_global_after(&h.insts, &cursors, h.leader, self.cross_bound()) {
-            Some((i, at)) => {
-                row.samples.push(at.saturating_sub(t0) as f64);
-                if h.host_of[i] != h.host_of[h.leader] {
-                    row.violations
-                        .push("another host took over from a live sibling".into());
-                }
-            }
+        let next = first_global_after(&h.insts, &cursors, h.leader, self.cross_bound());
+        match next {
+            Some((_, at)) => row.samples.push(at.saturating_sub(t0) as f64),
             None => row.violations.push("nobody acted again".into()),
         }
-        Ok(())
+        Ok(next.map(|(i, _)| i))
     }
 
     /// Two hosts of one window: the leader's whole host lost (SIGKILL of its
@@ -157,14 +164,7 @@ impl Bench {
         let Some(mut h) = self.hosts(v, &[1, 1])? else {
             return Ok(());
         };
-        let cursors: Vec<usize> = h.insts.iter().map(Instance::cursor).collect();
-        let t0 = unix_ms();
-        h.insts[h.leader].kill_and_reap()?;
-        match first_global_after(&h.insts, &cursors, h.leader, self.cross_bound()) {
-            Some((_, at)) => row.samples.push(at.saturating_sub(t0) as f64),
-            None => row.violations.push("the other host never acted".into()),
-        }
-        Ok(())
+        self.kill_leader(&mut h, row).map(drop)
     }
 
     /// Two hosts of one window: SIGTERM of the global leader (it revokes
