@@ -30,6 +30,9 @@ pub(super) enum Feed {
     Replies,
     /// `--turn-ms`: work the queue one turn at a time.
     Turns(u64),
+    /// No feed and no relay follower (whose 5 ms poll would be all an idle
+    /// observer does): nothing runs but the election.
+    Quiet,
 }
 
 /// The bench's timings, shared by every scenario.
@@ -77,7 +80,9 @@ impl Bench {
         let tmp = tempfile::tempdir()?;
         let pk = random_pubkey();
         let mut o = self.opts(tmp.path(), pk, v);
-        if feed != Feed::None {
+        if feed == Feed::Quiet {
+            o.relay = None;
+        } else if feed != Feed::None {
             let mentions = tmp.path().join("mentions.jsonl");
             std::fs::write(&mentions, b"")?;
             o.feed = Some((mentions, tmp.path().join("replies.jsonl")));
@@ -383,7 +388,7 @@ impl Bench {
 
     /// Voluntary context switches per second of an idle observer.
     pub fn idle(&self, v: &Variant, row: &mut Row) -> std::io::Result<()> {
-        let (_tmp, _pk, insts, leader) = self.cluster(v, 2)?;
+        let (_tmp, _pk, insts, leader) = self.cluster_with(v, 2, Feed::Quiet)?;
         let obs = &insts[(leader + 1) % 2];
         let switches = |pid: u32| -> u64 {
             let mut total = 0;
