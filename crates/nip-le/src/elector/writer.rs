@@ -784,6 +784,14 @@ impl Key {
     /// then the request removal. The watches follow after the answer
     /// (`Writer::after_answer`).
     fn apply(&mut self, ctx: &mut Ctx, c: Conclusion, locked_at: Option<u64>) {
+        // A validity that ran out while we could not say so (the process
+        // was stopped, or starved past the deadline) is announced before a
+        // lead this look concludes: others may have acted meanwhile, so a
+        // lead regained now is a new tenure, not a continuation. (A look
+        // that concludes we lost says so itself.)
+        if c.leader {
+            self.announce_fencing(ctx);
+        }
         match c.validity {
             Validity::Keep => {}
             Validity::Always => self.cell.never_fence(),
