@@ -117,12 +117,23 @@ pub struct LeadRequest {
 impl LeadRequest {
     /// A new request for `target`, now.
     pub fn new(target: &str) -> Self {
+        Self::at(
+            target,
+            SystemTime::now(),
+            uuid::Uuid::new_v4().as_u128(),
+            std::process::id(),
+        )
+    }
+
+    /// A request for `target` made at `now` by `pid`, with `nonce` (the
+    /// writer passes its world's time and randomness).
+    pub fn at(target: &str, now: SystemTime, nonce: u128, pid: u32) -> Self {
         Self {
             kind: CLAIM_LEADERSHIP.into(),
             target_instance_id: target.into(),
-            requested_at: format_claimed_at(SystemTime::now()),
-            nonce: uuid::Uuid::new_v4().to_string(),
-            pid: std::process::id(),
+            requested_at: format_claimed_at(now),
+            nonce: uuid::Uuid::from_u128(nonce).to_string(),
+            pid,
         }
     }
 

@@ -293,37 +293,42 @@ pub enum LedgerError {
     Unreadable(String),
 }
 
-/// One agent's ledger file, as its holder uses it.
-#[derive(Debug)]
-pub struct Ledger {
-    path: PathBuf,
-    append: Option<File>,
-    /// The state as loaded and as appended since.
-    pub index: Index,
+/// Where a ledger's bytes live. [`FileLedger`] is the file beside the
+/// lock file; the simulator plugs in its own, with faults.
+pub trait LedgerStorage: Send + std::fmt::Debug {
+    /// The whole ledger (a missing one is empty), capped at
+    /// [`MAX_LEDGER_BYTES`].
+    fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError>;
+    /// Appends one line (one write on a descriptor opened for appending).
+    fn append(&mut self, line: &[u8]) -> Result<()>;
+    /// Replaces the whole ledger with `body` (compaction).
+    fn replace(&mut self, body: &[u8]) -> Result<()>;
 }
 
-impl Ledger {
-    /// Loads the ledger at `path` (a missing file is an empty ledger).
-    pub fn load(
-        path: PathBuf,
-        now_ms: u64,
-        retention: Duration,
-    ) -> std::result::Result<Self, LedgerError> {
-        let bytes = match open_regular_file(&path, Create::No) {
-            Ok(f) => read_capped(f)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(LedgerError::Unreadable(e.to_string())),
-        };
-        Ok(Self {
-            index: Index::parse(&bytes, now_ms, retention),
-            path,
-            append: None,
-        })
+/// The ledger file `<lock dir>/<pubkey>.work`.
+#[derive(Debug)]
+pub struct FileLedger {
+    path: PathBuf,
+    append: Option<File>,
+}
+
+impl FileLedger {
+    /// The ledger file at `path` (opened lazily).
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, append: None }
+    }
+}
+
+impl LedgerStorage for FileLedger {
+    fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError> {
+        match open_regular_file(&self.path, Create::No) {
+            Ok(f) => read_capped(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(LedgerError::Unreadable(e.to_string())),
+        }
     }
 
-    /// Appends one line in one `write(2)` on a descriptor opened for
-    /// appending, and applies it.
-    pub fn append(&mut self, op: &Op) -> Result<()> {
+    fn append(&mut self, line: &[u8]) -> Result<()> {
         if self.append.is_none() {
             let mut o = open_options(Create::IfMissing);
             o.append(true);
@@ -341,27 +346,68 @@ impl Ledger {
             self.append = Some(f);
         }
         let f = self.append.as_mut().expect("opened above");
-        f.write_all(&op.to_line())
-            .map_err(|e| Error::io(&self.path, e))?;
-        self.index.apply(op);
-        Ok(())
+        f.write_all(line).map_err(|e| Error::io(&self.path, e))
     }
 
-    /// Rewrites the file with only the live entries (a new file renamed
-    /// over the old one; appends continue on the new one).
-    pub fn compact(&mut self) -> Result<()> {
+    /// A new file renamed over the old one; appends continue on the new one.
+    fn replace(&mut self, body: &[u8]) -> Result<()> {
         let tmp = self
             .path
             .with_extension(format!("work.{}", uuid::Uuid::new_v4().simple()));
-        let body = self.index.snapshot();
         let written = open_regular_file(&tmp, Create::New)
-            .and_then(|mut f| f.write_all(&body))
+            .and_then(|mut f| f.write_all(body))
             .and_then(|()| std::fs::rename(&tmp, &self.path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(Error::io(&self.path, e));
         }
         self.append = None;
+        Ok(())
+    }
+}
+
+/// One agent's ledger, as its holder uses it.
+#[derive(Debug)]
+pub struct Ledger {
+    storage: Box<dyn LedgerStorage>,
+    /// The state as loaded and as appended since.
+    pub index: Index,
+}
+
+impl Ledger {
+    /// Loads the ledger file at `path` (a missing file is an empty ledger).
+    pub fn load(
+        path: PathBuf,
+        now_ms: u64,
+        retention: Duration,
+    ) -> std::result::Result<Self, LedgerError> {
+        Self::open(Box::new(FileLedger::new(path)), now_ms, retention)
+    }
+
+    /// Loads the ledger kept in `storage`.
+    pub fn open(
+        mut storage: Box<dyn LedgerStorage>,
+        now_ms: u64,
+        retention: Duration,
+    ) -> std::result::Result<Self, LedgerError> {
+        let bytes = storage.read()?;
+        Ok(Self {
+            index: Index::parse(&bytes, now_ms, retention),
+            storage,
+        })
+    }
+
+    /// Appends one line and applies it.
+    pub fn append(&mut self, op: &Op) -> Result<()> {
+        self.storage.append(&op.to_line())?;
+        self.index.apply(op);
+        Ok(())
+    }
+
+    /// Rewrites the ledger with only the live entries.
+    pub fn compact(&mut self) -> Result<()> {
+        let body = self.index.snapshot();
+        self.storage.replace(&body)?;
         self.index.lines = self.index.entries.len();
         Ok(())
     }
@@ -505,8 +551,7 @@ mod tests {
             std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
             assert!(Ledger::load(link.clone(), 0, HOUR).is_err());
             let mut l = Ledger {
-                path: link,
-                append: None,
+                storage: Box::new(FileLedger::new(link)),
                 index: Index::default(),
             };
             assert!(

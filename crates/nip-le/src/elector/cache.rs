@@ -57,6 +57,30 @@ pub(crate) fn boot_nanos() -> u64 {
     mono_nanos()
 }
 
+/// The two clocks the hot path compares deadlines with: the real ones in
+/// an app ([`SystemClocks`]), virtual ones in the simulator.
+pub(crate) trait Clocks {
+    /// See [`mono_nanos`].
+    fn mono_nanos(&self) -> u64;
+    /// See [`boot_nanos`].
+    fn boot_nanos(&self) -> u64;
+}
+
+/// The process's real clocks.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SystemClocks;
+
+impl Clocks for SystemClocks {
+    #[inline]
+    fn mono_nanos(&self) -> u64 {
+        mono_nanos()
+    }
+    #[inline]
+    fn boot_nanos(&self) -> u64 {
+        boot_nanos()
+    }
+}
+
 /// Whether an upper level (etcd) is configured for a key, and what it says.
 pub(crate) mod global_state {
     /// No upper level: leading the host is enough.
@@ -141,24 +165,37 @@ impl KeyCell {
     /// The cached answer: leader, and not past its self-fencing deadline.
     #[inline]
     pub(crate) fn is_leader(&self) -> bool {
+        self.is_leader_on(&SystemClocks)
+    }
+
+    /// [`KeyCell::is_leader`] on `clocks` (the writer's world: the real
+    /// clocks, or the simulator's). A clock is read only when a deadline
+    /// is set.
+    #[inline]
+    pub(crate) fn is_leader_on(&self, clocks: &(impl Clocks + ?Sized)) -> bool {
         if !self.leader.load(Ordering::Acquire) {
             return false;
         }
         let until = self.valid_until.load(Ordering::Acquire);
-        if until != ALWAYS_VALID && mono_nanos() >= until {
+        if until != ALWAYS_VALID && clocks.mono_nanos() >= until {
             return false;
         }
         let global = self.global_until.load(Ordering::Acquire);
-        global == ALWAYS_VALID || boot_nanos() < global
+        global == ALWAYS_VALID || clocks.boot_nanos() < global
     }
 
     /// The level we hold, as [`KeyCell::is_leader`] says it now.
     pub(crate) fn level(&self) -> Level {
+        self.level_on(&SystemClocks)
+    }
+
+    /// [`KeyCell::level`] on `clocks`.
+    pub(crate) fn level_on(&self, clocks: &(impl Clocks + ?Sized)) -> Level {
         if !self.leader.load(Ordering::Acquire) {
             return Level::None;
         }
         let held = self.global_state.load(Ordering::Acquire) == global_state::HELD;
-        if held && self.is_leader() {
+        if held && self.is_leader_on(clocks) {
             Level::Global
         } else {
             Level::Host
@@ -184,16 +221,16 @@ impl KeyCell {
 
     /// How long until the self-fencing deadline, while we lead and one is
     /// set (`None`: not leading, or never fenced).
-    pub(crate) fn fences_in(&self) -> Option<Duration> {
+    pub(crate) fn fences_in(&self, clocks: &(impl Clocks + ?Sized)) -> Option<Duration> {
         if !self.leader.load(Ordering::Acquire) {
             return None;
         }
         let until = self.valid_until.load(Ordering::Acquire);
         let host = (until != ALWAYS_VALID)
-            .then(|| Duration::from_nanos(until.saturating_sub(mono_nanos())));
+            .then(|| Duration::from_nanos(until.saturating_sub(clocks.mono_nanos())));
         let global = self.global_until.load(Ordering::Acquire);
         let global = (global != ALWAYS_VALID)
-            .then(|| Duration::from_nanos(global.saturating_sub(boot_nanos())));
+            .then(|| Duration::from_nanos(global.saturating_sub(clocks.boot_nanos())));
         match (host, global) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

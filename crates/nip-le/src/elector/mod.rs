@@ -20,6 +20,7 @@ mod store;
 pub mod types;
 pub(crate) mod upper;
 mod wake;
+mod world;
 mod writer;
 
 use std::sync::{mpsc, Arc, Mutex};
@@ -104,12 +105,12 @@ impl Elector {
             events: broadcast::channel(1024).0,
         });
         let upper = Self::upper_level(&config, &id, &mailbox)?;
+        let world = Box::new(world::SystemWorld::new(&config, sources, stores));
         let writer = Writer::new(
             config.clone(),
             Arc::from(id.as_str()),
             Arc::clone(&shared),
-            sources,
-            stores,
+            world,
             upper,
         );
         let thread = std::thread::Builder::new()

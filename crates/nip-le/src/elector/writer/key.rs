@@ -1,0 +1,465 @@
+//! One joined key, as the writer drives it: each evaluation (a local lead
+//! request, a look at the lock, the machine's conclusion carried out), the
+//! one step-down path, claims, and what readers and subscribers learn.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::control::LeadRequest;
+use crate::error::{Error, Result};
+use crate::presence::Sibling;
+use crate::pubkey::AgentPubkey;
+use crate::record::{LockContent, LockRecord};
+
+use super::super::cache::{KeyCell, Published};
+use super::super::machine::{Cause, Conclusion, KeyMachine, Look, Observed, Seen, Validity};
+use super::super::store::LockStore;
+use super::super::types::{
+    ChangeReason, ClaimOutcome, ElectionStatus, GlobalStatus, HolderStatus, LeadershipChange,
+    LockState,
+};
+use super::context::{Ctx, FileProbes};
+use super::work::WorkState;
+use super::{guarded, panic_message, unix_ms};
+
+/// One joined key.
+pub(super) struct Key {
+    pub(super) pubkey: AgentPubkey,
+    pub(super) m: KeyMachine,
+    pub(super) cell: Arc<KeyCell>,
+    pub(super) store: Box<dyn LockStore>,
+    pub(super) next_tick: Instant,
+    /// The holder to watch, decided by the last look and not carried out
+    /// yet (`Some(None)`: watch no holder).
+    pub(super) watch: Option<Option<String>>,
+    /// Since when (unix ms) we lead, while we do.
+    pub(super) leader_since: Option<u64>,
+    /// What our last write replaced (to tell a predecessor that kept a
+    /// ledger from one that did not).
+    pub(super) replaced: Option<LockContent>,
+    /// Extension: the work ledger, while we hold the lock at an epoch.
+    pub(super) work: Option<WorkState>,
+    /// Whether the last change we announced said we act as leader: what
+    /// `is_leader` answered then, self-fencing included.
+    pub(super) reported: bool,
+    /// The reason of a gain we could not announce yet because we were
+    /// fenced (a handed-over record we could not confirm), told when a
+    /// write of ours unfences us.
+    pub(super) withheld: Option<ChangeReason>,
+    /// Whether the upper level was last told that we lead our host.
+    pub(super) told_upper: bool,
+    /// The upper level's view, when one is configured.
+    pub(super) global: Option<GlobalStatus>,
+    /// Since when (unix ms) we act after taking the agent from another
+    /// host, whose work ledger we cannot read: as after a predecessor that
+    /// kept no ledger, only what was published since is owed.
+    pub(super) global_since: Option<u64>,
+}
+
+impl Key {
+    /// When this key needs the loop next (see [`Writer::next_tick`]).
+    pub(super) fn next_wake(&self, ctx: &Ctx, now: Instant) -> Instant {
+        // The coarse clock may lag the loop's by a tick of its own.
+        let fenced_at = self
+            .reported
+            .then(|| self.cell.fences_in(ctx.world.clocks()))
+            .flatten()
+            .map(|d| now + d + Duration::from_millis(5));
+        [self.m.hang_deadline(), fenced_at]
+            .into_iter()
+            .flatten()
+            .fold(self.next_tick, Instant::min)
+    }
+
+    /// One evaluation (see [`Key::evaluate_once`]). A panic in it (a bug,
+    /// or content no check foresaw) costs this key this look, never the
+    /// election task: the other keys, the commands and the next tick go on,
+    /// and the key's status says what happened. (An app built with
+    /// `panic = "abort"` aborts instead, as it would anywhere.)
+    pub(super) fn evaluate(&mut self, ctx: &mut Ctx, cause: Cause) {
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.evaluate_once(ctx, cause)
+        }));
+        if let Err(panic) = run {
+            let what = panic_message(&panic);
+            tracing::error!(pubkey = %self.pubkey, "evaluation panicked: {what}");
+            self.m
+                .note_error(format!("internal error while evaluating: {what}"));
+            self.publish();
+        }
+    }
+
+    /// One evaluation: honour a local lead request, look at the lock, and
+    /// carry out what the machine concludes.
+    fn evaluate_once(&mut self, ctx: &mut Ctx, cause: Cause) {
+        let now = ctx.world.now();
+        // Spec mode touches nothing but the lock file: claims reach the
+        // holder as relay frames only.
+        let request = ctx
+            .rules
+            .extended
+            .then(|| ctx.world.read_request(&self.pubkey))
+            .flatten();
+        let begin = self.m.begin(now, request.as_ref());
+        if let Some(sd) = begin.step_down.clone() {
+            tracing::info!(pubkey = %self.pubkey, target = ?sd.target, "standing down for a local claim");
+            self.step_down(ctx, sd.reason, sd.target.as_deref(), false);
+            self.m.serve_request(sd.nonce);
+        }
+        let look = self.m.look(now, cause, request.as_ref(), &begin);
+        let (seen, locked_at) = self.look(ctx, look, cause);
+        let (wrote, busy) = (seen.took.is_some(), seen.busy);
+        let c = self.m.conclude(cause, &begin, look, seen);
+        tracing::debug!(pubkey = %self.pubkey, ?cause, ?c, "evaluated");
+        self.apply(ctx, c, locked_at);
+        if busy && ctx.rules.extended {
+            self.while_a_peer_holds_the_lock(ctx);
+            return;
+        }
+        // Ticks keep their own cadence (`Writer::refresh_due`): a command's
+        // look does not move the next tick, or a claimant would always wait
+        // a whole interval after its claim. In extended mode an observer's
+        // look (prompted by the holder's refresh) is as good as a tick, and
+        // so is a write of our record: the tick waits another interval, so
+        // that at rest an observer wakes once per refresh of the holder,
+        // like a spec instance.
+        if ctx.rules.extended && (wrote || !self.m.holds_lock()) {
+            self.next_tick = ctx.world.now().mono + ctx.rules.refresh;
+        }
+    }
+
+    /// Extension: a peer hangs holding the lock file's `flock`. The holder
+    /// tries again soon (its write must land as soon as the hold ends, before
+    /// anyone judges it hung); an observer gives the holder a fresh stale
+    /// window, since it could not have written either.
+    fn while_a_peer_holds_the_lock(&mut self, ctx: &Ctx) {
+        let now = ctx.world.now().mono;
+        if self.m.holds_lock() {
+            let retry = (ctx.config.lock_wait + Duration::from_millis(50)).min(ctx.rules.refresh);
+            self.next_tick = self.next_tick.min(now + retry);
+        } else {
+            self.m.restart_hang_timer(now);
+        }
+    }
+
+    /// Looks at the lock as `look` says. Returns what was seen and, when we
+    /// wrote, the monotonic instant taken under the exclusion before the
+    /// write (our validity counts from there).
+    fn look(&mut self, ctx: &mut Ctx, look: Look, cause: Cause) -> (Seen, Option<u64>) {
+        if look == Look::Read {
+            let seen = Seen {
+                content: guarded(|| self.store.read()).map_err(|e| e.to_string()),
+                took: None,
+                locked: false,
+                busy: false,
+                error: None,
+            };
+            return (seen, None);
+        }
+        let trust_watch = cause != Cause::Tick;
+        // Extension: read first. The exclusion is needed only to write; when
+        // the read shows a record we would leave alone (a live holder, or
+        // ours on a wake-up), the locked look would decide the same.
+        if ctx.rules.extended && (cause == Cause::Wake || !self.m.holds_lock()) {
+            if let Ok(content) = guarded(|| self.store.read()) {
+                let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
+                if !self.m.would_write(&content, ctx.world.now(), look, &probes) {
+                    let seen = Seen {
+                        content: Ok(content),
+                        took: None,
+                        locked: false,
+                        busy: false,
+                        error: self.m.last_error().map(str::to_owned),
+                    };
+                    return (seen, None);
+                }
+            }
+        }
+        // A record of ours names our presence, which must list this key
+        // before anyone can read the record.
+        ctx.flush_presence();
+        let token = ctx.token().map(str::to_owned);
+        let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
+        let (mut took, mut locked_at, mut before) = (None, None, None);
+        let (m, store) = (&mut self.m, &mut self.store);
+        let result = guarded(|| {
+            store.update(&mut |content, floor| {
+                locked_at = Some(ctx.world.clocks().mono_nanos());
+                m.raise_epoch_floor(floor);
+                let (w, t) = m.decide(content, ctx.world.now(), look, token.as_deref(), &probes);
+                if t.is_some() {
+                    before = Some(content.clone());
+                }
+                took = t;
+                w
+            })
+        });
+        if before.is_some() {
+            self.replaced = before;
+        }
+        match result {
+            Ok(u) => (
+                Seen {
+                    content: Ok(u.content),
+                    took,
+                    locked: true,
+                    busy: false,
+                    error: None,
+                },
+                locked_at,
+            ),
+            Err(e) => {
+                tracing::debug!(pubkey = %self.pubkey, "acquire failed: {e}");
+                let seen = Seen {
+                    content: guarded(|| self.store.read()).map_err(|e| e.to_string()),
+                    took: None,
+                    locked: false,
+                    busy: matches!(e, Error::LockTimeout { .. }),
+                    error: Some(e.to_string()),
+                };
+                (seen, None)
+            }
+        }
+    }
+
+    /// Carries out a conclusion: the validity, the new view (and its change
+    /// event) and the status, so readers and subscribers learn it at once;
+    /// then the request removal. The watches follow after the answer
+    /// (`Writer::after_answer`).
+    fn apply(&mut self, ctx: &mut Ctx, c: Conclusion, locked_at: Option<u64>) {
+        // A validity that ran out while we could not say so (the process
+        // was stopped, or starved past the deadline) is announced before a
+        // lead this look concludes: others may have acted meanwhile, so a
+        // lead regained now is a new tenure, not a continuation. (A look
+        // that concludes we lost says so itself.)
+        if c.leader {
+            self.announce_fencing(ctx);
+        }
+        match c.validity {
+            Validity::Keep => {}
+            Validity::Always => self.cell.never_fence(),
+            Validity::Fenced => self.cell.fence(),
+            Validity::Renew => self.cell.renew_from(
+                locked_at.unwrap_or_else(|| ctx.world.clocks().mono_nanos()),
+                ctx.rules.validity(),
+            ),
+        }
+        let held = self.cell.set_leader(c.leader);
+        self.track_work(ctx, c.leader);
+        self.tell_upper(ctx, c.leader, false);
+        // What readers see from now on: the flag, self-fencing included.
+        let acting = self.cell.is_leader_on(ctx.world.clocks());
+        let reason = match (self.reported, acting) {
+            (true, false) if c.leader => ChangeReason::Fenced,
+            (false, true) if held && c.reason == ChangeReason::Acquired => {
+                self.withheld.take().unwrap_or(ChangeReason::Unfenced)
+            }
+            _ => c.reason,
+        };
+        if c.leader && !acting && !self.reported && c.reason != ChangeReason::Acquired {
+            self.withheld = Some(c.reason);
+        } else if acting || !c.leader {
+            self.withheld = None;
+        }
+        self.notify(ctx, acting, reason, c.always);
+        self.publish();
+        self.watch = Some(c.watch);
+        if let Some(nonce) = &c.remove_request {
+            ctx.world.remove_request(&self.pubkey, nonce);
+        }
+    }
+
+    /// The one step-down path (release, stand-down, leave, shutdown): stop
+    /// acting as leader *before* the file changes, so that no moment exists
+    /// where a successor and we both lead; then give the lock up iff the
+    /// file names us (extension: straight to a live sibling, `target` when
+    /// it has a presence) and report. Returns whether a record of ours was
+    /// given up.
+    pub(super) fn step_down(
+        &mut self,
+        ctx: &mut Ctx,
+        reason: ChangeReason,
+        target: Option<&str>,
+        always: bool,
+    ) -> bool {
+        self.m.step_down(ctx.world.now());
+        self.cell.set_leader(false);
+        self.withheld = None;
+        self.track_work(ctx, false);
+        let heir = self.heir(ctx, target);
+        let mut released = false;
+        let (m, store, world) = (&mut self.m, &mut self.store, &ctx.world);
+        let result = guarded(|| {
+            store.update(&mut |content, floor| {
+                m.raise_epoch_floor(floor);
+                let (w, r) = m.decide_release(content, world.now(), heir.as_ref());
+                released = r;
+                w
+            })
+        });
+        let result = result.map(|u| u.content).map_err(|e| {
+            tracing::warn!(pubkey = %self.pubkey, "release failed: {e}");
+            released = false;
+            e.to_string()
+        });
+        if released {
+            match &heir {
+                Some(h) => {
+                    tracing::info!(pubkey = %self.pubkey, heir = %h.instance_id, "handed the lock over")
+                }
+                None => tracing::info!(pubkey = %self.pubkey, "released the lock"),
+            }
+        }
+        self.m.released(result);
+        // A sibling of this host that took the lock from us continues the
+        // upper level's hold; otherwise it is given up at once.
+        self.tell_upper(ctx, false, !(released && heir.is_some()));
+        self.notify(ctx, false, reason, always);
+        self.publish();
+        released
+    }
+
+    /// Extension: the live sibling to hand the lock to (`target` when it
+    /// has a presence, else any other participant).
+    pub(super) fn heir(&self, ctx: &Ctx, target: Option<&str>) -> Option<Sibling> {
+        if !ctx.rules.extended {
+            return None;
+        }
+        let token = ctx.token()?;
+        let siblings = ctx.world.live_siblings(&self.pubkey, token);
+        match target {
+            Some(t) => siblings.into_iter().find(|s| s.instance_id == t),
+            None => siblings.into_iter().find(|s| s.instance_id != *ctx.our_id),
+        }
+    }
+
+    /// The user's claim. Extension: co-located instances learn it through
+    /// the local lead request, without a relay; the holder stands down on
+    /// its next look and we take the lock on ours. In spec mode only the
+    /// relay frame carries it. Never evicts a live leader.
+    pub(super) fn claim(&mut self, ctx: &mut Ctx) -> Result<ClaimOutcome> {
+        self.m.claim_started();
+        if self.m.holds_lock() {
+            self.evaluate(ctx, Cause::Tick);
+            if self.m.holds_lock() {
+                return Ok(ClaimOutcome::AlreadyLeader);
+            }
+        }
+        // The lock may be free already (the holder stood down first).
+        self.m.claim_pending_from(ctx.world.now(), None);
+        self.evaluate(ctx, Cause::Tick);
+        if self.m.holds_lock() {
+            return Ok(ClaimOutcome::Claimed);
+        }
+        if !ctx.rules.extended {
+            // The plain NIP: the holder learns of the claim from the relay's
+            // `claim_leadership` frame, and we take the lock it releases on
+            // a later look, until the stand-down timeout.
+            return Ok(ClaimOutcome::Pending);
+        }
+        let now = ctx.world.now();
+        let nonce = ctx.world.random();
+        let req = LeadRequest::at(&ctx.our_id, now.wall, nonce, ctx.world.pid());
+        ctx.world.write_request(&self.pubkey, &req)?;
+        self.m.claim_pending_from(now, Some(req.nonce));
+        self.evaluate(ctx, Cause::Tick);
+        Ok(if self.m.holds_lock() {
+            ClaimOutcome::Claimed
+        } else {
+            ClaimOutcome::Pending
+        })
+    }
+
+    /// Extension: a key we announced as led whose validity ran out without
+    /// a successful write is announced as fenced at once, so the app's gate
+    /// closes when `is_leader` turns false, not at our next tick.
+    pub(super) fn announce_fencing(&mut self, ctx: &Ctx) {
+        if self.reported && !self.cell.is_leader_on(ctx.world.clocks()) {
+            tracing::warn!(pubkey = %self.pubkey, "no successful write within the stale bound: fenced");
+            self.notify(ctx, false, ChangeReason::Fenced, false);
+            self.publish();
+        }
+    }
+
+    /// Announces what readers now see (`leader`: the flag, fencing
+    /// included) when it differs from the last announcement, or `always`.
+    fn notify(&mut self, ctx: &Ctx, leader: bool, reason: ChangeReason, always: bool) {
+        self.notify_at(ctx, leader, reason, always, unix_ms(ctx.world.now().wall));
+    }
+
+    /// [`Key::notify`] for a change that happened at `at_ms`.
+    pub(super) fn notify_at(
+        &mut self,
+        ctx: &Ctx,
+        leader: bool,
+        reason: ChangeReason,
+        always: bool,
+        at_ms: u64,
+    ) {
+        let was = std::mem::replace(&mut self.reported, leader);
+        if was == leader && !always {
+            return;
+        }
+        let record = self.m.observed().record();
+        let change = LeadershipChange {
+            pubkey: self.pubkey,
+            is_leader: leader,
+            leader_instance_id: record.map(|r| r.instance_id.clone()),
+            reason,
+            must_cancel_turn: was && !leader && reason.must_cancel_turn(),
+            epoch: record.and_then(|r| r.epoch),
+            at_ms,
+            level: self.cell.level_on(ctx.world.clocks()),
+            global_holder: self.global.as_ref().and_then(|g| g.holder.clone()),
+        };
+        tracing::debug!(?change, "leadership change");
+        let _ = ctx.shared.events.send(change);
+    }
+
+    /// Publishes the status snapshot readers see.
+    pub(super) fn publish(&self) {
+        let (lock_state, record) = match self.m.observed() {
+            Observed::Nothing => (LockState::Absent, None),
+            Observed::Unreadable(_) => (LockState::Unreadable, None),
+            Observed::Content(c) => (lock_state(c), c.record()),
+        };
+        let our_id = self.m.our_id();
+        self.cell.publish(Published {
+            status: ElectionStatus {
+                pubkey: self.pubkey,
+                is_leader: false,
+                lock_state,
+                holder: record.map(|r| holder_status(r, our_id)),
+                standing_down: false,
+                claim_pending: false,
+                last_error: self.m.last_error().map(str::to_owned),
+                level: super::super::types::Level::None,
+                global: self.global.clone(),
+            },
+            claimed_at: record.and_then(|r| r.claimed_at.instant()),
+            standing_down_until: self.m.stand_down_until(),
+            claim_pending_until: self.m.pending_until(),
+        });
+    }
+}
+
+fn lock_state(c: &LockContent) -> LockState {
+    match c {
+        LockContent::Absent => LockState::Absent,
+        LockContent::Empty => LockState::Empty,
+        LockContent::Oversized => LockState::Oversized,
+        LockContent::Malformed(_) => LockState::Malformed,
+        LockContent::Record(_) => LockState::Record,
+    }
+}
+
+fn holder_status(r: &LockRecord, our_id: &str) -> HolderStatus {
+    HolderStatus {
+        instance_id: r.instance_id.clone(),
+        pid: r.pid,
+        claimed_at: r.claimed_at.instant().map(crate::record::format_claimed_at),
+        age_ms: None,
+        epoch: r.epoch,
+        is_us: r.instance_id == our_id,
+    }
+}

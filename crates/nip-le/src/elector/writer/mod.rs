@@ -1,0 +1,462 @@
+//! The election task: one thread per [`crate::Elector`] owns the state of
+//! every joined key and does all of its file I/O. Commands from the facade,
+//! refresh ticks, file events and holder deaths are handled one at a time,
+//! in order, so `leave` and `shutdown` can never race a refresh and nothing
+//! is written after `shutdown` returns. Readers never wait for it: after
+//! each evaluation it publishes the key's answer and status
+//! (see [`super::cache`]).
+//!
+//! Arrows: the writer reads the store, asks the machine
+//! ([`super::machine`]) what to do, and carries the decision out through the
+//! store and the wake sources, all reached through its [`World`] (real
+//! files and clocks in an app, virtual ones in the simulator). The machine
+//! calls neither.
+//!
+//! One concept per file: this one is the loop and the commands;
+//! `context` what the writer owns besides the keys (presence, probes);
+//! `key` one key's evaluation, step-down and announcements; `work` the
+//! work ledger; `upper` the glue to a level above the host.
+
+mod context;
+mod key;
+mod upper;
+mod work;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::broadcast;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::pubkey::AgentPubkey;
+
+use super::cache::{self, KeyCell, Published, Snapshot};
+use super::machine::{Cause, KeyMachine, Rules};
+use super::store::LockStore;
+use super::types::ChangeReason;
+use super::types::{ClaimOutcome, GlobalStatus, LeadershipChange, QueuedEvent, TakeOutcome};
+use super::upper::{UpperLevel, UpperNews};
+use super::world::World;
+
+use context::Ctx;
+use key::Key;
+
+/// Where a command's answer goes.
+pub(crate) type Reply<T> = mpsc::SyncSender<Result<T>>;
+
+/// What the facade asks of the writer.
+pub(crate) enum Command {
+    Join(Vec<AgentPubkey>, Reply<Vec<bool>>),
+    Leave(AgentPubkey, Reply<()>),
+    Claim(AgentPubkey, Reply<ClaimOutcome>),
+    Release(AgentPubkey, Reply<bool>),
+    StandDown(AgentPubkey, Reply<()>),
+    Resume(AgentPubkey, Reply<bool>),
+    /// A `claim_leadership` frame naming this target.
+    ClaimFrame(AgentPubkey, String, Reply<bool>),
+    RefreshNow(Reply<()>),
+    Shutdown(Reply<()>),
+    /// A work-ledger operation on a key.
+    Work(AgentPubkey, WorkOp, WorkReply),
+    /// News from the level above the host.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Upper(AgentPubkey, UpperNews),
+}
+
+/// A work-ledger operation (see [`crate::Work`]).
+pub(crate) enum WorkOp {
+    Take(String),
+    Done(String),
+    GiveBack(String),
+    Owed(Vec<QueuedEvent>),
+}
+
+/// Where a work-ledger answer goes.
+pub(crate) enum WorkReply {
+    Take(Reply<TakeOutcome>),
+    Flag(Reply<bool>),
+    Owed(Reply<Vec<String>>),
+}
+
+impl WorkReply {
+    fn fail(self, e: Error) {
+        match self {
+            WorkReply::Take(r) => drop(r.send(Err(e))),
+            WorkReply::Flag(r) => drop(r.send(Err(e))),
+            WorkReply::Owed(r) => drop(r.send(Err(e))),
+        }
+    }
+}
+
+/// Makes the store of a newly joined key.
+pub(crate) type StoreFactory = Box<dyn Fn(&AgentPubkey) -> Box<dyn LockStore> + Send>;
+
+/// What the writer and the facade share: the readers' snapshot and the
+/// change events.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub snapshot: Snapshot,
+    pub events: broadcast::Sender<LeadershipChange>,
+}
+
+/// The writer.
+pub(crate) struct Writer {
+    ctx: Ctx,
+    keys: BTreeMap<AgentPubkey, Key>,
+    /// When the last round of the loop began (see [`Writer::notice_pause`]).
+    last_round: Instant,
+}
+
+pub(crate) enum Flow {
+    Go,
+    Stop,
+}
+
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Writer {
+    pub(crate) fn new(
+        config: Config,
+        our_id: Arc<str>,
+        shared: Arc<Shared>,
+        world: Box<dyn World>,
+        upper: Option<Box<dyn UpperLevel>>,
+    ) -> Self {
+        let rules = Rules {
+            extended: config.mode == crate::Mode::Extended,
+            refresh: config.refresh,
+            stale: config.stale,
+            stand_down: config.stand_down,
+        };
+        let last_round = world.now().mono;
+        Self {
+            ctx: Ctx::new(config, rules, our_id, shared, world, upper),
+            keys: BTreeMap::new(),
+            last_round,
+        }
+    }
+
+    /// Runs until a `Shutdown` command (or until every handle to the
+    /// mailbox is gone).
+    pub(crate) fn run(mut self) {
+        while self.round() {}
+    }
+
+    /// One round of the loop: wait for the next wake-up (the world decides
+    /// how: `poll` in an app, at once in the simulator), then handle every
+    /// command, the due ticks and the wake-ups, in order. `false` once shut
+    /// down.
+    pub(crate) fn round(&mut self) -> bool {
+        let now = self.ctx.world.now().mono;
+        let timeout = self.next_tick().map(|t| t.saturating_duration_since(now));
+        let woken = self.ctx.world.wait(timeout);
+        self.notice_pause();
+        for c in woken.commands {
+            // A panic in a command drops its reply (the caller gets an
+            // error) and leaves the task running.
+            let flow = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.command(c)));
+            match flow {
+                Ok(Flow::Stop) => return false,
+                Ok(Flow::Go) => {}
+                Err(panic) => {
+                    tracing::error!("a command panicked: {}", panic_message(&panic));
+                }
+            }
+            // What waited for the answer: our presence, the watches.
+            self.after_answer();
+        }
+        self.refresh_due(&woken.keys, woken.all);
+        for key in self.keys.values_mut() {
+            key.announce_fencing(&self.ctx);
+        }
+        self.after_answer();
+        true
+    }
+
+    /// Extension: the loop wakes at least once per refresh, so a round that
+    /// begins much later than that means we were paused (or starved) and
+    /// could not look: every hang timer starts again, so that a cluster
+    /// paused and resumed together, in any order, keeps its leader. The
+    /// slack is half the margin between refresh and stale: any pause long
+    /// enough to make a live holder look hung is noticed.
+    fn notice_pause(&mut self) {
+        let now = self.ctx.world.now().mono;
+        let gap = now.saturating_duration_since(std::mem::replace(&mut self.last_round, now));
+        let rules = &self.ctx.rules;
+        if !rules.extended || self.keys.is_empty() {
+            return;
+        }
+        let slack = rules.stale.saturating_sub(rules.refresh) / 2;
+        if gap > rules.refresh + slack {
+            tracing::info!(
+                ?gap,
+                "the election task was paused: hang timers start again"
+            );
+            for key in self.keys.values_mut() {
+                key.m.restart_hang_timer(now);
+            }
+        }
+    }
+
+    /// The work no answer needs to wait for: the presence file and the
+    /// watches of the keys whose view changed.
+    fn after_answer(&mut self) {
+        self.ctx.probed.get_mut().clear();
+        self.ctx.flush_presence();
+        for key in self.keys.values_mut() {
+            key.compact_ledger();
+            if let Some(watch) = key.watch.take() {
+                self.ctx.world.watch_holder(&key.pubkey, watch.as_deref());
+                self.ctx.world.watch_lock_file(&key.pubkey);
+            }
+        }
+    }
+
+    /// When the loop must wake next: the earliest tick, the moment a
+    /// holder we watch would count as hung, or the moment a key we
+    /// announced as led fences itself (each judged then, not at the next
+    /// tick).
+    pub(crate) fn next_tick(&self) -> Option<Instant> {
+        let now = self.ctx.world.now().mono;
+        self.keys
+            .values()
+            .map(|k| k.next_wake(&self.ctx, now))
+            .min()
+    }
+
+    /// Ticks every key that is due (or nearly: ticks are coalesced, a
+    /// refresh a little early is harmless) and looks again at the keys a
+    /// file event or a holder's death named.
+    fn refresh_due(&mut self, woken: &BTreeSet<AgentPubkey>, all: bool) {
+        // Ticks due within a few milliseconds are coalesced; never much
+        // earlier, or a spec claimant would tick just before the holder
+        // releases and wait a whole interval more.
+        let now = self.ctx.world.now().mono;
+        let due = now + (self.ctx.rules.refresh / 16).min(Duration::from_millis(10));
+        for key in self.keys.values_mut() {
+            if key.next_tick <= due {
+                // Before the look: the look may bring its next one closer.
+                key.next_tick = self.ctx.world.now().mono + self.ctx.rules.refresh;
+                key.evaluate(&mut self.ctx, Cause::Tick);
+            } else if all
+                || woken.contains(&key.pubkey)
+                || key.m.hang_deadline().is_some_and(|d| d <= now)
+            {
+                key.evaluate(&mut self.ctx, Cause::Wake);
+            }
+        }
+    }
+
+    fn command(&mut self, c: Command) -> Flow {
+        match c {
+            Command::Join(keys, r) => {
+                let _ = r.send(Ok(self.join(&keys)));
+            }
+            Command::Leave(pk, r) => {
+                let _ = r.send(self.leave(&pk));
+            }
+            Command::Claim(pk, r) => {
+                let out = match self.keys.get_mut(&pk) {
+                    Some(k) => k
+                        .claim(&mut self.ctx)
+                        .map(|o| k.claim_above(&mut self.ctx, o)),
+                    None => Err(Error::NotJoined(pk)),
+                };
+                let _ = r.send(out);
+            }
+            Command::Release(pk, r) => {
+                let ctx = &mut self.ctx;
+                let out = self
+                    .keys
+                    .get_mut(&pk)
+                    .ok_or(Error::NotJoined(pk))
+                    .map(|k| k.step_down(ctx, ChangeReason::Released, None, false));
+                let _ = r.send(out);
+            }
+            Command::StandDown(pk, r) => {
+                let ctx = &mut self.ctx;
+                let out = self.keys.get_mut(&pk).ok_or(Error::NotJoined(pk)).map(|k| {
+                    k.step_down(ctx, ChangeReason::StoodDown, None, false);
+                });
+                let _ = r.send(out);
+            }
+            Command::Resume(pk, r) => {
+                let ctx = &mut self.ctx;
+                let out = self.keys.get_mut(&pk).ok_or(Error::NotJoined(pk)).map(|k| {
+                    k.m.resume();
+                    k.evaluate(ctx, Cause::Tick);
+                    k.cell.is_leader_on(ctx.world.clocks())
+                });
+                let _ = r.send(out);
+            }
+            Command::ClaimFrame(pk, target, r) => {
+                let _ = r.send(self.claim_frame(&pk, &target));
+            }
+            Command::RefreshNow(r) => {
+                for key in self.keys.values_mut() {
+                    key.evaluate(&mut self.ctx, Cause::Tick);
+                }
+                let _ = r.send(Ok(()));
+            }
+            Command::Shutdown(r) => {
+                // Stop whatever happens: a panic while releasing must not
+                // keep the task (and the caller of `shutdown`) waiting.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.shutdown()));
+                let _ = r.send(Ok(()));
+                return Flow::Stop;
+            }
+            Command::Work(pk, op, reply) => match self.keys.get_mut(&pk) {
+                Some(k) => k.work(&self.ctx, op, reply),
+                None => reply.fail(Error::NotJoined(pk)),
+            },
+            Command::Upper(pk, news) => {
+                if let Some(k) = self.keys.get_mut(&pk) {
+                    k.upper_news(&self.ctx, news);
+                }
+            }
+        }
+        Flow::Go
+    }
+
+    /// Joins `keys` and claims each at once (auto-claim on launch). Returns
+    /// the resulting leadership of each; joining a key twice is a no-op.
+    fn join(&mut self, keys: &[AgentPubkey]) -> Vec<bool> {
+        // A lock directory we cannot create is the NIP's fail-safe case (we
+        // lead, and say why in `last_error`), not a reason to refuse to run.
+        if let Err(e) = self.ctx.world.ensure_dir() {
+            tracing::warn!("lock directory unusable, failing safe to leader: {e}");
+        }
+        // Listed in our presence (one write for them all) before the first
+        // look and before the answer: a record we write names a presence
+        // that says we take part, and a leader leaving right after our join
+        // finds us as its heir.
+        let before = self.ctx.joined.len();
+        self.ctx.joined.extend(keys.iter().copied());
+        self.ctx.presence_dirty |= self.ctx.joined.len() != before;
+        self.ctx.flush_presence();
+        keys.iter().map(|pk| self.join_one(*pk)).collect()
+    }
+
+    fn join_one(&mut self, pk: AgentPubkey) -> bool {
+        if let Some(k) = self.keys.get(&pk) {
+            return k.cell.is_leader_on(self.ctx.world.clocks());
+        }
+        let pid = self.ctx.world.pid();
+        let mut key = Key {
+            pubkey: pk,
+            m: KeyMachine::new(self.ctx.rules, Arc::clone(&self.ctx.our_id), pid),
+            cell: Arc::new(KeyCell::new(
+                self.ctx.rules.extended,
+                Published::initial(pk),
+            )),
+            store: self.ctx.world.store(&pk),
+            next_tick: self.ctx.world.now().mono + self.ctx.rules.refresh,
+            watch: None,
+            leader_since: None,
+            replaced: None,
+            work: None,
+            reported: false,
+            withheld: None,
+            told_upper: false,
+            global: None,
+            global_since: None,
+        };
+        if let Some(u) = &self.ctx.upper {
+            key.cell.set_global(cache::global_state::NOT_HELD, 0);
+            key.global = Some(GlobalStatus {
+                host_id: u.host_id().to_owned(),
+                ..GlobalStatus::default()
+            });
+        }
+        let cell = Arc::clone(&key.cell);
+        self.ctx
+            .shared
+            .snapshot
+            .update(|m| drop(m.insert(pk, Arc::clone(&cell))));
+        key.evaluate(&mut self.ctx, Cause::Join);
+        self.keys.insert(pk, key);
+        cell.is_leader_on(self.ctx.world.clocks())
+    }
+
+    /// Leaves `pk`, releasing the lock if we hold it.
+    fn leave(&mut self, pk: &AgentPubkey) -> Result<()> {
+        let mut key = self.keys.remove(pk).ok_or(Error::NotJoined(*pk))?;
+        key.step_down(&mut self.ctx, ChangeReason::Released, None, true);
+        self.forget(key);
+        Ok(())
+    }
+
+    /// Drops a key that has stepped down: its watches, its place in the
+    /// snapshot and in our presence file.
+    fn forget(&mut self, key: Key) {
+        self.ctx.world.watch_holder(&key.pubkey, None);
+        self.ctx.world.unwatch_lock_file(&key.pubkey);
+        self.ctx.presence_dirty |= self.ctx.joined.remove(&key.pubkey);
+        self.ctx.flush_presence();
+        self.ctx
+            .shared
+            .snapshot
+            .update(|m| drop(m.remove(&key.pubkey)));
+        key.cell.set_leader(false);
+    }
+
+    fn claim_frame(&mut self, pk: &AgentPubkey, target: &str) -> Result<bool> {
+        let ctx = &mut self.ctx;
+        let key = self.keys.get_mut(pk).ok_or(Error::NotJoined(*pk))?;
+        if target == &*ctx.our_id {
+            let local = key.claim(ctx)?;
+            return Ok(key.claim_above(ctx, local) != ClaimOutcome::Pending);
+        }
+        if key.m.holds_lock() {
+            // Across hosts the relay fans the frame out to every host, but
+            // only the claimant's host must give its lock up: elsewhere
+            // the claim travels through etcd and the host keeps its leader.
+            if ctx.upper.is_some() && key.heir(ctx, Some(target)).is_none() {
+                return Ok(false);
+            }
+            key.step_down(ctx, ChangeReason::StoodDown, Some(target), false);
+        }
+        Ok(false)
+    }
+
+    /// Releases every lock we hold and stops every wake source.
+    fn shutdown(&mut self) {
+        let keys = std::mem::take(&mut self.keys);
+        for (_, mut key) in keys {
+            key.step_down(&mut self.ctx, ChangeReason::Released, None, false);
+            self.forget(key);
+        }
+        if let Some(u) = self.ctx.upper.as_mut() {
+            u.shutdown();
+        }
+        self.ctx.world.stop_all();
+        self.ctx.presence = None;
+    }
+}
+
+/// Runs a store call; a panic in it becomes an error (the store is where
+/// foreign content and the platform meet, so that is where one is most
+/// likely).
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        Err(Error::io(
+            "<store>",
+            std::io::Error::other(format!("internal error: {}", panic_message(&panic))),
+        ))
+    })
+}
+
+/// The text of a caught panic.
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_owned())
+}

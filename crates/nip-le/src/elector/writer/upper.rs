@@ -1,0 +1,54 @@
+//! The writer's glue to a level above the host (etcd): it is told when we
+//! start or stop leading our host and of claims, and its news is announced
+//! and published here, by the one writer.
+
+use super::super::types::{ChangeReason, ClaimOutcome};
+use super::super::upper::UpperNews;
+use super::context::Ctx;
+use super::key::Key;
+
+impl Key {
+    /// Tells the upper level (if any) when our host leadership changed.
+    pub(super) fn tell_upper(&mut self, ctx: &mut Ctx, leads: bool, revoke: bool) {
+        if let Some(u) = ctx.upper.as_mut() {
+            if std::mem::replace(&mut self.told_upper, leads) != leads {
+                u.host_leader(self.pubkey, &self.cell, leads, revoke);
+            }
+        }
+    }
+
+    /// The upper level's part of a claim: it is asked to claim too, and the
+    /// claim is complete only once we act.
+    pub(super) fn claim_above(&mut self, ctx: &mut Ctx, local: ClaimOutcome) -> ClaimOutcome {
+        if ctx.upper.is_none() {
+            return local;
+        }
+        if self.cell.is_leader_on(ctx.world.clocks()) {
+            return ClaimOutcome::AlreadyLeader;
+        }
+        if let Some(u) = ctx.upper.as_mut() {
+            u.claim(self.pubkey, &self.cell);
+        }
+        ClaimOutcome::Pending
+    }
+
+    /// News from the upper level: a change of what we may do is announced
+    /// (with the level it leaves us at), a view change only published.
+    pub(super) fn upper_news(&mut self, ctx: &Ctx, news: UpperNews) {
+        self.global = Some(news.status);
+        if news.from_other_host {
+            self.global_since = Some(news.at_ms);
+        } else if matches!(
+            news.reason,
+            Some(ChangeReason::Lost | ChangeReason::StoodDown | ChangeReason::Released)
+        ) {
+            // Given up (a fence that lifts again keeps it: nothing moved).
+            self.global_since = None;
+        }
+        if let Some(reason) = news.reason {
+            let acting = self.cell.is_leader_on(ctx.world.clocks());
+            self.notify_at(ctx, acting, reason, true, news.at_ms);
+        }
+        self.publish();
+    }
+}

@@ -1,0 +1,206 @@
+//! The writer's part of the work ledger (see [`crate::ledger`]): the
+//! ledger follows the epoch we hold the lock at, and every operation is
+//! answered from it.
+
+use crate::error::Error;
+use crate::ledger::{self, Ledger, Op, Verdict};
+use crate::record::LockContent;
+
+use super::super::types::{QueuedEvent, TakeOutcome};
+use super::context::Ctx;
+use super::key::Key;
+use super::{unix_ms, WorkOp, WorkReply};
+
+/// Extension: what the holder knows of its work ledger, for the epoch it
+/// holds the lock at.
+pub(super) struct WorkState {
+    epoch: u64,
+    /// The predecessor kept no ledger (its record had no epoch: spec mode
+    /// or the harness): events published before we led may be answered.
+    ledgerless_before: bool,
+    /// `None`: the ledger cannot be read; we dispatch without it.
+    ledger: Option<Ledger>,
+}
+
+impl Key {
+    /// Keeps the leadership start and the work ledger in step with the
+    /// view: the ledger is (re)loaded whenever we lead at a new epoch, and
+    /// forgotten when we stop leading.
+    pub(super) fn track_work(&mut self, ctx: &Ctx, leader: bool) {
+        if !leader {
+            self.leader_since = None;
+            self.global_since = None;
+            self.work = None;
+            self.replaced = None;
+            return;
+        }
+        self.leader_since
+            .get_or_insert_with(|| unix_ms(ctx.world.now().wall));
+        let epoch = match self.m.observed().record() {
+            Some(r) if ctx.rules.extended && self.m.holds_lock() => r.epoch,
+            _ => None,
+        };
+        let Some(epoch) = epoch else {
+            self.work = None;
+            return;
+        };
+        if self.work.as_ref().is_some_and(|w| w.epoch == epoch) {
+            return;
+        }
+        let ledgerless_before = matches!(
+            &self.replaced,
+            Some(LockContent::Record(r)) if r.epoch.is_none() && r.instance_id != ctx.our_id.as_ref()
+        );
+        let now_ms = unix_ms(ctx.world.now().wall);
+        let storage = ctx.world.ledger(&self.pubkey);
+        let ledger = match Ledger::open(storage, now_ms, ctx.config.work_retention) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(pubkey = %self.pubkey, "dispatching without the work ledger: {e}");
+                None
+            }
+        };
+        self.work = Some(WorkState {
+            epoch,
+            ledgerless_before,
+            ledger,
+        });
+    }
+
+    /// Rewrites a ledger that has grown to twice its live entries.
+    pub(super) fn compact_ledger(&mut self) {
+        let Some(l) = self.work.as_mut().and_then(|w| w.ledger.as_mut()) else {
+            return;
+        };
+        if l.index.wants_compaction() {
+            if let Err(e) = l.compact() {
+                tracing::warn!(pubkey = %self.pubkey, "cannot compact the work ledger: {e}");
+            }
+        }
+    }
+
+    /// One work-ledger operation. Every one first checks that we lead (and
+    /// are not fenced): a displaced or fenced leader neither takes nor
+    /// completes.
+    pub(super) fn work(&mut self, ctx: &Ctx, op: WorkOp, reply: WorkReply) {
+        let leads = self.cell.is_leader_on(ctx.world.clocks());
+        let our_id = ctx.our_id.to_string();
+        let now_ms = unix_ms(ctx.world.now().wall);
+        match (op, reply) {
+            (WorkOp::Take(id), WorkReply::Take(r)) => {
+                let _ = r.send(Ok(self.take(&id, leads, &our_id, now_ms)));
+            }
+            (WorkOp::Done(id), WorkReply::Flag(r)) => {
+                let _ = r.send(Ok(leads
+                    && self.append(Op::Done {
+                        id,
+                        epoch: 0,
+                        at_ms: now_ms,
+                    })));
+            }
+            (WorkOp::GiveBack(id), WorkReply::Flag(r)) => {
+                let mine = self.work.as_ref().and_then(|w| {
+                    let taken = w.ledger.as_ref()?.index.state(&id);
+                    (taken == Some(ledger::State::Taken(w.epoch))).then_some(())
+                });
+                let ok = mine.is_some()
+                    && self.append(Op::GiveBack {
+                        id,
+                        epoch: 0,
+                        at_ms: now_ms,
+                    });
+                let _ = r.send(Ok(ok));
+            }
+            (WorkOp::Owed(queue), WorkReply::Owed(r)) => {
+                let _ = r.send(Ok(if leads { self.owed(&queue) } else { Vec::new() }));
+            }
+            (_, reply) => reply.fail(Error::ShutDown),
+        }
+    }
+
+    fn take(&mut self, id: &str, leads: bool, our_id: &str, now_ms: u64) -> TakeOutcome {
+        if !leads {
+            return TakeOutcome::NotLeader;
+        }
+        let Some(w) = self.work.as_mut() else {
+            // Spec mode, or a fail-safe leader: no ledger applies.
+            return TakeOutcome::Granted { epoch: None };
+        };
+        let epoch = w.epoch;
+        let Some(l) = w.ledger.as_mut() else {
+            return TakeOutcome::Granted { epoch: Some(epoch) };
+        };
+        match l.index.verdict(id, epoch) {
+            Verdict::Done => TakeOutcome::Done,
+            Verdict::TakenNow => TakeOutcome::AlreadyTaken,
+            Verdict::Owed => {
+                let op = Op::Take {
+                    id: id.to_owned(),
+                    epoch,
+                    by: our_id.to_owned(),
+                    at_ms: now_ms,
+                };
+                if let Err(e) = l.append(&op) {
+                    // Never silent: dispatch, and say why it is unrecorded.
+                    tracing::warn!(pubkey = %self.pubkey, "cannot record a take: {e}");
+                }
+                TakeOutcome::Granted { epoch: Some(epoch) }
+            }
+        }
+    }
+
+    /// Appends `op` at our epoch (its `epoch` field is ours); `true` when
+    /// recorded or when no ledger applies.
+    fn append(&mut self, mut op: Op) -> bool {
+        let Some(w) = self.work.as_mut() else {
+            return true;
+        };
+        match &mut op {
+            Op::Take { epoch, .. } | Op::Done { epoch, .. } | Op::GiveBack { epoch, .. } => {
+                *epoch = w.epoch
+            }
+        }
+        let Some(l) = w.ledger.as_mut() else {
+            return true;
+        };
+        match l.append(&op) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(pubkey = %self.pubkey, "cannot append to the work ledger: {e}");
+                false
+            }
+        }
+    }
+
+    /// The queued events we must dispatch now, in order.
+    pub(super) fn owed(&self, queue: &[QueuedEvent]) -> Vec<String> {
+        let since = self
+            .leader_since
+            .unwrap_or(0)
+            .max(self.global_since.unwrap_or(0));
+        // Without a ledger that covers the predecessor, events published
+        // before we led may have been answered by it.
+        let published_since = |e: &QueuedEvent| e.published_ms.is_none_or(|p| p >= since);
+        match self.work.as_ref() {
+            Some(w) => {
+                let fallback =
+                    w.ledgerless_before || w.ledger.is_none() || self.global_since.is_some();
+                queue
+                    .iter()
+                    .filter(|e| !fallback || published_since(e))
+                    .filter(|e| {
+                        w.ledger
+                            .as_ref()
+                            .is_none_or(|l| l.index.verdict(&e.id, w.epoch) == Verdict::Owed)
+                    })
+                    .map(|e| e.id.clone())
+                    .collect()
+            }
+            None => queue
+                .iter()
+                .filter(|e| published_since(e))
+                .map(|e| e.id.clone())
+                .collect(),
+        }
+    }
+}
