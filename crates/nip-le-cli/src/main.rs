@@ -31,6 +31,10 @@ enum Command {
     /// cluster with a mention feed; fails on split-brain the NIP does not force.
     #[cfg(unix)]
     Chaos(lab::chaos::ChaosArgs),
+    /// Run seeds of the deterministic simulator: the real writers of
+    /// several windows, harness peers and their apps on a simulated machine
+    /// in virtual time, with faults; exit 1 on any violation.
+    Sim(lab::sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => lab::bench::bench(a),
         #[cfg(unix)]
         Command::Chaos(a) => lab::chaos::chaos(a),
+        Command::Sim(a) => lab::sim::sim(a),
     };
     match result {
         Ok(code) => code,

@@ -55,6 +55,8 @@ pub mod lockfile;
 pub mod presence;
 pub mod pubkey;
 pub mod record;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use config::{Config, Mode};
 pub use control::{ControlFrame, ControlResult};

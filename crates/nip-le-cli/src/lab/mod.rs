@@ -5,7 +5,9 @@
 //! * [`demo`]: the narrated election of the README's main job;
 //! * [`bench`](mod@bench): every latency and cost row, spec and extended side by side;
 //! * [`chaos`]: random faults on a mixed cluster, with a pure analysis.
-//! * [`etcd`]: a real etcd on loopback for the cross-host tests.
+//! * [`etcd`]: a real etcd on loopback for the cross-host tests;
+//! * [`sim`]: seeds of the deterministic simulator (`nip_le::sim`), in
+//!   virtual time.
 
 pub mod bench;
 #[cfg(unix)]
@@ -14,3 +16,4 @@ pub mod cluster;
 pub mod demo;
 pub mod etcd;
 pub mod feed;
+pub mod sim;

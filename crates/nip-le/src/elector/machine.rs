@@ -449,7 +449,7 @@ impl KeyMachine {
         let origin = content
             .record()
             .map_or(Origin::HereOrUnknown, |r| host::origin(r, host::here()));
-        election::takeable_extended(
+        let verdict = election::takeable_extended(
             content,
             &self.our_id,
             now.wall,
@@ -465,7 +465,15 @@ impl KeyMachine {
                 Origin::OtherHost => PeerPresence::Unknown,
                 Origin::HereOrUnknown => probes.presence(t),
             },
-        )
+        );
+        // A record judged takeable (its holder died, left or hung) needs no
+        // look at its hang deadline any more: if taking it failed (ENOSPC,
+        // EIO, a read-only directory), the tick retries. Without this the
+        // past deadline woke the writer again at once, forever.
+        if matches!(verdict, Takeable::Yes(r) if r != TakeReason::Ours) {
+            self.hang_judged = self.seen.as_ref().map(|(_, since)| *since);
+        }
+        verdict
     }
 
     /// How long (our monotonic clock) the record in `content` has stayed
@@ -495,8 +503,17 @@ impl KeyMachine {
             return None;
         }
         let (r, since) = self.seen.as_ref()?;
-        (r.instance_id != *self.our_id && r.live.is_some() && self.hang_judged != Some(*since))
+        (r.instance_id != *self.our_id && r.live.is_some() && !self.record_judged())
             .then(|| *since + self.rules.stale + Duration::from_millis(1))
+    }
+
+    /// Whether the record seen last was judged already (taken, or found
+    /// takeable: gone, dead or hung), so neither its hang deadline nor its
+    /// holder's death is worth a wake-up.
+    fn record_judged(&self) -> bool {
+        self.seen
+            .as_ref()
+            .is_some_and(|(_, since)| self.hang_judged == Some(*since))
     }
 
     /// Whether `content` is exactly the record we wrote last.
@@ -595,8 +612,12 @@ impl KeyMachine {
         } else {
             Validity::Keep
         };
+        // A holder already judged gone or hung is not watched: its death
+        // can tell us nothing more, and a watch of a process that is gone
+        // fires at once (a take that failed would look again, forever).
+        let judged = self.record_judged();
         let watch = match &content {
-            Ok(c) if self.rules.extended => c
+            Ok(c) if self.rules.extended && !judged => c
                 .record()
                 .filter(|r| r.instance_id != *self.our_id)
                 .filter(|r| host::origin(r, host::here()) == Origin::HereOrUnknown)
@@ -926,6 +947,34 @@ mod tests {
             !evaluate(&mut m, &mut f, c.now(), Cause::Tick, None, &ALIVE).leader,
             "judged hung for time it could not have written in"
         );
+    }
+
+    #[test]
+    fn a_takeover_that_could_not_be_written_leaves_no_hang_deadline_behind() {
+        // Found by the simulator: the holder died while the directory was
+        // full; our takeover failed, and the past hang deadline woke the
+        // writer again at once, forever.
+        let mut c = Clock::new();
+        let mut m = machine(true, "me");
+        let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+        evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+        c.advance(STALE * 2);
+        let gone = Fixed(Liveness::Dead, PeerPresence::Gone);
+        let begin = m.begin(c.now(), None);
+        let look = m.look(c.now(), Cause::Wake, None, &begin);
+        let (w, took) = m.decide(&f, c.now(), look, Some("42-0123456789abcdef"), &gone);
+        assert!(matches!(w, Write::Put(_)) && took.is_some(), "it would take over");
+        let seen = Seen {
+            content: Ok(f.clone()),
+            took: None,
+            locked: false,
+            busy: false,
+            error: Some("ENOSPC".into()),
+        };
+        let out = m.conclude(Cause::Wake, &begin, look, seen);
+        assert!(!out.leader);
+        assert_eq!(m.hang_deadline(), None, "the tick retries, not a past deadline");
+        assert_eq!(out.watch, None, "a gone holder is not watched again");
     }
 
     #[test]

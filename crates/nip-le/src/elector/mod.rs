@@ -41,9 +41,16 @@ pub use types::{
     LeadershipChange, Level, LockState, QueuedEvent, TakeOutcome,
 };
 
-use store::{FileStore, LockStore};
+use store::FileStore;
 use wake::{Mailbox, Msg, WakeSources};
-use writer::{Command, Reply, Shared, StoreFactory, WorkOp, Writer};
+use writer::StoreFactory;
+
+// The seam the simulator drives the real writer through.
+pub(crate) use machine::{Now, Write};
+pub(crate) use store::{LockStore, Updated};
+pub(crate) use wake::Woken as Wake;
+pub(crate) use world::{PresenceLock, World};
+pub(crate) use writer::{Command, Reply, Shared, WorkOp, WorkReply, Writer};
 
 /// This process's participation in the elections of many agent keys.
 ///

@@ -108,6 +108,19 @@ pub(crate) struct Woken<C> {
     gone: Vec<String>,
 }
 
+impl<C> Woken<C> {
+    /// Commands and keys to look at, as a world other than `mio` (the
+    /// simulator's) hands them over.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn of(commands: Vec<C>, keys: BTreeSet<AgentPubkey>) -> Self {
+        Self {
+            commands,
+            keys,
+            ..Self::default()
+        }
+    }
+}
+
 impl<C> Default for Woken<C> {
     fn default() -> Self {
         Self {

@@ -1,0 +1,172 @@
+//! `nip-le sim`: seeds of the deterministic simulator. Each seed is one
+//! cluster and one fault plan in virtual time; a failing seed prints the
+//! one command that replays it. The last line is a summary.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use nip_le::sim::{self, Options};
+
+/// Which cluster a seed runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Cluster {
+    /// Three extended windows working a queue: leadership and exactly once.
+    Extended,
+    /// Extended and spec windows beside a harness peer: leadership only.
+    Mixed,
+}
+
+/// A kind of fault (see `nip_le::sim::Mix`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FaultKind {
+    /// Kills, quits, stops, claims.
+    Processes,
+    /// Pauses, suspends, wall steps.
+    Clocks,
+    /// ENOSPC, EIO, read-only, a hung flock holder.
+    Files,
+    /// Late wake-ups.
+    Starvation,
+    /// Pid reuse.
+    Pids,
+}
+
+/// Flags of `nip-le sim`.
+#[derive(Args, Debug, Clone)]
+pub struct SimArgs {
+    /// How many seeds.
+    #[arg(long, default_value_t = 100)]
+    pub seeds: u64,
+    /// Simulated seconds of faults per seed (a quiet tail follows).
+    #[arg(long, default_value_t = 120)]
+    pub seconds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The cluster.
+    #[arg(long, value_enum, default_value_t = Cluster::Extended)]
+    pub cluster: Cluster,
+    /// Print one line per seed.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Print every fault and leadership change of each seed.
+    #[arg(long)]
+    pub trace: bool,
+    /// Kinds of fault left out of the plans: processes, clocks, files,
+    /// starvation, pids (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub without: Vec<FaultKind>,
+}
+
+impl SimArgs {
+    /// The options of one seed.
+    pub fn options(&self) -> Options {
+        let mut o = match self.cluster {
+            Cluster::Extended => Options::extended(self.seconds),
+            Cluster::Mixed => Options::mixed(self.seconds),
+        };
+        for k in &self.without {
+            match k {
+                FaultKind::Processes => o.mix.processes = false,
+                FaultKind::Clocks => o.mix.clocks = false,
+                FaultKind::Files => o.mix.files = false,
+                FaultKind::Starvation => o.mix.starvation = false,
+                FaultKind::Pids => o.mix.pids = false,
+            }
+        }
+        o
+    }
+
+    /// The flags that replay this run's options.
+    fn replay_flags(&self) -> String {
+        let cluster = self.cluster.to_possible_value().expect("no skipped values");
+        let mut f = format!("--cluster {} --seconds {}", cluster.get_name(), self.seconds);
+        if !self.without.is_empty() {
+            let kinds: Vec<String> = self
+                .without
+                .iter()
+                .map(|k| k.to_possible_value().expect("no skipped values").get_name().to_owned())
+                .collect();
+            f += &format!(" --without {}", kinds.join(","));
+        }
+        f
+    }
+}
+
+/// What a batch of seeds found.
+#[derive(Debug, Default)]
+pub struct Summary {
+    /// Seeds run.
+    pub seeds: u64,
+    /// The failing seeds and what broke.
+    pub failed: Vec<(u64, sim::Violation)>,
+    /// Simulated seconds in all.
+    pub simulated: Duration,
+    /// Wall time.
+    pub wall: Duration,
+    /// Faults injected.
+    pub faults: u64,
+    /// Mentions answered.
+    pub answered: u64,
+}
+
+/// Runs `args.seeds` seeds from `args.seed`.
+pub fn run_seeds(args: &SimArgs) -> Summary {
+    let options = args.options();
+    let start = Instant::now();
+    let mut sum = Summary::default();
+    for seed in args.seed..args.seed.saturating_add(args.seeds) {
+        let out = sim::run_traced(seed, &options, args.trace);
+        sum.seeds += 1;
+        sum.faults += out.faults;
+        sum.answered += out.answered;
+        sum.simulated += Duration::from_secs(args.seconds);
+        if args.verbose {
+            println!(
+                "seed {seed}: {} faults, {}/{} answered, {} holder changes, {} rounds, longest silence {} ms{}",
+                out.faults,
+                out.answered,
+                out.mentions,
+                out.holder_changes,
+                out.rounds,
+                out.longest_silence_ns / 1_000_000,
+                out.violation.as_ref().map_or(String::new(), |v| format!(": {v}")),
+            );
+        }
+        if let Some(v) = out.violation {
+            sum.failed.push((seed, v));
+        }
+    }
+    sum.wall = start.elapsed();
+    sum
+}
+
+/// The `sim` command.
+pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
+    let sum = run_seeds(&args);
+    let cluster = args.cluster.to_possible_value().expect("no skipped values");
+    for (seed, v) in &sum.failed {
+        println!("seed {seed} failed: {v}");
+        println!(
+            "  replay: nip-le sim {} --seeds 1 --seed {seed} --trace",
+            args.replay_flags()
+        );
+    }
+    let speed = sum.simulated.as_secs_f64() / sum.wall.as_secs_f64().max(1e-9);
+    println!(
+        "sim: {} seeds × {} s ({} cluster), {} faults, {} mentions answered, {} failed, {:.0} simulated s per wall s",
+        sum.seeds,
+        args.seconds,
+        cluster.get_name(),
+        sum.faults,
+        sum.answered,
+        sum.failed.len(),
+        speed
+    );
+    Ok(if sum.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

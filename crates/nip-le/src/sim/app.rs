@@ -1,0 +1,71 @@
+//! A window's app, as a Tauri app built on the plugin works its queue: it
+//! queues every mention the relay brings, keeps a gate from the change
+//! events, and while the gate is open takes the first owed mention, runs
+//! its turn, and at the turn's end sends the reply (only if it may still
+//! act) and records it done. A change with `mustCancelTurn` cancels the
+//! turn in flight and gives the mention back. Every reply sent is
+//! recorded, so a mention answered twice is seen the moment it happens.
+
+use crate::elector::QueuedEvent;
+
+/// A turn in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    /// The mention.
+    pub id: String,
+    /// When it ends (virtual ns).
+    pub ends: u64,
+    /// Distinguishes this turn's end event from an older one's.
+    pub serial: u64,
+}
+
+/// One window's app.
+#[derive(Debug, Default)]
+pub struct App {
+    /// The mentions the relay brought, in order.
+    pub queue: Vec<QueuedEvent>,
+    /// What the last change event said.
+    pub gate: bool,
+    /// The turn in flight.
+    pub turn: Option<Turn>,
+    /// Turns started so far (serials).
+    pub turns: u64,
+}
+
+impl App {
+    /// Queues a mention once.
+    pub fn receive(&mut self, id: &str, published_ms: u64) {
+        if !self.queue.iter().any(|e| e.id == id) {
+            self.queue.push(QueuedEvent {
+                id: id.to_owned(),
+                published_ms: Some(published_ms),
+            });
+        }
+    }
+
+    /// Drops a mention from the queue (answered, or done elsewhere).
+    pub fn drop_mention(&mut self, id: &str) {
+        self.queue.retain(|e| e.id != id);
+    }
+
+    /// Whether the app would look for work now.
+    pub fn idle_with_work(&self) -> bool {
+        self.gate && self.turn.is_none() && !self.queue.is_empty()
+    }
+
+    /// Starts a turn on `id` ending at `ends`.
+    pub fn start(&mut self, id: String, ends: u64) -> u64 {
+        self.turns += 1;
+        self.turn = Some(Turn {
+            id,
+            ends,
+            serial: self.turns,
+        });
+        self.turns
+    }
+}
+
+/// The mention id of number `n` (a 64-hex-digit event id, as Nostr's).
+pub fn mention_id(n: u64) -> String {
+    format!("{n:064x}")
+}

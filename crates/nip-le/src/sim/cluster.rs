@@ -1,0 +1,827 @@
+//! The driver of one run: the real writers of several windows, harness
+//! peers and their apps on one simulated machine, an event queue in
+//! virtual time, the faults of the plan, and the checks after every step.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use crate::config::{Config, Mode};
+use crate::elector::{
+    Command, LeadershipChange, Shared, TakeOutcome, WorkOp, WorkReply, Writer,
+};
+use crate::pubkey::AgentPubkey;
+
+use super::app::{mention_id, App};
+use super::check::{Actor, Checker, Violation};
+use super::harness::{Harness, Next};
+use super::plan::{Fault, Options, Plan};
+use super::rng::Rng;
+use super::state::{Kind, ProcId, State};
+use super::world::{lock, Machine, SimWorld};
+
+const MS: u64 = 1_000_000;
+
+/// What happens at one instant.
+#[derive(Debug, Clone)]
+enum Ev {
+    /// A window's writer runs a round (if this is still its latest one).
+    Round(ProcId, u64),
+    HarnessTick(usize),
+    HarnessFinish(usize),
+    Fault(Fault),
+    /// Mention `n` is published.
+    Publish(u64),
+    /// The relay brings mention `n` to a window.
+    Deliver(ProcId, u64),
+    /// A window's turn ends (turn serial).
+    TurnEnd(ProcId, u64),
+    /// A relay `claim_leadership` frame reaches a process.
+    Frame(ProcId, String),
+    /// A suspended machine wakes: the monotonic clock lost `d` ns.
+    Wake(u64),
+    /// A window starts (a restart): its election id.
+    Start(String, bool),
+}
+
+/// One window.
+struct Window {
+    proc: ProcId,
+    writer: Option<Writer>,
+    shared: Arc<Shared>,
+    rx: broadcast::Receiver<LeadershipChange>,
+    app: App,
+    extended: bool,
+}
+
+/// One run.
+pub struct Sim {
+    m: Machine,
+    rng: Rng,
+    opts: Options,
+    pk: AgentPubkey,
+    queue: BTreeMap<(u64, u64), Ev>,
+    seq: u64,
+    windows: Vec<Window>,
+    harnesses: Vec<Harness>,
+    /// Per process: its scheduled round (time, generation).
+    rounds: BTreeMap<ProcId, (u64, u64)>,
+    gens: u64,
+    /// Per process: starved until, by up to this much per wake-up.
+    starved: BTreeMap<ProcId, (u64, u64)>,
+    checker: Checker,
+    quiet_from: u64,
+    last_claim: u64,
+    published: Vec<(u64, u64)>,
+    answers: BTreeMap<u64, Vec<(String, u64)>>,
+    faults_done: u64,
+    end: u64,
+    /// Print every fault and change (`--trace`).
+    pub trace: bool,
+    /// Windows' panics seen (caught by the writer itself).
+    pub panics: u64,
+    /// The first violation, which ends the run.
+    pub violation: Option<Violation>,
+}
+
+/// What one run found.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// The first broken invariant, if any.
+    pub violation: Option<Violation>,
+    /// Faults injected.
+    pub faults: u64,
+    /// Mentions published and answered.
+    pub mentions: u64,
+    /// Of which answered.
+    pub answered: u64,
+    /// Holder changes the file showed.
+    pub holder_changes: u64,
+    /// Time two or more acted under the NIP's fail-safe, ns.
+    pub fail_safe_ns: u64,
+    /// Time two or more acted through a lagging cached read, ns.
+    pub stale_cache_ns: u64,
+    /// Longest silence, ns.
+    pub longest_silence_ns: u64,
+    /// Writer rounds run.
+    pub rounds: u64,
+}
+
+impl Sim {
+    /// A run of `seed` with `opts`.
+    pub fn new(seed: u64, opts: Options) -> Self {
+        let mut rng = Rng::new(seed);
+        let pk = AgentPubkey::parse(&format!("{:064x}", u128::from(rng.next_u64()) | 1))
+            .expect("64 hex digits");
+        let m: Machine = Arc::new(std::sync::Mutex::new(State::new(opts.lock_wait)));
+        let end = opts.seconds * 1000 * MS;
+        let mut sim = Self {
+            m,
+            rng,
+            opts,
+            pk,
+            queue: BTreeMap::new(),
+            seq: 0,
+            windows: Vec::new(),
+            harnesses: Vec::new(),
+            rounds: BTreeMap::new(),
+            gens: 0,
+            starved: BTreeMap::new(),
+            checker: Checker::default(),
+            quiet_from: 0,
+            last_claim: 0,
+            published: Vec::new(),
+            answers: BTreeMap::new(),
+            faults_done: 0,
+            end,
+            trace: false,
+            panics: 0,
+            violation: None,
+        };
+        sim.setup();
+        sim
+    }
+
+    fn push(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.insert((at, self.seq), ev);
+    }
+
+    fn now(&self) -> u64 {
+        lock(&self.m).t
+    }
+
+    fn setup(&mut self) {
+        let o = self.opts.clone();
+        for i in 0..o.extended + o.spec {
+            let at = self.rng.range(0, 50 * MS);
+            self.push(at, Ev::Start(format!("w{i}"), i < o.extended));
+        }
+        for i in 0..o.harnesses {
+            self.start_harness(format!("h{i}"));
+        }
+        let plan = Plan::random(&mut self.rng, &o);
+        for (at, f) in plan.faults {
+            self.push(at, Ev::Fault(f));
+        }
+        let mut n = 0;
+        let mut at = 500 * MS;
+        while o.mention_every_ms > 0 && at < self.end {
+            self.push(at, Ev::Publish(n));
+            n += 1;
+            at += self.rng.range(o.mention_every_ms / 2, o.mention_every_ms * 3 / 2) * MS;
+        }
+    }
+
+    fn config(&self, extended: bool) -> Config {
+        let mut c = Config::new("/sim");
+        c.refresh = self.opts.refresh;
+        c.stale = self.opts.stale;
+        c.stand_down = self.opts.stand_down;
+        c.lock_wait = self.opts.lock_wait;
+        c.mode = if extended { Mode::Extended } else { Mode::Spec };
+        c
+    }
+
+    fn start_window(&mut self, id: String, extended: bool) {
+        let proc = {
+            let mut s = lock(&self.m);
+            let pid = s.fresh_pid();
+            s.procs
+                .push(super::state::Proc::new(pid, id.clone(), Kind::Window { extended }));
+            s.procs.len() - 1
+        };
+        let shared = Arc::new(Shared {
+            snapshot: Default::default(),
+            events: broadcast::channel(1024).0,
+        });
+        let rx = shared.events.subscribe();
+        let world = SimWorld::new(Arc::clone(&self.m), proc, self.rng.fork());
+        let writer = Writer::new(
+            self.config(extended),
+            Arc::from(id.as_str()),
+            Arc::clone(&shared),
+            Box::new(world),
+            None,
+        );
+        let mut app = App::default();
+        for &(n, at) in &self.published {
+            app.receive(&mention_id(n), at / MS);
+        }
+        self.windows.push(Window {
+            proc,
+            writer: Some(writer),
+            shared,
+            rx,
+            app,
+            extended,
+        });
+        let w = self.windows.len() - 1;
+        let pk = self.pk;
+        let _ = self.call(w, |r| Command::Join(vec![pk], r));
+    }
+
+    fn start_harness(&mut self, id: String) {
+        let proc = {
+            let mut s = lock(&self.m);
+            let pid = s.fresh_pid();
+            s.procs.push(super::state::Proc::new(pid, id, Kind::Harness));
+            s.procs.len() - 1
+        };
+        self.harnesses.push(Harness::new(proc, self.pk));
+        let h = self.harnesses.len() - 1;
+        let t = self.now();
+        self.push(t, Ev::HarnessTick(h));
+    }
+
+    /// Sends a command to window `w` and runs its round at once, as a
+    /// caller blocked on the writer's answer would see it.
+    fn call<T>(
+        &mut self,
+        w: usize,
+        command: impl FnOnce(crate::elector::Reply<T>) -> Command,
+    ) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut s = lock(&self.m);
+            let proc = self.windows[w].proc;
+            if !s.procs[proc].running(s.t) {
+                return None;
+            }
+            s.procs[proc].inbox.push(command(tx));
+        }
+        self.round_only(w);
+        rx.try_recv().ok().and_then(Result::ok)
+    }
+
+    fn window_of(&self, proc: ProcId) -> Option<usize> {
+        self.windows.iter().position(|w| w.proc == proc)
+    }
+
+    /// A round, then the app reads what it announced.
+    fn run_round(&mut self, w: usize) {
+        self.round_only(w);
+        if self.windows[w].writer.is_some() {
+            self.react(w);
+        }
+    }
+
+    fn round_only(&mut self, w: usize) {
+        let Some(writer) = self.windows[w].writer.as_mut() else {
+            return;
+        };
+        let before = panic_count();
+        let go = writer.round();
+        self.panics += panic_count() - before;
+        let next = writer.next_tick();
+        let proc = self.windows[w].proc;
+        if !go {
+            self.windows[w].writer = None;
+            lock(&self.m).procs[proc].alive = false;
+            return;
+        }
+        self.rounds.remove(&proc);
+        if let Some(next) = next {
+            let at = lock(&self.m).t_of(next);
+            self.schedule(proc, at);
+        }
+    }
+
+    fn schedule(&mut self, proc: ProcId, at: u64) {
+        let t = self.now();
+        let mut at = at.max(t);
+        if let Some(&(until, late)) = self.starved.get(&proc) {
+            if at < until {
+                at += self.rng.range(0, late);
+            }
+        }
+        if self.rounds.get(&proc).is_some_and(|&(cur, _)| cur <= at) {
+            return;
+        }
+        self.gens += 1;
+        self.rounds.insert(proc, (at, self.gens));
+        self.push(at, Ev::Round(proc, self.gens));
+    }
+
+    /// The app of window `w` reads its change events and looks for work.
+    fn react(&mut self, w: usize) {
+        loop {
+            let change = match self.windows[w].rx.try_recv() {
+                Ok(c) => c,
+                Err(broadcast::error::TryRecvError::Lagged(_)) => continue,
+                Err(_) => break,
+            };
+            if self.trace {
+                let id = lock(&self.m).procs[self.windows[w].proc].instance_id.clone();
+                println!(
+                    "{:>10.3} s  {id}: {} leader={} cancel={} epoch={:?}",
+                    self.now() as f64 / 1e9,
+                    change.reason.as_str(),
+                    change.is_leader,
+                    change.must_cancel_turn,
+                    change.epoch
+                );
+            }
+            self.windows[w].app.gate = change.is_leader;
+            if change.must_cancel_turn {
+                if let Some(turn) = self.windows[w].app.turn.take() {
+                    let pk = self.pk;
+                    let _ = self.call(w, |r| {
+                        Command::Work(pk, WorkOp::GiveBack(turn.id), WorkReply::Flag(r))
+                    });
+                }
+            }
+        }
+        if !self.windows[w].app.idle_with_work() {
+            return;
+        }
+        let queue = self.windows[w].app.queue.clone();
+        let pk = self.pk;
+        let owed = self
+            .call(w, |r| Command::Work(pk, WorkOp::Owed(queue), WorkReply::Owed(r)))
+            .unwrap_or_default();
+        for id in owed {
+            let took = self.call(w, |r| {
+                Command::Work(pk, WorkOp::Take(id.clone()), WorkReply::Take(r))
+            });
+            match took {
+                Some(TakeOutcome::Granted { .. }) => {
+                    let t = self.now();
+                    let ends = t + self.opts.turn_ms * MS;
+                    let serial = self.windows[w].app.start(id, ends);
+                    let proc = self.windows[w].proc;
+                    self.push(ends, Ev::TurnEnd(proc, serial));
+                    return;
+                }
+                Some(TakeOutcome::Done) => self.windows[w].app.drop_mention(&id),
+                _ => return,
+            }
+        }
+    }
+
+    fn acting_window(&self, w: usize) -> bool {
+        let s = lock(&self.m);
+        let win = &self.windows[w];
+        win.writer.is_some()
+            && s.procs[win.proc].running(s.t)
+            && win
+                .shared
+                .snapshot
+                .get(&self.pk)
+                .is_some_and(|c| c.is_leader_on(&s.clocks))
+    }
+
+    fn turn_end(&mut self, proc: ProcId, serial: u64) {
+        let Some(w) = self.window_of(proc) else {
+            return;
+        };
+        let running = {
+            let s = lock(&self.m);
+            s.procs[proc].running(s.t)
+        };
+        let Some(turn) = self.windows[w].app.turn.clone().filter(|t| t.serial == serial) else {
+            return;
+        };
+        if !running {
+            // A stopped app finishes its turn when it runs again.
+            let until = lock(&self.m).procs[proc].stopped_until;
+            if lock(&self.m).procs[proc].alive {
+                self.push(until, Ev::TurnEnd(proc, serial));
+            }
+            return;
+        }
+        self.windows[w].app.turn = None;
+        let pk = self.pk;
+        if self.acting_window(w) {
+            let t = self.now();
+            let n = u64::from_str_radix(&turn.id, 16).unwrap_or(u64::MAX);
+            let by = lock(&self.m).procs[proc].instance_id.clone();
+            let answers = self.answers.entry(n).or_default();
+            answers.push((by.clone(), t));
+            if answers.len() == 2 {
+                let first = answers[0].clone();
+                self.violation.get_or_insert(Violation::new(
+                    t,
+                    "answered twice",
+                    format!("mention {n} by {} at {} ms and by {by}", first.0, first.1 / MS),
+                ));
+            }
+            self.windows[w].app.drop_mention(&turn.id);
+            let _ = self.call(w, |r| {
+                Command::Work(pk, WorkOp::Done(turn.id), WorkReply::Flag(r))
+            });
+        } else {
+            let _ = self.call(w, |r| {
+                Command::Work(pk, WorkOp::GiveBack(turn.id), WorkReply::Flag(r))
+            });
+        }
+        self.react(w);
+    }
+
+    /// Runs to the end; returns what it found.
+    pub fn run(mut self) -> Outcome {
+        let mut rounds = 0;
+        let (mut same_instant, mut last_at) = (0u32, u64::MAX);
+        while let Some(((at, _), ev)) = self.queue.pop_first() {
+            if at > self.end + self.settle() || self.violation.is_some() {
+                break;
+            }
+            lock(&self.m).advance(at);
+            if let Ev::Round(proc, _) = ev {
+                rounds += 1;
+                same_instant = if at == last_at { same_instant + 1 } else { 0 };
+                last_at = at;
+                if same_instant > 10_000 {
+                    let id = lock(&self.m).procs[proc].instance_id.clone();
+                    self.violation = Some(Violation::new(
+                        at,
+                        "hot loop",
+                        format!("{id}'s writer wakes again at once, forever"),
+                    ));
+                    break;
+                }
+            }
+            self.handle(ev);
+            self.drain_wakeups();
+            self.check();
+        }
+        if self.violation.is_none() {
+            self.check_all_answered();
+        }
+        let s = lock(&self.m);
+        Outcome {
+            violation: self.violation.clone().or_else(|| s.violations.first().cloned()),
+            faults: self.faults_done,
+            mentions: self.published.len() as u64,
+            answered: self.answers.len() as u64,
+            holder_changes: s.holder_changes,
+            fail_safe_ns: self.checker.tally.fail_safe_ns,
+            stale_cache_ns: self.checker.tally.stale_cache_ns,
+            longest_silence_ns: self.checker.tally.longest_silence_ns,
+            rounds,
+        }
+    }
+
+    /// The quiet tail after the plan, in which every mention must get its
+    /// answer.
+    fn settle(&self) -> u64 {
+        let o = &self.opts;
+        (2 * o.stale + o.stand_down + 2 * o.refresh).as_nanos() as u64
+            + (o.turn_ms + 1000) * MS
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Round(proc, gen) => {
+                if self.rounds.get(&proc).map(|r| r.1) != Some(gen) {
+                    return;
+                }
+                self.rounds.remove(&proc);
+                let (running, until) = {
+                    let s = lock(&self.m);
+                    (s.procs[proc].running(s.t), s.procs[proc].stopped_until)
+                };
+                if !running {
+                    if lock(&self.m).procs[proc].alive {
+                        self.schedule(proc, until);
+                    }
+                    return;
+                }
+                if let Some(w) = self.window_of(proc) {
+                    self.run_round(w);
+                }
+            }
+            Ev::HarnessTick(h) => self.harness_step(h, false),
+            Ev::HarnessFinish(h) => self.harness_step(h, true),
+            Ev::Fault(f) => {
+                if self.trace {
+                    println!("{:>10.3} s  fault {f:?}", self.now() as f64 / 1e9);
+                }
+                if lock(&self.m).t <= self.end {
+                    self.faults_done += 1;
+                    self.fault(f);
+                }
+            }
+            Ev::Publish(n) => {
+                let t = self.now();
+                self.published.push((n, t));
+                let procs: Vec<ProcId> = self.windows.iter().map(|w| w.proc).collect();
+                for p in procs {
+                    let d = self.rng.range(0, 300) * MS;
+                    self.push(t + d, Ev::Deliver(p, n));
+                }
+            }
+            Ev::Deliver(proc, n) => {
+                let published = self.published.iter().find(|p| p.0 == n).map_or(0, |p| p.1);
+                if let Some(w) = self.window_of(proc) {
+                    if self.windows[w].writer.is_some() {
+                        self.windows[w].app.receive(&mention_id(n), published / MS);
+                        let running = {
+                            let s = lock(&self.m);
+                            s.procs[proc].running(s.t)
+                        };
+                        if running {
+                            self.react(w);
+                        }
+                    }
+                }
+            }
+            Ev::TurnEnd(proc, serial) => self.turn_end(proc, serial),
+            Ev::Frame(proc, target) => {
+                if let Some(w) = self.window_of(proc) {
+                    let pk = self.pk;
+                    let _ = self.call(w, |r| Command::ClaimFrame(pk, target, r));
+                } else if let Some(h) = self.harnesses.iter().position(|h| h.proc == proc) {
+                    let mut s = lock(&self.m);
+                    if s.procs[proc].running(s.t) {
+                        self.harnesses[h].claim_frame(&mut s, &target);
+                    }
+                }
+            }
+            Ev::Wake(d) => {
+                let mut s = lock(&self.m);
+                s.mono_lag += d;
+                let t = s.t;
+                s.advance(t);
+            }
+            Ev::Start(id, extended) => self.start_window(id, extended),
+        }
+    }
+
+    fn harness_step(&mut self, h: usize, finish: bool) {
+        let (refresh, half) = (
+            Duration::from_secs(5).as_nanos() as u64,
+            self.rng.range(10_000, 2 * MS),
+        );
+        let next = {
+            let mut s = lock(&self.m);
+            let proc = self.harnesses[h].proc;
+            if !s.procs[proc].alive {
+                return;
+            }
+            if !s.procs[proc].running(s.t) {
+                let until = s.procs[proc].stopped_until;
+                drop(s);
+                let ev = if finish { Ev::HarnessFinish(h) } else { Ev::HarnessTick(h) };
+                self.push(until, ev);
+                return;
+            }
+            if finish {
+                self.harnesses[h].finish(&mut s, refresh)
+            } else {
+                self.harnesses[h].tick(&mut s, half, refresh)
+            }
+        };
+        match next {
+            Next::Tick(at) | Next::Retry(at) => self.push(at, Ev::HarnessTick(h)),
+            Next::Finish(at) => self.push(at, Ev::HarnessFinish(h)),
+        }
+    }
+
+    fn drain_wakeups(&mut self) {
+        let wakeups = std::mem::take(&mut lock(&self.m).wakeups);
+        for (proc, at) in wakeups {
+            if self.window_of(proc).is_some() {
+                self.schedule(proc, at);
+            }
+        }
+    }
+
+    fn check(&mut self) {
+        if self.violation.is_some() {
+            return;
+        }
+        let mut acting = Vec::new();
+        let mut able = false;
+        for w in 0..self.windows.len() {
+            let win = &self.windows[w];
+            let (running, id) = {
+                let s = lock(&self.m);
+                (s.procs[win.proc].running(s.t), s.procs[win.proc].instance_id.clone())
+            };
+            able |= running && win.writer.is_some();
+            if self.acting_window(w) {
+                let extended = self.windows[w].extended;
+                acting.push(Actor { id, extended });
+            }
+        }
+        let s = lock(&self.m);
+        for h in &self.harnesses {
+            let p = &s.procs[h.proc];
+            if p.running(s.t) && h.leader {
+                acting.push(Actor {
+                    id: p.instance_id.clone(),
+                    extended: false,
+                });
+            }
+        }
+        let file = s.files.get(&self.pk).map_or(crate::record::LockContent::Absent, |f| f.content());
+        let t = s.t;
+        let state_violation = s.violations.first().cloned();
+        drop(s);
+        if let Some(v) = state_violation {
+            self.violation = Some(v);
+            return;
+        }
+        if self.panics > 0 {
+            self.violation = Some(Violation::new(t, "panic", "a writer panicked".into()));
+            return;
+        }
+        let bound = self.silence_bound(t);
+        self.violation = self
+            .checker
+            .step(t, &self.pk, &file, &acting, able, self.quiet_from, bound);
+    }
+
+    fn silence_bound(&self, t: u64) -> u64 {
+        let o = &self.opts;
+        let ns = |d: Duration| d.as_nanos() as u64;
+        let mixed = o.spec > 0 || o.harnesses > 0 || o.children;
+        let mut b = if mixed {
+            ns(o.stale + o.stand_down + 2 * o.refresh) + 1000 * MS
+        } else {
+            ns(o.stale + 2 * o.lock_wait) + 300 * MS
+        };
+        if t < self.last_claim + ns(o.stand_down + o.stale) {
+            b += ns(o.stand_down);
+        }
+        if self.starved.values().any(|&(until, _)| until > t.saturating_sub(b)) {
+            b += 4 * self.starved.values().map(|s| s.1).max().unwrap_or(0);
+        }
+        b
+    }
+
+    fn check_all_answered(&mut self) {
+        let any = self.windows.iter().any(|w| w.writer.is_some() && w.extended);
+        if !any || !self.opts.exactly_once() {
+            return;
+        }
+        let t = self.now();
+        for &(n, at) in &self.published {
+            if !self.answers.contains_key(&n) {
+                self.violation = Some(Violation::new(
+                    t,
+                    "never answered",
+                    format!("mention {n} published at {} ms", at / MS),
+                ));
+                return;
+            }
+        }
+    }
+
+    /// Carries out one fault of the plan.
+    fn fault(&mut self, f: Fault) {
+        let t = self.now();
+        let live: Vec<usize> = (0..self.windows.len())
+            .filter(|&w| self.windows[w].writer.is_some())
+            .collect();
+        let pick = |sim: &mut Self| sim.rng.pick(live.len()).map(|i| live[i]);
+        match f {
+            Fault::Kill { restart_after } => {
+                if let Some(w) = pick(self) {
+                    self.kill(w);
+                    self.restart(w, t + restart_after);
+                }
+            }
+            Fault::Quit { restart_after } => {
+                if let Some(w) = pick(self) {
+                    let _ = self.call(w, Command::Shutdown);
+                    self.windows[w].writer = None;
+                    lock(&self.m).procs[self.windows[w].proc].alive = false;
+                    self.restart(w, t + restart_after);
+                }
+            }
+            Fault::Stop { d } => {
+                if let Some(w) = pick(self) {
+                    // No excuse: a stopped holder is replaced within the
+                    // stale bound, however long the stop.
+                    lock(&self.m).procs[self.windows[w].proc].stopped_until = t + d;
+                }
+            }
+            Fault::PauseAll { d } | Fault::Suspend { d } => {
+                let mut s = lock(&self.m);
+                for p in s.procs.iter_mut() {
+                    p.stopped_until = p.stopped_until.max(t + d);
+                }
+                drop(s);
+                self.quiet_from = self.quiet_from.max(t + d);
+                if matches!(f, Fault::Suspend { .. }) {
+                    self.push(t + d, Ev::Wake(d));
+                }
+            }
+            Fault::WallStep { ns } => lock(&self.m).wall_offset += i128::from(ns),
+            Fault::Starve { d, late } => {
+                if let Some(w) = pick(self) {
+                    self.starved.insert(self.windows[w].proc, (t + d, late));
+                    self.quiet_from = self.quiet_from.max(t + d);
+                }
+            }
+            Fault::Enospc { d } | Fault::Eio { d } | Fault::ReadOnly { d } => {
+                let mut s = lock(&self.m);
+                let until = match f {
+                    Fault::Enospc { .. } => &mut s.faults.enospc_until,
+                    Fault::Eio { .. } => &mut s.faults.eio_until,
+                    _ => &mut s.faults.readonly_until,
+                };
+                *until = (*until).max(t + d);
+                drop(s);
+                self.quiet_from = self.quiet_from.max(t + d);
+            }
+            Fault::HoldFlock { d } => {
+                let pk = self.pk;
+                let mut s = lock(&self.m);
+                let f = s.files.entry(pk).or_default();
+                f.held_until = f.held_until.max(t + d);
+                drop(s);
+                self.quiet_from = self.quiet_from.max(t + d);
+            }
+            Fault::PidReuse => {
+                let mut s = lock(&self.m);
+                let dead: Vec<u32> = s
+                    .procs
+                    .iter()
+                    .filter(|p| !p.alive)
+                    .map(|p| p.pid)
+                    .filter(|pid| !s.pid_alive(*pid))
+                    .collect();
+                if let Some(i) = self.rng.pick(dead.len()) {
+                    let pid = dead[i];
+                    s.procs
+                        .push(super::state::Proc::new(pid, String::new(), Kind::Squatter));
+                }
+            }
+            Fault::Claim => {
+                if let Some(w) = pick(self) {
+                    self.last_claim = t;
+                    let pk = self.pk;
+                    let _ = self.call(w, |r| Command::Claim(pk, r));
+                }
+            }
+            Fault::ClaimFrame { lose, dup } => {
+                if let Some(w) = pick(self) {
+                    self.last_claim = t;
+                    let target = lock(&self.m).procs[self.windows[w].proc].instance_id.clone();
+                    let procs: Vec<ProcId> = self
+                        .windows
+                        .iter()
+                        .map(|w| w.proc)
+                        .chain(self.harnesses.iter().map(|h| h.proc))
+                        .collect();
+                    for p in procs {
+                        if self.rng.chance(lose) {
+                            continue;
+                        }
+                        let copies = if self.rng.chance(dup) { 2 } else { 1 };
+                        for _ in 0..copies {
+                            let d = self.rng.range(0, 500) * MS;
+                            self.push(t + d, Ev::Frame(p, target.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self, w: usize) {
+        let proc = self.windows[w].proc;
+        lock(&self.m).procs[proc].alive = false;
+        // Dropped without a shutdown: the kernel releases its locks.
+        self.windows[w].writer = None;
+        self.windows[w].app.turn = None;
+        self.rounds.remove(&proc);
+    }
+
+    fn restart(&mut self, w: usize, at: u64) {
+        let id = format!("{}r", lock(&self.m).procs[self.windows[w].proc].instance_id);
+        let extended = self.windows[w].extended;
+        self.push(at, Ev::Start(id, extended));
+    }
+}
+
+thread_local! {
+    static PANICS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static IN_SIM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn panic_count() -> u64 {
+    PANICS.with(|p| p.get())
+}
+
+/// Counts the panics of simulation threads (the writer catches them and
+/// carries on; a simulation must still see each one) and keeps them quiet.
+pub(super) fn install_panic_counter() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_SIM.with(|s| s.get()) {
+                PANICS.with(|p| p.set(p.get() + 1));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+    IN_SIM.with(|s| s.set(true));
+}

@@ -1,0 +1,240 @@
+//! What a run is made of: the cluster (how many windows of each mode,
+//! harness peers), the timings (through the same [`crate::Config`] fields
+//! an app sets) and a random plan of faults drawn from the seed.
+
+use std::time::Duration;
+
+use super::rng::Rng;
+
+const MS: u64 = 1_000_000;
+
+/// One fault. Which window it hits is drawn when it happens.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// SIGKILL of a window; a new one starts after `restart_after` ns.
+    Kill {
+        /// Delay of the restart.
+        restart_after: u64,
+    },
+    /// A graceful quit (release, shutdown); a new window after the delay.
+    Quit {
+        /// Delay of the restart.
+        restart_after: u64,
+    },
+    /// SIGSTOP of a window for `d` ns.
+    Stop {
+        /// How long.
+        d: u64,
+    },
+    /// Every process stopped for `d` ns, the clocks running on.
+    PauseAll {
+        /// How long.
+        d: u64,
+    },
+    /// The machine suspended for `d` ns: the monotonic clock stands still.
+    Suspend {
+        /// How long.
+        d: u64,
+    },
+    /// The wall clock steps by `ns` (either way).
+    WallStep {
+        /// The step.
+        ns: i64,
+    },
+    /// A window's wake-ups come late by up to `late` ns, for `d` ns.
+    Starve {
+        /// How long.
+        d: u64,
+        /// The most a wake-up comes late.
+        late: u64,
+    },
+    /// Writes fail with ENOSPC for `d` ns.
+    Enospc {
+        /// How long.
+        d: u64,
+    },
+    /// Reads and writes fail with EIO for `d` ns.
+    Eio {
+        /// How long.
+        d: u64,
+    },
+    /// The lock directory is read-only for `d` ns.
+    ReadOnly {
+        /// How long.
+        d: u64,
+    },
+    /// A peer hangs holding the lock file's `flock` for `d` ns.
+    HoldFlock {
+        /// How long.
+        d: u64,
+    },
+    /// An unrelated process takes the pid of one that exited.
+    PidReuse,
+    /// A window's user claims the agent (the sidebar).
+    Claim,
+    /// A relay `claim_leadership` frame for a window, lost or duplicated
+    /// per recipient with these chances.
+    ClaimFrame {
+        /// Chance a recipient never gets it.
+        lose: f64,
+        /// Chance a recipient gets it twice.
+        dup: f64,
+    },
+}
+
+/// The cluster, the timings and the mix of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Simulated seconds of faults (a quiet tail follows).
+    pub seconds: u64,
+    /// Extended windows.
+    pub extended: usize,
+    /// Spec-mode windows.
+    pub spec: usize,
+    /// Harness peers with ids of their own.
+    pub harnesses: usize,
+    /// Whether harness children share windows' ids (not drawn yet).
+    pub children: bool,
+    /// The NIP's refresh.
+    pub refresh: Duration,
+    /// The NIP's stale bound.
+    pub stale: Duration,
+    /// The stand-down timeout.
+    pub stand_down: Duration,
+    /// The `flock` wait.
+    pub lock_wait: Duration,
+    /// Mean fault interval, ms (0: none).
+    pub fault_every_ms: u64,
+    /// Mean mention interval, ms (0: none).
+    pub mention_every_ms: u64,
+    /// How long a turn takes, ms.
+    pub turn_ms: u64,
+    /// Which faults are drawn.
+    pub mix: Mix,
+}
+
+/// Which kinds of fault a plan draws.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mix {
+    /// Kills, quits, stops, claims (the real chaos's faults).
+    pub processes: bool,
+    /// Whole-machine pauses and suspends, wall steps.
+    pub clocks: bool,
+    /// ENOSPC, EIO, a read-only directory, a hung `flock` holder.
+    pub files: bool,
+    /// Starved wake-ups.
+    pub starvation: bool,
+    /// Pid reuse.
+    pub pids: bool,
+}
+
+impl Mix {
+    /// Every kind.
+    pub const ALL: Mix = Mix {
+        processes: true,
+        clocks: true,
+        files: true,
+        starvation: true,
+        pids: true,
+    };
+}
+
+impl Options {
+    /// Three extended windows working a queue, the NIP's timings, every
+    /// fault.
+    pub fn extended(seconds: u64) -> Self {
+        Self {
+            seconds,
+            extended: 3,
+            spec: 0,
+            harnesses: 0,
+            children: false,
+            refresh: Duration::from_secs(5),
+            stale: Duration::from_secs(10),
+            stand_down: Duration::from_secs(10),
+            lock_wait: Duration::from_millis(250),
+            fault_every_ms: 4000,
+            mention_every_ms: 1500,
+            turn_ms: 400,
+            mix: Mix::ALL,
+        }
+    }
+
+    /// Extended and spec windows beside a harness peer: leadership
+    /// invariants only (spec windows and the harness keep no ledger, so
+    /// they may answer twice by design).
+    pub fn mixed(seconds: u64) -> Self {
+        Self {
+            extended: 2,
+            spec: 1,
+            harnesses: 1,
+            mention_every_ms: 0,
+            ..Self::extended(seconds)
+        }
+    }
+
+    /// Whether every mention must be answered exactly once: only extended
+    /// windows take part.
+    pub fn exactly_once(&self) -> bool {
+        self.spec == 0 && self.harnesses == 0 && self.mention_every_ms > 0
+    }
+}
+
+/// The faults of a run, in time order.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// (virtual ns, fault).
+    pub faults: Vec<(u64, Fault)>,
+}
+
+impl Plan {
+    /// A plan drawn from `rng`.
+    pub fn random(rng: &mut Rng, o: &Options) -> Self {
+        let mut faults = Vec::new();
+        if o.fault_every_ms == 0 {
+            return Self { faults };
+        }
+        let end = o.seconds * 1000 * MS;
+        let stale = o.stale.as_nanos() as u64;
+        let mut at = 2000 * MS;
+        while at < end {
+            if let Some(f) = draw(rng, o.mix, stale) {
+                faults.push((at, f));
+            }
+            at += rng.range(o.fault_every_ms / 2, o.fault_every_ms * 3 / 2) * MS;
+        }
+        Self { faults }
+    }
+}
+
+fn draw(rng: &mut Rng, mix: Mix, stale: u64) -> Option<Fault> {
+    let restart_after = rng.range(0, 2 * stale);
+    let d = rng.range(MS, 3 * stale);
+    Some(match rng.range(0, 15) {
+        0 | 1 if mix.processes => Fault::Kill { restart_after },
+        2 if mix.processes => Fault::Quit { restart_after },
+        3 | 4 if mix.processes => Fault::Stop { d },
+        5 | 6 if mix.processes => Fault::Claim,
+        7 if mix.processes => Fault::ClaimFrame {
+            lose: 0.2,
+            dup: 0.2,
+        },
+        8 if mix.clocks => Fault::PauseAll { d },
+        9 if mix.clocks => Fault::Suspend { d },
+        10 if mix.clocks => Fault::WallStep {
+            ns: rng.range(0, 2 * stale) as i64 - stale as i64,
+        },
+        11 if mix.starvation => Fault::Starve {
+            d,
+            late: rng.range(0, stale / 4),
+        },
+        12 if mix.files => match rng.range(0, 3) {
+            0 => Fault::Enospc { d },
+            1 => Fault::Eio { d },
+            2 => Fault::ReadOnly { d },
+            _ => Fault::HoldFlock { d: rng.range(MS, stale / 2) },
+        },
+        13 if mix.pids => Fault::PidReuse,
+        _ => return None,
+    })
+}
