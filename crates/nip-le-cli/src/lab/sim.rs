@@ -81,12 +81,21 @@ impl SimArgs {
     /// The flags that replay this run's options.
     fn replay_flags(&self) -> String {
         let cluster = self.cluster.to_possible_value().expect("no skipped values");
-        let mut f = format!("--cluster {} --seconds {}", cluster.get_name(), self.seconds);
+        let mut f = format!(
+            "--cluster {} --seconds {}",
+            cluster.get_name(),
+            self.seconds
+        );
         if !self.without.is_empty() {
             let kinds: Vec<String> = self
                 .without
                 .iter()
-                .map(|k| k.to_possible_value().expect("no skipped values").get_name().to_owned())
+                .map(|k| {
+                    k.to_possible_value()
+                        .expect("no skipped values")
+                        .get_name()
+                        .to_owned()
+                })
                 .collect();
             f += &format!(" --without {}", kinds.join(","));
         }

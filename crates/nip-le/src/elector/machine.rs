@@ -963,7 +963,10 @@ mod tests {
         let begin = m.begin(c.now(), None);
         let look = m.look(c.now(), Cause::Wake, None, &begin);
         let (w, took) = m.decide(&f, c.now(), look, Some("42-0123456789abcdef"), &gone);
-        assert!(matches!(w, Write::Put(_)) && took.is_some(), "it would take over");
+        assert!(
+            matches!(w, Write::Put(_)) && took.is_some(),
+            "it would take over"
+        );
         let seen = Seen {
             content: Ok(f.clone()),
             took: None,
@@ -973,7 +976,11 @@ mod tests {
         };
         let out = m.conclude(Cause::Wake, &begin, look, seen);
         assert!(!out.leader);
-        assert_eq!(m.hang_deadline(), None, "the tick retries, not a past deadline");
+        assert_eq!(
+            m.hang_deadline(),
+            None,
+            "the tick retries, not a past deadline"
+        );
         assert_eq!(out.watch, None, "a gone holder is not watched again");
     }
 

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use crate::pubkey::AgentPubkey;
 use crate::record::LockContent;
 
-
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -32,7 +31,14 @@ impl Violation {
 impl std::fmt::Display for Violation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ms = self.at / 1_000_000;
-        write!(f, "{} at {}.{:03} s: {}", self.what, ms / 1000, ms % 1000, self.detail)
+        write!(
+            f,
+            "{} at {}.{:03} s: {}",
+            self.what,
+            ms / 1000,
+            ms % 1000,
+            self.detail
+        )
     }
 }
 

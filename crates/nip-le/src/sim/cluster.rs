@@ -9,9 +9,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use crate::config::{Config, Mode};
-use crate::elector::{
-    Command, LeadershipChange, Shared, TakeOutcome, WorkOp, WorkReply, Writer,
-};
+use crate::elector::{Command, LeadershipChange, Shared, TakeOutcome, WorkOp, WorkReply, Writer};
 use crate::pubkey::AgentPubkey;
 
 use super::app::{mention_id, App};
@@ -74,6 +72,7 @@ pub struct Sim {
     checker: Checker,
     quiet_from: u64,
     last_claim: u64,
+    suspended_until: u64,
     published: Vec<(u64, u64)>,
     answers: BTreeMap<u64, Vec<(String, u64)>>,
     faults_done: u64,
@@ -132,6 +131,7 @@ impl Sim {
             checker: Checker::default(),
             quiet_from: 0,
             last_claim: 0,
+            suspended_until: 0,
             published: Vec::new(),
             answers: BTreeMap::new(),
             faults_done: 0,
@@ -171,7 +171,10 @@ impl Sim {
         while o.mention_every_ms > 0 && at < self.end {
             self.push(at, Ev::Publish(n));
             n += 1;
-            at += self.rng.range(o.mention_every_ms / 2, o.mention_every_ms * 3 / 2) * MS;
+            at += self
+                .rng
+                .range(o.mention_every_ms / 2, o.mention_every_ms * 3 / 2)
+                * MS;
         }
     }
 
@@ -189,8 +192,10 @@ impl Sim {
         let proc = {
             let mut s = lock(&self.m);
             let pid = s.fresh_pid();
-            s.procs
-                .push(super::state::Proc::new(pid, id.clone(), Kind::Window { extended }));
+            let mut p = super::state::Proc::new(pid, id.clone(), Kind::Window { extended });
+            // A suspended machine starts nothing until it wakes.
+            p.stopped_until = self.suspended_until;
+            s.procs.push(p);
             s.procs.len() - 1
         };
         let shared = Arc::new(Shared {
@@ -218,16 +223,27 @@ impl Sim {
             app,
             extended,
         });
-        let w = self.windows.len() - 1;
-        let pk = self.pk;
-        let _ = self.call(w, |r| Command::Join(vec![pk], r));
+        // A window that starts learns the holder's record only now: its
+        // hang timer starts here.
+        let t = self.now();
+        self.quiet_from = self.quiet_from.max(t.max(self.suspended_until));
+        // The app joins as soon as its process runs (the answer is not
+        // waited for: the change events say what it did).
+        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+        let at = {
+            let mut s = lock(&self.m);
+            s.procs[proc].inbox.push(Command::Join(vec![self.pk], tx));
+            s.t.max(s.procs[proc].stopped_until)
+        };
+        self.schedule(proc, at);
     }
 
     fn start_harness(&mut self, id: String) {
         let proc = {
             let mut s = lock(&self.m);
             let pid = s.fresh_pid();
-            s.procs.push(super::state::Proc::new(pid, id, Kind::Harness));
+            s.procs
+                .push(super::state::Proc::new(pid, id, Kind::Harness));
             s.procs.len() - 1
         };
         self.harnesses.push(Harness::new(proc, self.pk));
@@ -273,7 +289,9 @@ impl Sim {
             return;
         };
         let before = panic_count();
+        IN_WRITER.with(|s| s.set(true));
         let go = writer.round();
+        IN_WRITER.with(|s| s.set(false));
         self.panics += panic_count() - before;
         let next = writer.next_tick();
         let proc = self.windows[w].proc;
@@ -314,7 +332,9 @@ impl Sim {
                 Err(_) => break,
             };
             if self.trace {
-                let id = lock(&self.m).procs[self.windows[w].proc].instance_id.clone();
+                let id = lock(&self.m).procs[self.windows[w].proc]
+                    .instance_id
+                    .clone();
                 println!(
                     "{:>10.3} s  {id}: {} leader={} cancel={} epoch={:?}",
                     self.now() as f64 / 1e9,
@@ -340,7 +360,9 @@ impl Sim {
         let queue = self.windows[w].app.queue.clone();
         let pk = self.pk;
         let owed = self
-            .call(w, |r| Command::Work(pk, WorkOp::Owed(queue), WorkReply::Owed(r)))
+            .call(w, |r| {
+                Command::Work(pk, WorkOp::Owed(queue), WorkReply::Owed(r))
+            })
             .unwrap_or_default();
         for id in owed {
             let took = self.call(w, |r| {
@@ -381,7 +403,12 @@ impl Sim {
             let s = lock(&self.m);
             s.procs[proc].running(s.t)
         };
-        let Some(turn) = self.windows[w].app.turn.clone().filter(|t| t.serial == serial) else {
+        let Some(turn) = self.windows[w]
+            .app
+            .turn
+            .clone()
+            .filter(|t| t.serial == serial)
+        else {
             return;
         };
         if !running {
@@ -405,7 +432,11 @@ impl Sim {
                 self.violation.get_or_insert(Violation::new(
                     t,
                     "answered twice",
-                    format!("mention {n} by {} at {} ms and by {by}", first.0, first.1 / MS),
+                    format!(
+                        "mention {n} by {} at {} ms and by {by}",
+                        first.0,
+                        first.1 / MS
+                    ),
                 ));
             }
             self.windows[w].app.drop_mention(&turn.id);
@@ -452,7 +483,10 @@ impl Sim {
         }
         let s = lock(&self.m);
         Outcome {
-            violation: self.violation.clone().or_else(|| s.violations.first().cloned()),
+            violation: self
+                .violation
+                .clone()
+                .or_else(|| s.violations.first().cloned()),
             faults: self.faults_done,
             mentions: self.published.len() as u64,
             answered: self.answers.len() as u64,
@@ -468,8 +502,7 @@ impl Sim {
     /// answer.
     fn settle(&self) -> u64 {
         let o = &self.opts;
-        (2 * o.stale + o.stand_down + 2 * o.refresh).as_nanos() as u64
-            + (o.turn_ms + 1000) * MS
+        (2 * o.stale + o.stand_down + 2 * o.refresh).as_nanos() as u64 + (o.turn_ms + 1000) * MS
     }
 
     fn handle(&mut self, ev: Ev) {
@@ -564,7 +597,11 @@ impl Sim {
             if !s.procs[proc].running(s.t) {
                 let until = s.procs[proc].stopped_until;
                 drop(s);
-                let ev = if finish { Ev::HarnessFinish(h) } else { Ev::HarnessTick(h) };
+                let ev = if finish {
+                    Ev::HarnessFinish(h)
+                } else {
+                    Ev::HarnessTick(h)
+                };
                 self.push(until, ev);
                 return;
             }
@@ -599,11 +636,26 @@ impl Sim {
             let win = &self.windows[w];
             let (running, id) = {
                 let s = lock(&self.m);
-                (s.procs[win.proc].running(s.t), s.procs[win.proc].instance_id.clone())
+                (
+                    s.procs[win.proc].running(s.t),
+                    s.procs[win.proc].instance_id.clone(),
+                )
             };
             able |= running && win.writer.is_some();
             if self.acting_window(w) {
-                let extended = self.windows[w].extended;
+                // A window that leads by the NIP's fail-safe (its last
+                // look found no record: a torn or emptied file) is the
+                // NIP's accepted transient, not a holder.
+                let holds = self.windows[w]
+                    .shared
+                    .snapshot
+                    .get(&self.pk)
+                    .is_some_and(|c| {
+                        c.status(std::time::SystemTime::now())
+                            .holder
+                            .is_some_and(|h| h.is_us)
+                    });
+                let extended = self.windows[w].extended && holds;
                 acting.push(Actor { id, extended });
             }
         }
@@ -617,7 +669,10 @@ impl Sim {
                 });
             }
         }
-        let file = s.files.get(&self.pk).map_or(crate::record::LockContent::Absent, |f| f.content());
+        let file = s
+            .files
+            .get(&self.pk)
+            .map_or(crate::record::LockContent::Absent, |f| f.content());
         let t = s.t;
         let state_violation = s.violations.first().cloned();
         drop(s);
@@ -630,9 +685,9 @@ impl Sim {
             return;
         }
         let bound = self.silence_bound(t);
-        self.violation = self
-            .checker
-            .step(t, &self.pk, &file, &acting, able, self.quiet_from, bound);
+        self.violation =
+            self.checker
+                .step(t, &self.pk, &file, &acting, able, self.quiet_from, bound);
     }
 
     fn silence_bound(&self, t: u64) -> u64 {
@@ -647,14 +702,21 @@ impl Sim {
         if t < self.last_claim + ns(o.stand_down + o.stale) {
             b += ns(o.stand_down);
         }
-        if self.starved.values().any(|&(until, _)| until > t.saturating_sub(b)) {
+        if self
+            .starved
+            .values()
+            .any(|&(until, _)| until > t.saturating_sub(b))
+        {
             b += 4 * self.starved.values().map(|s| s.1).max().unwrap_or(0);
         }
         b
     }
 
     fn check_all_answered(&mut self) {
-        let any = self.windows.iter().any(|w| w.writer.is_some() && w.extended);
+        let any = self
+            .windows
+            .iter()
+            .any(|w| w.writer.is_some() && w.extended);
         if !any || !self.opts.exactly_once() {
             return;
         }
@@ -708,7 +770,11 @@ impl Sim {
                 drop(s);
                 self.quiet_from = self.quiet_from.max(t + d);
                 if matches!(f, Fault::Suspend { .. }) {
-                    self.push(t + d, Ev::Wake(d));
+                    // Overlapping suspends freeze the clock once.
+                    let from = self.suspended_until.max(t);
+                    let until = self.suspended_until.max(t + d);
+                    self.suspended_until = until;
+                    self.push(until, Ev::Wake(until - from));
                 }
             }
             Fault::WallStep { ns } => lock(&self.m).wall_offset += i128::from(ns),
@@ -762,7 +828,9 @@ impl Sim {
             Fault::ClaimFrame { lose, dup } => {
                 if let Some(w) = pick(self) {
                     self.last_claim = t;
-                    let target = lock(&self.m).procs[self.windows[w].proc].instance_id.clone();
+                    let target = lock(&self.m).procs[self.windows[w].proc]
+                        .instance_id
+                        .clone();
                     let procs: Vec<ProcId> = self
                         .windows
                         .iter()
@@ -802,26 +870,25 @@ impl Sim {
 
 thread_local! {
     static PANICS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    static IN_SIM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static IN_WRITER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 fn panic_count() -> u64 {
     PANICS.with(|p| p.get())
 }
 
-/// Counts the panics of simulation threads (the writer catches them and
+/// Counts the panics inside a writer's round (the writer catches them and
 /// carries on; a simulation must still see each one) and keeps them quiet.
 pub(super) fn install_panic_counter() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if IN_SIM.with(|s| s.get()) {
+            if IN_WRITER.with(|s| s.get()) {
                 PANICS.with(|p| p.set(p.get() + 1));
             } else {
                 previous(info);
             }
         }));
     });
-    IN_SIM.with(|s| s.set(true));
 }

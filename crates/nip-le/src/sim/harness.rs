@@ -66,7 +66,10 @@ impl Harness {
             self.read(s);
             return Next::Tick(t + refresh);
         }
-        let (id, pid) = (s.procs[self.proc].instance_id.clone(), s.procs[self.proc].pid);
+        let (id, pid) = (
+            s.procs[self.proc].instance_id.clone(),
+            s.procs[self.proc].pid,
+        );
         let wall = s.wall();
         let f = s.files.entry(self.pk).or_default();
         if f.held_until > t {

@@ -232,7 +232,9 @@ fn draw(rng: &mut Rng, mix: Mix, stale: u64) -> Option<Fault> {
             0 => Fault::Enospc { d },
             1 => Fault::Eio { d },
             2 => Fault::ReadOnly { d },
-            _ => Fault::HoldFlock { d: rng.range(MS, stale / 2) },
+            _ => Fault::HoldFlock {
+                d: rng.range(MS, stale / 2),
+            },
         },
         13 if mix.pids => Fault::PidReuse,
         _ => return None,

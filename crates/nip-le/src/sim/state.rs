@@ -223,7 +223,7 @@ impl State {
 
     /// The monotonic clock now, in nanoseconds.
     pub fn mono(&self) -> u64 {
-        self.t - self.mono_lag
+        self.t.saturating_sub(self.mono_lag)
     }
 
     /// Moves time to `t` and the clocks with it.

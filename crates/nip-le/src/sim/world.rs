@@ -39,7 +39,10 @@ fn io(kind: std::io::ErrorKind, what: &str) -> Error {
 /// Why a write fails now, if it does.
 fn write_fault(s: &State) -> Option<Error> {
     if s.faults.readonly_until > s.t {
-        Some(io(std::io::ErrorKind::PermissionDenied, "read-only file system"))
+        Some(io(
+            std::io::ErrorKind::PermissionDenied,
+            "read-only file system",
+        ))
     } else if s.faults.eio_until > s.t {
         Some(io(std::io::ErrorKind::Other, "EIO"))
     } else if s.faults.enospc_until > s.t {
@@ -238,7 +241,9 @@ impl LockStore for SimStore {
         if s.faults.eio_until > s.t {
             return Err(io(std::io::ErrorKind::Other, "EIO"));
         }
-        Ok(s.files.get(&self.pk).map_or(LockContent::Absent, |f| f.content()))
+        Ok(s.files
+            .get(&self.pk)
+            .map_or(LockContent::Absent, |f| f.content()))
     }
 
     fn update(&mut self, decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated> {
@@ -340,7 +345,10 @@ impl LedgerStorage for SimLedger {
         if let Some(e) = write_fault(&s) {
             return Err(e);
         }
-        s.ledgers.entry(self.pk).or_default().extend_from_slice(line);
+        s.ledgers
+            .entry(self.pk)
+            .or_default()
+            .extend_from_slice(line);
         Ok(())
     }
     fn replace(&mut self, body: &[u8]) -> Result<()> {
