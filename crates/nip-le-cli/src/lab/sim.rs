@@ -20,8 +20,10 @@ pub enum Cluster {
 /// A kind of fault (see `nip_le::sim::Mix`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FaultKind {
-    /// Kills, quits, stops, claims.
+    /// Kills, quits, stops, leaves, claims.
     Processes,
+    /// A peer hanging while it holds the lock file's flock.
+    Holds,
     /// Pauses, suspends, wall steps.
     Clocks,
     /// ENOSPC, EIO, read-only, a hung flock holder.
@@ -53,8 +55,8 @@ pub struct SimArgs {
     /// Print every fault and leadership change of each seed.
     #[arg(long)]
     pub trace: bool,
-    /// Kinds of fault left out of the plans: processes, clocks, files,
-    /// starvation, pids (comma-separated).
+    /// Kinds of fault left out of the plans: processes, holds, clocks,
+    /// files, starvation, pids (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub without: Vec<FaultKind>,
 }
@@ -69,6 +71,7 @@ impl SimArgs {
         for k in &self.without {
             match k {
                 FaultKind::Processes => o.mix.processes = false,
+                FaultKind::Holds => o.mix.holds = false,
                 FaultKind::Clocks => o.mix.clocks = false,
                 FaultKind::Files => o.mix.files = false,
                 FaultKind::Starvation => o.mix.starvation = false,

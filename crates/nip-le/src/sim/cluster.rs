@@ -42,6 +42,8 @@ enum Ev {
     Wake(u64),
     /// A window starts (a restart): its election id.
     Start(String, bool),
+    /// A window that left joins again.
+    Rejoin(ProcId),
 }
 
 /// One window.
@@ -580,6 +582,7 @@ impl Sim {
                 s.advance(t);
             }
             Ev::Start(id, extended) => self.start_window(id, extended),
+            Ev::Rejoin(proc) => self.rejoin(proc),
         }
     }
 
@@ -636,9 +639,10 @@ impl Sim {
             let win = &self.windows[w];
             let (running, id) = {
                 let s = lock(&self.m);
+                let p = &s.procs[win.proc];
                 (
-                    s.procs[win.proc].running(s.t),
-                    s.procs[win.proc].instance_id.clone(),
+                    p.running(s.t) && !p.left.contains(&self.pk),
+                    p.instance_id.clone(),
                 )
             };
             able |= running && win.writer.is_some();
@@ -823,33 +827,70 @@ impl Sim {
                     self.last_claim = t;
                     let pk = self.pk;
                     let _ = self.call(w, |r| Command::Claim(pk, r));
+                    self.broadcast_frame(w, 0.0, 0.0);
                 }
             }
             Fault::ClaimFrame { lose, dup } => {
                 if let Some(w) = pick(self) {
                     self.last_claim = t;
-                    let target = lock(&self.m).procs[self.windows[w].proc]
-                        .instance_id
-                        .clone();
-                    let procs: Vec<ProcId> = self
-                        .windows
-                        .iter()
-                        .map(|w| w.proc)
-                        .chain(self.harnesses.iter().map(|h| h.proc))
-                        .collect();
-                    for p in procs {
-                        if self.rng.chance(lose) {
-                            continue;
-                        }
-                        let copies = if self.rng.chance(dup) { 2 } else { 1 };
-                        for _ in 0..copies {
-                            let d = self.rng.range(0, 500) * MS;
-                            self.push(t + d, Ev::Frame(p, target.clone()));
-                        }
+                    self.broadcast_frame(w, lose, dup);
+                }
+            }
+            Fault::Leave { rejoin_after } => {
+                if let Some(w) = pick(self) {
+                    let pk = self.pk;
+                    if self.call(w, |r| Command::Leave(pk, r)).is_some() {
+                        let proc = self.windows[w].proc;
+                        lock(&self.m).procs[proc].left.insert(pk);
+                        self.windows[w].app.turn = None;
+                        self.push(t + rejoin_after, Ev::Rejoin(proc));
                     }
                 }
             }
         }
+    }
+
+    /// The relay brings a `claim_leadership` frame for window `w` to every
+    /// process, each copy late, lost or doubled by chance.
+    fn broadcast_frame(&mut self, w: usize, lose: f64, dup: f64) {
+        let t = self.now();
+        let target = lock(&self.m).procs[self.windows[w].proc]
+            .instance_id
+            .clone();
+        let procs: Vec<ProcId> = self
+            .windows
+            .iter()
+            .map(|w| w.proc)
+            .chain(self.harnesses.iter().map(|h| h.proc))
+            .collect();
+        for p in procs {
+            if self.rng.chance(lose) {
+                continue;
+            }
+            let copies = if self.rng.chance(dup) { 2 } else { 1 };
+            for _ in 0..copies {
+                let d = self.rng.range(0, 500) * MS;
+                self.push(t + d, Ev::Frame(p, target.clone()));
+            }
+        }
+    }
+
+    fn rejoin(&mut self, proc: ProcId) {
+        let Some(w) = self.window_of(proc) else {
+            return;
+        };
+        if self.windows[w].writer.is_none() {
+            return;
+        }
+        let t = self.now();
+        self.quiet_from = self.quiet_from.max(t);
+        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut s = lock(&self.m);
+            s.procs[proc].left.remove(&self.pk);
+            s.procs[proc].inbox.push(Command::Join(vec![self.pk], tx));
+        }
+        self.schedule(proc, t);
     }
 
     fn kill(&mut self, w: usize) {

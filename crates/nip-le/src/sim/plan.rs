@@ -70,8 +70,14 @@ pub enum Fault {
     },
     /// An unrelated process takes the pid of one that exited.
     PidReuse,
-    /// A window's user claims the agent (the sidebar).
+    /// A window's user claims the agent (the sidebar): the window's own
+    /// claim and the relay frame the desktop sends beside it.
     Claim,
+    /// A window leaves the election and joins again after `rejoin_after`.
+    Leave {
+        /// Delay of the join.
+        rejoin_after: u64,
+    },
     /// A relay `claim_leadership` frame for a window, lost or duplicated
     /// per recipient with these chances.
     ClaimFrame {
@@ -116,11 +122,13 @@ pub struct Options {
 /// Which kinds of fault a plan draws.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mix {
-    /// Kills, quits, stops, claims (the real chaos's faults).
+    /// Kills, quits, stops, leaves, claims.
     pub processes: bool,
+    /// A peer hanging while it holds the lock file's `flock`.
+    pub holds: bool,
     /// Whole-machine pauses and suspends, wall steps.
     pub clocks: bool,
-    /// ENOSPC, EIO, a read-only directory, a hung `flock` holder.
+    /// ENOSPC, EIO, a read-only directory.
     pub files: bool,
     /// Starved wake-ups.
     pub starvation: bool,
@@ -132,6 +140,7 @@ impl Mix {
     /// Every kind.
     pub const ALL: Mix = Mix {
         processes: true,
+        holds: true,
         clocks: true,
         files: true,
         starvation: true,
@@ -228,15 +237,18 @@ fn draw(rng: &mut Rng, mix: Mix, stale: u64) -> Option<Fault> {
             d,
             late: rng.range(0, stale / 4),
         },
-        12 if mix.files => match rng.range(0, 3) {
+        12 if mix.files => match rng.range(0, 2) {
             0 => Fault::Enospc { d },
             1 => Fault::Eio { d },
-            2 => Fault::ReadOnly { d },
-            _ => Fault::HoldFlock {
-                d: rng.range(MS, stale / 2),
-            },
+            _ => Fault::ReadOnly { d },
         },
         13 if mix.pids => Fault::PidReuse,
+        14 if mix.holds => Fault::HoldFlock {
+            d: rng.range(MS, stale / 2),
+        },
+        15 if mix.processes => Fault::Leave {
+            rejoin_after: restart_after,
+        },
         _ => return None,
     })
 }
