@@ -172,15 +172,6 @@ pub fn reads_as_leader<E>(content: Result<&LockContent, E>, our_id: &str) -> boo
     }
 }
 
-/// The NIP's read side, whole: one unguarded read of `pubkey`'s lock file
-/// in `lock_dir`, decided for `our_id`. For processes that only read
-/// leadership (an agent process spawned by a window, with its election id):
-/// it joins nothing and writes nothing.
-pub fn read_side(lock_dir: &std::path::Path, pubkey: &crate::AgentPubkey, our_id: &str) -> bool {
-    let content = crate::lockfile::read_unguarded(&crate::lockfile::lock_path(lock_dir, pubkey));
-    reads_as_leader(content.as_ref(), our_id)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

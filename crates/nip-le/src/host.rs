@@ -18,8 +18,6 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use crate::record::LockRecord;
-
 /// Longest `host` or `boot` value we read or write.
 pub const MAX_FIELD_BYTES: usize = 255;
 
@@ -86,11 +84,12 @@ pub enum Origin {
     OtherHost,
 }
 
-/// Where `r` was written, as seen from `here`.
-pub fn origin(r: &LockRecord, here: &Here) -> Origin {
-    match (&r.host, &here.host) {
+/// Where a record carrying `host` and `boot` was written, as seen from
+/// `here` (see [`crate::record::LockRecord::origin`]).
+pub fn origin(host: Option<&str>, boot: Option<&str>, here: &Here) -> Origin {
+    match (host, here.host.as_deref()) {
         (Some(theirs), Some(ours)) if theirs != ours => Origin::OtherHost,
-        (Some(_), Some(_)) => match (&r.boot, &here.boot) {
+        (Some(_), Some(_)) => match (boot, here.boot.as_deref()) {
             (Some(theirs), Some(ours)) if theirs != ours => Origin::OtherBoot,
             _ => Origin::HereOrUnknown,
         },
@@ -137,6 +136,7 @@ pub fn network_fs(_dir: &Path) -> Option<&'static str> {
 mod tests {
     use super::*;
     use crate::record::ClaimedAt;
+    use crate::record::LockRecord;
 
     fn rec(host: Option<&str>, boot: Option<&str>) -> LockRecord {
         LockRecord {
@@ -156,7 +156,7 @@ mod tests {
             host: Some("laptop".into()),
             boot: Some("b1".into()),
         };
-        let o = |h, b| origin(&rec(h, b), &here);
+        let o = |h, b| rec(h, b).origin(&here);
         assert_eq!(o(Some("laptop"), Some("b1")), Origin::HereOrUnknown);
         assert_eq!(o(Some("laptop"), Some("b0")), Origin::OtherBoot);
         assert_eq!(o(Some("desktop"), Some("b1")), Origin::OtherHost);
@@ -172,7 +172,7 @@ mod tests {
             boot: None,
         };
         assert_eq!(
-            origin(&rec(Some("desktop"), Some("b0")), &nowhere),
+            rec(Some("desktop"), Some("b0")).origin(&nowhere),
             Origin::HereOrUnknown
         );
     }

@@ -51,7 +51,7 @@ use crate::lockfile::{open_options, open_regular_file, Create};
 use crate::pubkey::AgentPubkey;
 
 /// How long a done or taken event is remembered by default.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_RETENTION: Duration = crate::config::DEFAULT_WORK_RETENTION;
 /// A ledger file larger than this is not read (the holder dispatches
 /// without it).
 pub const MAX_LEDGER_BYTES: u64 = 16 * 1024 * 1024;

@@ -57,6 +57,7 @@ pub mod pubkey;
 pub mod record;
 #[cfg(feature = "sim")]
 pub mod sim;
+mod start;
 
 pub use config::{Config, Mode};
 pub use control::{ControlFrame, ControlResult};

@@ -122,6 +122,14 @@ pub enum LockContent {
     Record(LockRecord),
 }
 
+impl LockRecord {
+    /// Where this record was written, as seen from `here`: a pid and a
+    /// presence mean something only on the host and boot that wrote them.
+    pub fn origin(&self, here: &crate::host::Here) -> crate::host::Origin {
+        crate::host::origin(self.host.as_deref(), self.boot.as_deref(), here)
+    }
+}
+
 impl LockContent {
     /// Classifies raw bytes (at most [`MAX_RECORD_BYTES`] + 1 of them should
     /// be passed; more is reported as oversized).

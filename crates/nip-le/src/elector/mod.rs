@@ -15,8 +15,9 @@
 //!   writer or reads of the published snapshot.
 
 pub(crate) mod cache;
+mod command;
 mod machine;
-mod store;
+pub(crate) mod store;
 pub mod types;
 pub(crate) mod upper;
 mod wake;
@@ -41,16 +42,23 @@ pub use types::{
     LeadershipChange, Level, LockState, QueuedEvent, TakeOutcome,
 };
 
-use store::FileStore;
+use store::StoreFactory;
+use store::{FileStore, LockStore};
 use wake::{Mailbox, Msg, WakeSources};
-use writer::StoreFactory;
+
+pub(crate) use writer::{Command, Reply, Shared, WorkOp, Writer};
 
 // The seam the simulator drives the real writer through.
+#[cfg(feature = "sim")]
 pub(crate) use machine::{Now, Write};
-pub(crate) use store::{LockStore, Updated};
+#[cfg(feature = "sim")]
+pub(crate) use store::Updated;
+#[cfg(feature = "sim")]
 pub(crate) use wake::Woken as Wake;
+#[cfg(feature = "sim")]
 pub(crate) use world::{PresenceLock, World};
-pub(crate) use writer::{Command, Reply, Shared, WorkOp, WorkReply, Writer};
+#[cfg(feature = "sim")]
+pub(crate) use writer::WorkReply;
 
 /// This process's participation in the elections of many agent keys.
 ///
@@ -83,13 +91,11 @@ impl std::fmt::Debug for Elector {
 }
 
 impl Elector {
-    /// Validates `config` and starts the writer thread. `id` is this
-    /// window's election id (see [`InstanceId::from_env_or_random`]).
-    pub fn start(config: Config, id: InstanceId) -> Result<Self> {
-        config.validate()?;
+    /// The lock files of `config`'s directory as the store of each key.
+    pub(crate) fn file_stores(config: &Config) -> StoreFactory {
         let (dir, wait) = (config.lock_dir.clone(), config.lock_wait);
         let extended = config.mode == crate::Mode::Extended;
-        let stores: StoreFactory = Box::new(move |pk| {
+        Box::new(move |pk| {
             let floor = extended.then(|| crate::epoch::epoch_path(&dir, pk));
             Box::new(FileStore::new(
                 &dir,
@@ -97,11 +103,18 @@ impl Elector {
                 wait,
                 floor,
             )) as Box<dyn LockStore>
-        });
-        Self::start_with(config, id, stores)
+        })
     }
 
-    fn start_with(config: Config, id: InstanceId, stores: StoreFactory) -> Result<Self> {
+    /// Validates `config` and starts the writer thread with `stores` and
+    /// the level above the host that `upper` builds (see `crate::start`).
+    pub(crate) fn start_with(
+        config: Config,
+        id: InstanceId,
+        stores: StoreFactory,
+        upper: upper::UpperBuilder,
+    ) -> Result<Self> {
+        config.validate()?;
         let mut sources = WakeSources::new(&config.lock_dir).map_err(|e| Error::io("<poll>", e))?;
         if config.mode == crate::Mode::Extended {
             sources.watch_dir();
@@ -111,7 +124,11 @@ impl Elector {
             snapshot: Default::default(),
             events: broadcast::channel(1024).0,
         });
-        let upper = Self::upper_level(&config, &id, &mailbox)?;
+        let tell_mailbox = mailbox.clone();
+        let tell: upper::Tell = Box::new(move |pk, news| {
+            let _ = tell_mailbox.send(Msg::Command(Command::Upper(pk, news)));
+        });
+        let upper = upper(tell)?;
         let world = Box::new(world::SystemWorld::new(&config, sources, stores));
         let writer = Writer::new(
             config.clone(),
@@ -140,34 +157,6 @@ impl Elector {
             mailbox,
             thread: Mutex::new(Some(thread)),
         })
-    }
-
-    /// The level above the host, when one is configured.
-    #[cfg(feature = "etcd")]
-    fn upper_level(
-        config: &Config,
-        id: &InstanceId,
-        mailbox: &Mailbox<Command>,
-    ) -> Result<Option<Box<dyn upper::UpperLevel>>> {
-        let Some(etcd) = config.etcd.clone() else {
-            return Ok(None);
-        };
-        let mailbox = mailbox.clone();
-        let tell = Box::new(move |pk, news| {
-            let _ = mailbox.send(Msg::Command(Command::Upper(pk, news)));
-        });
-        let contender = crate::global::Contender::start(etcd, id.as_str(), config.stand_down, tell)
-            .map_err(|e| Error::io("<etcd thread>", e))?;
-        Ok(Some(Box::new(contender)))
-    }
-
-    #[cfg(not(feature = "etcd"))]
-    fn upper_level(
-        _: &Config,
-        _: &InstanceId,
-        _: &Mailbox<Command>,
-    ) -> Result<Option<Box<dyn upper::UpperLevel>>> {
-        Ok(None)
     }
 
     /// Sends a command and waits for the writer's answer.
@@ -455,248 +444,4 @@ impl Drop for Elector {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    use super::machine::Write;
-    use super::store::{FileStore, LockStore, Updated};
-    use super::*;
-    use crate::record::LockContent;
-
-    /// A file store that notes the thread of every read and update.
-    struct Recording {
-        inner: FileStore,
-        threads: Arc<Mutex<Vec<String>>>,
-    }
-
-    impl Recording {
-        fn note(&self) {
-            let name = std::thread::current().name().unwrap_or("?").to_owned();
-            self.threads.lock().unwrap().push(name);
-        }
-    }
-
-    impl LockStore for Recording {
-        fn read(&self) -> Result<LockContent> {
-            self.note();
-            self.inner.read()
-        }
-        fn update(
-            &mut self,
-            decide: &mut dyn FnMut(&LockContent, u64) -> Write,
-        ) -> Result<Updated> {
-            self.note();
-            self.inner.update(decide)
-        }
-    }
-
-    #[test]
-    fn lock_file_io_happens_on_the_writer_thread_only() {
-        for mode in [crate::Mode::Extended, crate::Mode::Spec] {
-            let tmp = tempfile::tempdir().unwrap();
-            let mut c = Config::new(tmp.path());
-            c.mode = mode;
-            c.refresh = Duration::from_millis(50);
-            c.stale = Duration::from_millis(500);
-            c.lock_wait = Duration::from_millis(20);
-            let threads = Arc::new(Mutex::new(Vec::new()));
-            let (dir, t) = (tmp.path().to_owned(), Arc::clone(&threads));
-            let stores: StoreFactory = Box::new(move |pk| {
-                Box::new(Recording {
-                    inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait, None),
-                    threads: Arc::clone(&t),
-                }) as Box<dyn LockStore>
-            });
-            let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores).unwrap();
-            let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
-            // Every call the API has, from this (the "main") thread.
-            e.join(&k).unwrap();
-            e.join_all(&[k]).unwrap();
-            let _ = (e.is_leader(&k), e.status(), e.joined(), e.leader_flag(&k));
-            e.claim(&k).unwrap();
-            e.release(&k).unwrap();
-            e.resume(&k).unwrap();
-            e.stand_down(&k).unwrap();
-            e.handle_control_frame(&k, r#"{"type":"claim_leadership","targetInstanceId":"me"}"#)
-                .unwrap();
-            e.refresh_now();
-            std::thread::sleep(Duration::from_millis(120)); // a few ticks
-            e.leave(&k).unwrap();
-            e.shutdown();
-            let seen = threads.lock().unwrap().clone();
-            assert!(
-                seen.len() >= 8,
-                "[{mode:?}] the store was used: {}",
-                seen.len()
-            );
-            assert!(
-                seen.iter().all(|n| n == "nip-le-writer"),
-                "[{mode:?}] lock file I/O off the writer thread: {seen:?}"
-            );
-        }
-    }
-
-    /// A file store whose updates fail while `failing` is set, as on a
-    /// disk that returns EIO: no write of ours can succeed.
-    struct Failing {
-        inner: FileStore,
-        failing: Arc<std::sync::atomic::AtomicBool>,
-    }
-
-    impl LockStore for Failing {
-        fn read(&self) -> Result<LockContent> {
-            self.inner.read()
-        }
-        fn update(
-            &mut self,
-            decide: &mut dyn FnMut(&LockContent, u64) -> Write,
-        ) -> Result<Updated> {
-            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(Error::io("lock", std::io::Error::other("injected EIO")));
-            }
-            self.inner.update(decide)
-        }
-    }
-
-    /// Whether `f` holds within `within`.
-    fn wait_for(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-        let end = std::time::Instant::now() + within;
-        while std::time::Instant::now() < end {
-            if f() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        false
-    }
-
-    /// The next change within `within`, if any.
-    fn next_change(
-        rx: &mut broadcast::Receiver<LeadershipChange>,
-        within: Duration,
-    ) -> Option<LeadershipChange> {
-        let end = std::time::Instant::now() + within;
-        while std::time::Instant::now() < end {
-            if let Ok(c) = rx.try_recv() {
-                return Some(c);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        None
-    }
-
-    #[test]
-    fn fencing_and_unfencing_are_announced_and_agree_with_status() {
-        let tmp = tempfile::tempdir().unwrap();
-        // The validity (2.45 s after the last write) runs out half a
-        // refresh before the next tick: only a wake-up at the deadline
-        // itself announces the fencing in time.
-        let mut c = Config::new(tmp.path());
-        c.refresh = Duration::from_millis(1_000);
-        c.stale = Duration::from_millis(2_500);
-        c.lock_wait = Duration::from_millis(10);
-        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (dir, f) = (tmp.path().to_owned(), Arc::clone(&failing));
-        let stores: StoreFactory = Box::new(move |pk| {
-            Box::new(Failing {
-                inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait, None),
-                failing: Arc::clone(&f),
-            }) as Box<dyn LockStore>
-        });
-        let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores).unwrap();
-        let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
-        let mut rx = e.subscribe();
-        assert!(e.join(&k).unwrap());
-        let first = next_change(&mut rx, Duration::from_secs(1)).expect("join change");
-        assert!(first.is_leader);
-        failing.store(true, std::sync::atomic::Ordering::SeqCst);
-        let flag = e.leader_flag(&k).unwrap();
-        assert!(
-            wait_for(Duration::from_secs(4), || !flag.is_leader()),
-            "never fenced"
-        );
-        let fenced_at = std::time::Instant::now();
-        let fenced = next_change(&mut rx, Duration::from_secs(2)).expect("no fenced change");
-        let lag = fenced_at.elapsed();
-        assert!(
-            lag < Duration::from_millis(300),
-            "fencing announced {lag:?} after is_leader turned false (at a tick, not at the deadline)"
-        );
-        assert_eq!(
-            (fenced.is_leader, fenced.reason, fenced.must_cancel_turn),
-            (false, ChangeReason::Fenced, true),
-            "{fenced:?}"
-        );
-        assert!(!e.is_leader(&k));
-        assert!(!e.status()[0].is_leader, "status and is_leader disagree");
-        failing.store(false, std::sync::atomic::Ordering::SeqCst);
-        let back = next_change(&mut rx, Duration::from_secs(3)).expect("no unfenced change");
-        assert_eq!(
-            (back.is_leader, back.reason, back.must_cancel_turn),
-            (true, ChangeReason::Unfenced, false),
-            "{back:?}"
-        );
-        assert!(e.is_leader(&k) && e.status()[0].is_leader);
-        // Nothing else: one change each way.
-        assert!(next_change(&mut rx, Duration::from_millis(300)).is_none());
-    }
-
-    /// A store whose every look panics, as a bug would.
-    struct Panicking;
-
-    impl LockStore for Panicking {
-        fn read(&self) -> Result<LockContent> {
-            panic!("a bug in the store");
-        }
-        fn update(
-            &mut self,
-            _decide: &mut dyn FnMut(&LockContent, u64) -> Write,
-        ) -> Result<Updated> {
-            panic!("a bug in the store");
-        }
-    }
-
-    #[test]
-    fn a_panic_in_one_key_costs_that_key_a_look_never_the_election_task() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut c = Config::new(tmp.path());
-        c.refresh = Duration::from_millis(50);
-        c.stale = Duration::from_millis(300);
-        c.lock_wait = Duration::from_millis(10);
-        let bad = AgentPubkey::parse(&"bd".repeat(32)).unwrap();
-        let good = AgentPubkey::parse(&"60".repeat(32)).unwrap();
-        let dir = tmp.path().to_owned();
-        let stores: StoreFactory = Box::new(move |pk| {
-            if *pk == bad {
-                Box::new(Panicking) as Box<dyn LockStore>
-            } else {
-                Box::new(FileStore::new(
-                    &dir,
-                    lockfile::lock_path(&dir, pk),
-                    c.lock_wait,
-                    None,
-                ))
-            }
-        });
-        let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores).unwrap();
-        e.join(&bad).unwrap();
-        assert!(e.join(&good).unwrap(), "the healthy key leads");
-        // Several ticks of the panicking key later, everything still answers.
-        std::thread::sleep(Duration::from_millis(200));
-        e.refresh_now();
-        assert!(e.is_leader(&good));
-        assert_eq!(e.claim(&good).unwrap(), ClaimOutcome::AlreadyLeader);
-        let status = e.status();
-        let bad_status = status.iter().find(|s| s.pubkey == bad).unwrap();
-        assert!(
-            bad_status
-                .last_error
-                .as_deref()
-                .is_some_and(|m| m.contains("a bug in the store")),
-            "{bad_status:?}"
-        );
-        e.leave(&good).unwrap();
-        e.shutdown();
-    }
-}
+mod tests;

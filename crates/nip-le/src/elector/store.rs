@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::epoch;
 use crate::error::Result;
 use crate::lockfile::{self, LockedFile};
+use crate::pubkey::AgentPubkey;
 use crate::record::LockContent;
 
 use super::machine::Write;
@@ -23,6 +24,9 @@ pub(crate) struct Updated {
     /// Whether the decision wrote (or cleared) the record.
     pub wrote: bool,
 }
+
+/// Makes the store of a newly joined key.
+pub(crate) type StoreFactory = Box<dyn Fn(&AgentPubkey) -> Box<dyn LockStore> + Send>;
 
 /// One key's record in some store.
 pub(crate) trait LockStore: Send {

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use crate::error::Result;
 use crate::pubkey::AgentPubkey;
 
 use super::cache::KeyCell;
@@ -47,4 +48,17 @@ pub(crate) struct UpperNews {
     /// When the permit changed (unix ms), stamped by the upper level at
     /// the moment it opened or closed it, not when the writer got to it.
     pub at_ms: u64,
+}
+
+/// How the upper level tells the writer (through its mailbox).
+pub(crate) type Tell = Box<dyn Fn(AgentPubkey, UpperNews) + Send>;
+
+/// Builds the level above the host once the writer's mailbox exists. The
+/// elector never names the etcd level: its caller (`crate::start`) hands
+/// the builder in.
+pub(crate) type UpperBuilder = Box<dyn FnOnce(Tell) -> Result<Option<Box<dyn UpperLevel>>>>;
+
+/// No level above the host: leading the host is all there is.
+pub(crate) fn none() -> UpperBuilder {
+    Box::new(|_| Ok(None))
 }

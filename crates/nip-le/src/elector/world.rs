@@ -18,10 +18,10 @@ use crate::presence::{self, HolderPresence, Presence, Sibling};
 use crate::pubkey::AgentPubkey;
 
 use super::cache::{self, Clocks};
+use super::command::Command;
 use super::machine::Now;
-use super::store::LockStore;
+use super::store::{LockStore, StoreFactory};
 use super::wake::{WakeSources, Woken};
-use super::writer::{Command, StoreFactory};
 
 /// Our presence lock (see [`crate::presence`]), as the writer uses it.
 pub(crate) trait PresenceLock: Send {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use crate::control::LeadRequest;
 use crate::elector::cache::Clocks;
-use crate::elector::{Command, LockStore, Now, PresenceLock, Updated, Wake, World, Write};
+use crate::elector::store::LockStore;
+use crate::elector::{Command, Now, PresenceLock, Updated, Wake, World, Write};
 use crate::error::{Error, Result};
 use crate::ledger::{LedgerError, LedgerStorage};
 use crate::liveness::Liveness;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::LeadRequest;
 use crate::error::{Error, Result};
+use crate::ledger::Ledger;
 use crate::presence::Sibling;
 use crate::pubkey::AgentPubkey;
 use crate::record::{LockContent, LockRecord};
@@ -19,8 +20,18 @@ use super::super::types::{
     LockState,
 };
 use super::context::{Ctx, FileProbes};
-use super::work::WorkState;
 use super::{guarded, panic_message, unix_ms};
+
+/// Extension: what the holder knows of its work ledger, for the epoch it
+/// holds the lock at.
+pub(super) struct WorkState {
+    pub(super) epoch: u64,
+    /// The predecessor kept no ledger (its record had no epoch: spec mode
+    /// or the harness): events published before we led may be answered.
+    pub(super) ledgerless_before: bool,
+    /// `None`: the ledger cannot be read; we dispatch without it.
+    pub(super) ledger: Option<Ledger>,
+}
 
 /// One joined key.
 pub(super) struct Key {

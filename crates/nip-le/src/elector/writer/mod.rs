@@ -23,7 +23,7 @@ mod upper;
 mod work;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::broadcast;
@@ -34,64 +34,15 @@ use crate::pubkey::AgentPubkey;
 
 use super::cache::{self, KeyCell, Published, Snapshot};
 use super::machine::{Cause, KeyMachine, Rules};
-use super::store::LockStore;
 use super::types::ChangeReason;
-use super::types::{ClaimOutcome, GlobalStatus, LeadershipChange, QueuedEvent, TakeOutcome};
-use super::upper::{UpperLevel, UpperNews};
+use super::types::{ClaimOutcome, GlobalStatus, LeadershipChange};
+use super::upper::UpperLevel;
 use super::world::World;
 
 use context::Ctx;
 use key::Key;
 
-/// Where a command's answer goes.
-pub(crate) type Reply<T> = mpsc::SyncSender<Result<T>>;
-
-/// What the facade asks of the writer.
-pub(crate) enum Command {
-    Join(Vec<AgentPubkey>, Reply<Vec<bool>>),
-    Leave(AgentPubkey, Reply<()>),
-    Claim(AgentPubkey, Reply<ClaimOutcome>),
-    Release(AgentPubkey, Reply<bool>),
-    StandDown(AgentPubkey, Reply<()>),
-    Resume(AgentPubkey, Reply<bool>),
-    /// A `claim_leadership` frame naming this target.
-    ClaimFrame(AgentPubkey, String, Reply<bool>),
-    RefreshNow(Reply<()>),
-    Shutdown(Reply<()>),
-    /// A work-ledger operation on a key.
-    Work(AgentPubkey, WorkOp, WorkReply),
-    /// News from the level above the host.
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-    Upper(AgentPubkey, UpperNews),
-}
-
-/// A work-ledger operation (see [`crate::Work`]).
-pub(crate) enum WorkOp {
-    Take(String),
-    Done(String),
-    GiveBack(String),
-    Owed(Vec<QueuedEvent>),
-}
-
-/// Where a work-ledger answer goes.
-pub(crate) enum WorkReply {
-    Take(Reply<TakeOutcome>),
-    Flag(Reply<bool>),
-    Owed(Reply<Vec<String>>),
-}
-
-impl WorkReply {
-    fn fail(self, e: Error) {
-        match self {
-            WorkReply::Take(r) => drop(r.send(Err(e))),
-            WorkReply::Flag(r) => drop(r.send(Err(e))),
-            WorkReply::Owed(r) => drop(r.send(Err(e))),
-        }
-    }
-}
-
-/// Makes the store of a newly joined key.
-pub(crate) type StoreFactory = Box<dyn Fn(&AgentPubkey) -> Box<dyn LockStore> + Send>;
+pub(crate) use super::command::{Command, Reply, WorkOp, WorkReply};
 
 /// What the writer and the facade share: the readers' snapshot and the
 /// change events.

@@ -8,19 +8,8 @@ use crate::record::LockContent;
 
 use super::super::types::{QueuedEvent, TakeOutcome};
 use super::context::Ctx;
-use super::key::Key;
+use super::key::{Key, WorkState};
 use super::{unix_ms, WorkOp, WorkReply};
-
-/// Extension: what the holder knows of its work ledger, for the epoch it
-/// holds the lock at.
-pub(super) struct WorkState {
-    epoch: u64,
-    /// The predecessor kept no ledger (its record had no epoch: spec mode
-    /// or the harness): events published before we led may be answered.
-    ledgerless_before: bool,
-    /// `None`: the ledger cannot be read; we dispatch without it.
-    ledger: Option<Ledger>,
-}
 
 impl Key {
     /// Keeps the leadership start and the work ledger in step with the

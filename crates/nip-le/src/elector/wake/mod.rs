@@ -38,6 +38,10 @@ use crate::lockfile;
 use crate::presence;
 use crate::pubkey::AgentPubkey;
 
+mod dir_watch;
+
+use dir_watch::DirWatch;
+
 const MAILBOX: Token = Token(0);
 #[cfg(target_os = "linux")]
 const DIR_WATCH: Token = Token(1);
@@ -467,167 +471,6 @@ mod pidfd {
     }
 }
 
-/// The directory watch, and a watch of each joined key's lock file.
-#[cfg(target_os = "linux")]
-struct DirWatch {
-    ino: inotify::Inotify,
-    buf: Vec<u8>,
-    files: HashMap<AgentPubkey, inotify::WatchDescriptor>,
-}
-
-#[cfg(target_os = "linux")]
-impl DirWatch {
-    fn start<C>(dir: &Path, poll: &Poll, _mailbox: Mailbox<C>) -> std::io::Result<Self> {
-        use inotify::{Inotify, WatchMask};
-        use std::os::fd::AsRawFd;
-        let ino = Inotify::init()?;
-        // Neither MODIFY nor CREATE on the directory: presence files are
-        // created when an elector starts and rewritten when it joins or
-        // leaves a key, and that must wake nobody (64 windows starting
-        // together would wake each other 4,000 times). Lock files are
-        // watched one by one (`watch_file`) once our first look has made
-        // sure they exist; lead requests are renamed into place (MOVED_TO);
-        // a removed presence file means its elector left (DELETE).
-        let mask =
-            WatchMask::DELETE | WatchMask::MOVED_TO | WatchMask::MOVED_FROM | WatchMask::ONLYDIR;
-        ino.watches().add(dir, mask)?;
-        let raw = ino.as_raw_fd();
-        poll.registry().register(
-            &mut mio::unix::SourceFd(&raw),
-            DIR_WATCH,
-            Interest::READABLE,
-        )?;
-        Ok(Self {
-            ino,
-            buf: vec![0; 4096],
-            files: HashMap::new(),
-        })
-    }
-
-    /// MODIFY, not CLOSE_WRITE: every acquire opens the lock file
-    /// read-write, so its close would wake everyone even when nothing was
-    /// written. A file that does not exist yet (our acquire could not
-    /// create it) is watched from a later look; the tick is the bound
-    /// meanwhile.
-    fn watch_file(&mut self, pubkey: &AgentPubkey, path: &Path) {
-        use inotify::WatchMask;
-        if self.files.contains_key(pubkey) {
-            return;
-        }
-        let mask = WatchMask::MODIFY | WatchMask::DONT_FOLLOW;
-        if let Ok(wd) = self.ino.watches().add(path, mask) {
-            self.files.insert(*pubkey, wd);
-        }
-    }
-
-    fn unwatch_file(&mut self, pubkey: &AgentPubkey) {
-        if let Some(wd) = self.files.remove(pubkey) {
-            let _ = self.ino.watches().remove(wd);
-        }
-    }
-
-    /// Reads every queued event (the fd is non-blocking).
-    fn read<C>(&mut self, out: &mut Woken<C>) {
-        use inotify::EventMask;
-        loop {
-            match self.ino.read_events(&mut self.buf) {
-                Ok(events) => {
-                    for ev in events {
-                        if ev.mask.contains(EventMask::Q_OVERFLOW) {
-                            out.all = true;
-                        }
-                        let name = ev.name.and_then(|n| n.to_str());
-                        match name.and_then(name_event) {
-                            Some(NameEvent::Key(k)) => {
-                                out.keys.insert(k);
-                            }
-                            Some(NameEvent::Presence(token))
-                                if ev
-                                    .mask
-                                    .intersects(EventMask::DELETE | EventMask::MOVED_FROM) =>
-                            {
-                                out.gone.push(token);
-                            }
-                            Some(NameEvent::Presence(_)) => {}
-                            None if name.is_none() => {
-                                // A watched lock file: written, or its watch
-                                // is gone (the file was removed or replaced).
-                                let key = self
-                                    .files
-                                    .iter()
-                                    .find(|(_, wd)| **wd == ev.wd)
-                                    .map(|(k, _)| *k);
-                                if let Some(k) = key {
-                                    if ev.mask.contains(EventMask::IGNORED) {
-                                        self.files.remove(&k);
-                                    }
-                                    out.keys.insert(k);
-                                }
-                            }
-                            None => {}
-                        }
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::warn!("directory watch failed: {e}");
-                    out.all = true;
-                    return;
-                }
-            }
-        }
-    }
-
-    fn stop(self, poll: &Poll) {
-        use std::os::fd::AsRawFd;
-        let raw = self.ino.as_raw_fd();
-        let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
-    }
-}
-
-/// The directory watch: the `notify` crate's watcher, whose callback posts
-/// keys to the mailbox. Dropping it stops its thread.
-#[cfg(not(target_os = "linux"))]
-struct DirWatch {
-    _watcher: notify::RecommendedWatcher,
-}
-
-#[cfg(not(target_os = "linux"))]
-impl DirWatch {
-    fn start<C: Send + 'static>(
-        dir: &Path,
-        _poll: &Poll,
-        mailbox: Mailbox<C>,
-    ) -> std::io::Result<Self> {
-        use notify::{EventKind, RecursiveMode, Watcher};
-        let handler = move |res: notify::Result<notify::Event>| {
-            let Ok(ev) = res else { return };
-            if matches!(ev.kind, EventKind::Access(_)) {
-                return;
-            }
-            let removed = matches!(ev.kind, EventKind::Remove(_));
-            for p in &ev.paths {
-                match p.file_name().and_then(|n| n.to_str()).and_then(name_event) {
-                    Some(NameEvent::Key(k)) => {
-                        let _ = mailbox.send(Msg::Key(k));
-                    }
-                    Some(NameEvent::Presence(token)) if removed => {
-                        let _ = mailbox.send(Msg::PresenceGone(token));
-                    }
-                    _ => {}
-                }
-            }
-        };
-        let mut w = notify::recommended_watcher(handler).map_err(std::io::Error::other)?;
-        w.watch(dir, RecursiveMode::NonRecursive)
-            .map_err(std::io::Error::other)?;
-        Ok(Self { _watcher: w })
-    }
-
-    fn stop(self, _poll: &Poll) {}
-}
-
 /// What a file name in the lock directory is about.
 #[derive(Debug, PartialEq, Eq)]
 enum NameEvent {
@@ -648,33 +491,4 @@ fn name_event(name: &str) -> Option<NameEvent> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_in_the_lock_dir() {
-        let pk = "ab".repeat(32);
-        let k = AgentPubkey::parse(&pk).unwrap();
-        assert_eq!(name_event(&format!("{pk}.lock")), Some(NameEvent::Key(k)));
-        assert_eq!(name_event(&format!("{pk}.claim")), Some(NameEvent::Key(k)));
-        assert_eq!(
-            name_event("12-0123456789abcdef.live"),
-            Some(NameEvent::Presence("12-0123456789abcdef".into()))
-        );
-        assert_eq!(
-            name_event(".12-0123456789abcdef-s4.gone"),
-            Some(NameEvent::Presence("12-0123456789abcdef-s4".into()))
-        );
-        for other in [
-            format!("{pk}.12-0123456789abcdef.live"),
-            "presence.live".to_owned(),
-            ".12-0123456789abcdef.live.tmp".to_owned(),
-            format!("{pk}.../x.live"),
-            format!("{pk}.lock.tmp"),
-            ".claim-123".to_owned(),
-            "x.lock".to_owned(),
-        ] {
-            assert_eq!(name_event(&other), None, "{other}");
-        }
-    }
-}
+mod tests;

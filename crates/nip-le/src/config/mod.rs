@@ -3,6 +3,9 @@
 //! Defaults are the NIP's: refresh 5 s, stale 10 s, stand-down 10 s. Tests
 //! shorten them through this same type, so the validation applies to them too.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -15,6 +18,8 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
 pub const DEFAULT_STALE: Duration = Duration::from_secs(10);
 /// NIP-LE stand-down auto-expiry (2 × refresh).
 pub const DEFAULT_STAND_DOWN: Duration = Duration::from_secs(10);
+/// Extension: how long the work ledger remembers a taken or done event.
+pub const DEFAULT_WORK_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long one acquire waits for the exclusive file lock before giving up.
 /// Peers hold it for microseconds; a peer that hangs while holding it must not
 /// hang us.
@@ -114,7 +119,7 @@ pub struct Config {
     /// Extension (feature `etcd`): contend across hosts on etcd; `None`
     /// (the default) keeps leadership host-local, as the NIP has it.
     #[cfg(feature = "etcd")]
-    pub etcd: Option<crate::global::EtcdConfig>,
+    pub etcd: Option<etcd::EtcdConfig>,
 }
 
 impl Config {
@@ -127,7 +132,7 @@ impl Config {
             stand_down: DEFAULT_STAND_DOWN,
             lock_wait: DEFAULT_LOCK_WAIT,
             mode: Mode::default(),
-            work_retention: crate::ledger::DEFAULT_RETENTION,
+            work_retention: DEFAULT_WORK_RETENTION,
             #[cfg(feature = "etcd")]
             etcd: None,
         }

@@ -1,0 +1,57 @@
+//! The messages the facade (and the level above the host) send the
+//! writer, and where their answers go.
+
+use std::sync::mpsc;
+
+use crate::error::{Error, Result};
+use crate::pubkey::AgentPubkey;
+
+use super::types::{ClaimOutcome, QueuedEvent, TakeOutcome};
+use super::upper::UpperNews;
+
+/// Where a command's answer goes.
+pub(crate) type Reply<T> = mpsc::SyncSender<Result<T>>;
+
+/// What the facade asks of the writer.
+pub(crate) enum Command {
+    Join(Vec<AgentPubkey>, Reply<Vec<bool>>),
+    Leave(AgentPubkey, Reply<()>),
+    Claim(AgentPubkey, Reply<ClaimOutcome>),
+    Release(AgentPubkey, Reply<bool>),
+    StandDown(AgentPubkey, Reply<()>),
+    Resume(AgentPubkey, Reply<bool>),
+    /// A `claim_leadership` frame naming this target.
+    ClaimFrame(AgentPubkey, String, Reply<bool>),
+    RefreshNow(Reply<()>),
+    Shutdown(Reply<()>),
+    /// A work-ledger operation on a key.
+    Work(AgentPubkey, WorkOp, WorkReply),
+    /// News from the level above the host.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Upper(AgentPubkey, UpperNews),
+}
+
+/// A work-ledger operation (see [`crate::Work`]).
+pub(crate) enum WorkOp {
+    Take(String),
+    Done(String),
+    GiveBack(String),
+    Owed(Vec<QueuedEvent>),
+}
+
+/// Where a work-ledger answer goes.
+pub(crate) enum WorkReply {
+    Take(Reply<TakeOutcome>),
+    Flag(Reply<bool>),
+    Owed(Reply<Vec<String>>),
+}
+
+impl WorkReply {
+    pub(crate) fn fail(self, e: Error) {
+        match self {
+            WorkReply::Take(r) => drop(r.send(Err(e))),
+            WorkReply::Flag(r) => drop(r.send(Err(e))),
+            WorkReply::Owed(r) => drop(r.send(Err(e))),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Phase 4 of an evaluation (the new view from what the look saw) and the
+//! one step-down path, with the claims that end a stand-down.
+
+use crate::election::{self, TakeReason};
+use crate::host::{self, Origin};
+use crate::presence::Sibling;
+use crate::record::{encode_record, LockContent, RecordExt};
+
+use super::super::types::ChangeReason;
+use super::{
+    Begin, Cause, Conclusion, KeyMachine, Look, Now, Observed, PendingClaim, Seen, Validity, Write,
+};
+
+impl KeyMachine {
+    /// Phase 4: the new view from what the look saw.
+    pub(crate) fn conclude(
+        &mut self,
+        cause: Cause,
+        begin: &Begin,
+        look: Look,
+        seen: Seen,
+    ) -> Conclusion {
+        let Seen {
+            content,
+            took,
+            locked,
+            busy,
+            error,
+        } = seen;
+        match look {
+            Look::Acquire { .. } => self.last_error = error,
+            Look::Read => {
+                // Another holder, or a holder that handed the lock to us:
+                // the handoff is over either way.
+                if matches!(&content, Ok(LockContent::Record(_))) {
+                    self.stand_down_until = None;
+                    self.stood_down_for = None;
+                }
+            }
+        }
+        self.holds_lock =
+            matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == *self.our_id);
+        let validity = if !self.rules.extended {
+            Validity::Always
+        } else if !self.holds_lock {
+            // Leading without holding the lock can only be the NIP's
+            // fail-safe (absent, unreadable or malformed file): a MUST that
+            // self-fencing never overrides. Fencing applies to holders.
+            Validity::Always
+        } else if locked && took.is_some() {
+            // Validity counts from our own last write: observers time a hang
+            // from the last change they saw, which is never earlier than
+            // that write, so we are fenced before any of them may take over.
+            // A read that finds our record unchanged proves nothing to them.
+            Validity::Renew
+        } else if busy && self.held_before && self.wrote_last(&content) {
+            // A peer hangs holding the store's exclusion, and the record is
+            // still exactly the one we wrote: nobody can have written since
+            // (every writer needs the exclusion), and observers that try
+            // give us a fresh stale window ([`KeyMachine::restart_hang_timer`]). Going
+            // silent would be the one thing the NIP ranks below a
+            // duplicate, so we keep leading (README, "a peer hanging on the
+            // file lock").
+            Validity::Renew
+        } else if !self.held_before {
+            // A record naming us that we did not write (a handoff) and
+            // could not confirm (the exclusive lock timed out): nobody has
+            // seen a write of ours, so nothing bounds it yet.
+            Validity::Fenced
+        } else {
+            Validity::Keep
+        };
+        // A holder already judged gone or hung is not watched: its death
+        // can tell us nothing more, and a watch of a process that is gone
+        // fires at once (a take that failed would look again, forever).
+        let judged = self.record_judged();
+        let watch = match &content {
+            Ok(c) if self.rules.extended && !judged => c
+                .record()
+                .filter(|r| r.instance_id != *self.our_id)
+                .filter(|r| r.origin(host::here()) == Origin::HereOrUnknown)
+                .and_then(|r| r.live.clone()),
+            _ => None,
+        };
+        // While another instance's claim is pending and we do not hold the
+        // lock, an emptied file means a handoff in progress, not "no
+        // coordination": the fail-safe does not make us a leader then.
+        let leader = self.stand_down_until.is_none()
+            && (self.holds_lock || !begin.other_wants_it)
+            && election::reads_as_leader(content.as_ref(), &self.our_id);
+        self.observed = match content {
+            Ok(c) => Observed::Content(c),
+            Err(e) => Observed::Unreadable(e),
+        };
+        let claim_done = self.holds_lock && self.pending.is_some();
+        let remove_request = if claim_done {
+            self.pending.take().and_then(|p| p.nonce)
+        } else {
+            None
+        };
+        let reason = if claim_done {
+            ChangeReason::Claimed
+        } else if leader {
+            match took {
+                Some(r) if r.is_takeover() => ChangeReason::Failover,
+                // A record naming us that we did not write: handed to us.
+                Some(TakeReason::Ours) if !self.held_before && cause != Cause::Join => {
+                    ChangeReason::HandedOver
+                }
+                Some(_) => ChangeReason::Acquired,
+                None if self.holds_lock && !self.held_before => ChangeReason::HandedOver,
+                None if self.holds_lock => ChangeReason::Acquired,
+                None => ChangeReason::FailSafe,
+            }
+        } else if cause == Cause::Join {
+            ChangeReason::Observer
+        } else {
+            ChangeReason::Lost
+        };
+        Conclusion {
+            leader,
+            reason,
+            always: cause == Cause::Join || claim_done,
+            validity,
+            watch,
+            remove_request,
+        }
+    }
+
+    /// Starts the one step-down path: stop leading now (the writer clears
+    /// the flag before it touches the file, so no moment exists where a
+    /// successor and we both lead) and suppress acquiring until the
+    /// stand-down timeout.
+    pub(crate) fn step_down(&mut self, now: Now) {
+        self.stand_down_until = Some(now.mono + self.rules.stand_down);
+        self.stood_down_for = None;
+        self.pending = None;
+    }
+
+    /// Records which local lead request the current stand-down serves.
+    pub(crate) fn serve_request(&mut self, nonce: Option<String>) {
+        self.stood_down_for = nonce;
+    }
+
+    /// Under the store's exclusion: give the lock up iff the file names us.
+    /// Extension: to `heir` (a live sibling) with the next epoch, so the
+    /// file is never empty while a sibling lives; otherwise truncate as the
+    /// NIP says. Returns what to write and whether a record of ours was
+    /// given up.
+    pub(crate) fn decide_release(
+        &mut self,
+        content: &LockContent,
+        now: Now,
+        heir: Option<&Sibling>,
+    ) -> (Write, bool) {
+        let ours = content
+            .record()
+            .is_some_and(|r| r.instance_id == *self.our_id);
+        if !ours {
+            return (Write::Keep, false);
+        }
+        match heir {
+            Some(h) => {
+                let epoch = self.next_epoch(content);
+                let bytes = encode_record(
+                    &h.instance_id,
+                    h.pid,
+                    now.wall,
+                    Some(RecordExt {
+                        epoch,
+                        live: &h.token,
+                    }),
+                );
+                (Write::Put(bytes), true)
+            }
+            None => (Write::Clear, true),
+        }
+    }
+
+    /// Ends the step-down path with what the store holds now.
+    pub(crate) fn released(&mut self, result: Result<LockContent, String>) {
+        self.holds_lock = false;
+        match result {
+            Ok(c) => self.observed = Observed::Content(c),
+            Err(e) => self.last_error = Some(e),
+        }
+    }
+
+    /// The user's claim, first step: it ends any stand-down of ours.
+    pub(crate) fn claim_started(&mut self) {
+        self.stand_down_until = None;
+    }
+
+    /// The user's claim: from now on, acquiring completes it (reported as
+    /// [`ChangeReason::Claimed`]) until the stand-down timeout.
+    pub(crate) fn claim_pending_from(&mut self, now: Now, nonce: Option<String>) {
+        let until = match &self.pending {
+            Some(p) if p.nonce.is_none() => p.until,
+            _ => now.mono + self.rules.stand_down,
+        };
+        self.pending = Some(PendingClaim { until, nonce });
+    }
+
+    /// `resume()`: ends a stand-down.
+    pub(crate) fn resume(&mut self) {
+        self.stand_down_until = None;
+    }
+}

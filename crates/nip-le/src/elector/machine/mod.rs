@@ -1,0 +1,561 @@
+//! The per-key state machine, pure: it reads no file, sleeps on nothing and
+//! takes the time as an argument, so every timing rule is unit-tested with
+//! an injected clock.
+//!
+//! One evaluation of a key (on join, on a refresh tick, or on a wake-up from
+//! a file event or a holder's death) is four calls, and the writer does the
+//! I/O between them:
+//!
+//! 1. [`KeyMachine::begin`]: expire the stand-down and our pending claim;
+//!    decide whether a fresh local lead request aimed at someone else makes
+//!    us stand down (once per request);
+//! 2. [`KeyMachine::look`]: how to look at the lock: acquire under the
+//!    store's exclusion, or only read (while standing down);
+//! 3. [`KeyMachine::decide`], called by the store under its exclusion: take
+//!    the lock, refresh it, or leave it alone (the NIP's acquire rules, plus
+//!    the extended presence and monotonic-age rules);
+//! 4. [`KeyMachine::conclude`]: the new view (leader or not, and why), the
+//!    self-fencing validity, the holder to watch and the request to remove.
+//!
+//! Stepping down (release, stand-down, leave, shutdown) is one path with a
+//! reason: [`KeyMachine::step_down`], then [`KeyMachine::decide_release`]
+//! under the exclusion, then [`KeyMachine::released`].
+//!
+//! Two deliberate refinements of the letter of the NIP, documented in the
+//! README:
+//! * an instance that is standing down (or has released) is never the
+//!   leader in its own view, even though the emptied file would read as
+//!   "leader": otherwise the step-down would keep prompting;
+//! * while a fresh local lead request names another instance, we neither
+//!   take a free lock that is not already ours nor fail-safe-lead on an
+//!   emptied file: the intended target wins the released lock and nobody
+//!   prompts twice meanwhile. Requests expire after the stand-down timeout,
+//!   so this never wedges an election.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::control::LeadRequest;
+use crate::election::{self, TakeReason, Takeable};
+use crate::host::{self, Origin};
+use crate::liveness::Liveness;
+use crate::presence::PeerPresence;
+use crate::record::{encode_record, LockContent, LockRecord, RecordExt};
+
+use super::types::ChangeReason;
+
+mod conclude;
+
+/// The time, as the machine sees it: a monotonic instant for every interval
+/// we measure ourselves, and the wall clock for `claimed_at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Now {
+    pub mono: Instant,
+    pub wall: SystemTime,
+}
+
+/// The timings and the mode the rules follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rules {
+    /// Extensions on: presence rules, monotonic hang detection, epochs,
+    /// handoff and self-fencing.
+    pub extended: bool,
+    pub refresh: Duration,
+    pub stale: Duration,
+    pub stand_down: Duration,
+}
+
+impl Rules {
+    /// How long a leader's view stays valid after its own last write. A
+    /// little under the stale bound: observers replace a hung holder only
+    /// after the bound, measured from when they saw its last write, so the
+    /// leader fences itself before anyone may take over, whatever the coarse
+    /// clock's granularity.
+    pub(crate) fn validity(&self) -> Duration {
+        let margin = Duration::from_millis(50).min((self.stale.saturating_sub(self.refresh)) / 2);
+        self.stale.saturating_sub(margin)
+    }
+}
+
+/// What started an evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// The first look after joining: always reported.
+    Join,
+    /// A refresh (the NIP's tick, or a command that asks for one).
+    Tick,
+    /// A file event or a holder's death: never rewrites our own record
+    /// (that would only cause more events).
+    Wake,
+}
+
+/// Answers about other participants, asked while deciding. The writer
+/// answers with real probes; tests with fixed answers.
+pub(crate) trait Probes {
+    /// Is the process with this pid running?
+    fn pid(&self, pid: u32) -> Liveness;
+    /// Does the participant with this presence token still hold its lock?
+    fn presence(&self, token: &str) -> PeerPresence;
+}
+
+/// Our outstanding claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PendingClaim {
+    until: Instant,
+    /// The nonce of our local lead request, once written.
+    nonce: Option<String>,
+}
+
+/// What the last look saw.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) enum Observed {
+    /// No look yet.
+    #[default]
+    Nothing,
+    /// The content of the lock file.
+    Content(LockContent),
+    /// The lock file could not be read.
+    Unreadable(String),
+}
+
+impl Observed {
+    pub(crate) fn record(&self) -> Option<&LockRecord> {
+        match self {
+            Observed::Content(c) => c.record(),
+            _ => None,
+        }
+    }
+}
+
+/// A step-down that `begin` decided on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StepDown {
+    pub reason: ChangeReason,
+    /// The instance the lock should go to, when one asked for it.
+    pub target: Option<String>,
+    /// The local lead request this step-down serves, if any.
+    pub nonce: Option<String>,
+}
+
+/// The outcome of [`KeyMachine::begin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Begin {
+    /// A fresh local lead request names another instance.
+    pub other_wants_it: bool,
+    /// Stand down for it first.
+    pub step_down: Option<StepDown>,
+}
+
+/// How to look at the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// Read-decide-write under the store's exclusion.
+    Acquire {
+        /// We may take a free or abandoned lock that is not ours (no other
+        /// instance's lead request stands in the way).
+        may_take_others: bool,
+        /// We may rewrite our own record (a refresh). False for wake-ups.
+        write_own: bool,
+    },
+    /// Only read (we are standing down).
+    Read,
+}
+
+/// What the store did under its exclusion, for `decide`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// Leave the file as it is.
+    Keep,
+    /// Replace the content with these bytes.
+    Put(Vec<u8>),
+    /// Truncate to zero bytes (the NIP's release).
+    Clear,
+}
+
+/// What a look found, for `conclude`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// The content after the look, or why it could not be read.
+    pub content: Result<LockContent, String>,
+    /// Why we wrote our record, if we did.
+    pub took: Option<TakeReason>,
+    /// Whether the locked look succeeded (a failed one fell back to a read).
+    pub locked: bool,
+    /// The locked look failed because a peer held the store's exclusion
+    /// for the whole lock wait: nobody else can have written meanwhile.
+    pub busy: bool,
+    /// The error of a failed locked look.
+    pub error: Option<String>,
+}
+
+/// How the self-fencing deadline changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Validity {
+    /// Unchanged.
+    Keep,
+    /// Never fenced (spec mode, or a fail-safe leader holding no lock).
+    Always,
+    /// Valid for [`Rules::validity`] from the moment of our write.
+    Renew,
+    /// Fenced until our next write: we hold a record we did not write
+    /// ourselves (handed to us) and could not confirm it.
+    Fenced,
+}
+
+/// The outcome of an evaluation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Conclusion {
+    pub leader: bool,
+    pub reason: ChangeReason,
+    /// Report even if `leader` did not change (first look, completed claim).
+    pub always: bool,
+    pub validity: Validity,
+    /// Extension: the presence token of the holder to watch for its death.
+    pub watch: Option<String>,
+    /// Our local lead request to remove, now that it is done.
+    pub remove_request: Option<String>,
+}
+
+/// One key's election state, owned by the writer.
+#[derive(Debug)]
+pub(crate) struct KeyMachine {
+    rules: Rules,
+    our_id: Arc<str>,
+    our_pid: u32,
+    stand_down_until: Option<Instant>,
+    /// The nonce of the request the current stand-down serves, if any.
+    stood_down_for: Option<String>,
+    pending: Option<PendingClaim>,
+    /// Nonce of the last local request we stood down for.
+    honoured: Option<String>,
+    /// Whether the last look showed a record naming us.
+    holds_lock: bool,
+    /// Extension: the last record seen and since when (our monotonic clock)
+    /// it has not changed, to tell a hung holder from a slept machine.
+    seen: Option<(LockRecord, Instant)>,
+    /// The record we last decided to write (to recognise it unchanged).
+    written: Option<LockRecord>,
+    /// Extension: the `seen` instant whose hang was judged already (taken,
+    /// or left alone by the other rules), so its deadline is not due again.
+    hang_judged: Option<Instant>,
+    /// Highest fencing epoch seen for this key.
+    epoch: u64,
+    observed: Observed,
+    last_error: Option<String>,
+    /// `holds_lock` when the current evaluation began.
+    held_before: bool,
+}
+
+impl KeyMachine {
+    pub(crate) fn new(rules: Rules, our_id: Arc<str>, our_pid: u32) -> Self {
+        Self {
+            rules,
+            our_id,
+            our_pid,
+            stand_down_until: None,
+            stood_down_for: None,
+            pending: None,
+            honoured: None,
+            holds_lock: false,
+            seen: None,
+            written: None,
+            hang_judged: None,
+            epoch: 0,
+            observed: Observed::Nothing,
+            last_error: None,
+            held_before: false,
+        }
+    }
+
+    pub(crate) fn holds_lock(&self) -> bool {
+        self.holds_lock
+    }
+    pub(crate) fn observed(&self) -> &Observed {
+        &self.observed
+    }
+    /// Records an error for the status, until the next look replaces it.
+    pub(crate) fn note_error(&mut self, e: String) {
+        self.last_error = Some(e);
+    }
+    pub(crate) fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+    pub(crate) fn our_id(&self) -> &str {
+        &self.our_id
+    }
+    /// Until when we stand down, if we do.
+    pub(crate) fn stand_down_until(&self) -> Option<Instant> {
+        self.stand_down_until
+    }
+    /// Until when our claim waits for the holder, if it does.
+    pub(crate) fn pending_until(&self) -> Option<Instant> {
+        self.pending.as_ref().map(|p| p.until)
+    }
+
+    /// Phase 1. `request` is the local lead request on file, if any.
+    pub(crate) fn begin(&mut self, now: Now, request: Option<&LeadRequest>) -> Begin {
+        self.held_before = self.holds_lock;
+        if self.stand_down_until.is_some_and(|u| now.mono >= u) {
+            self.stand_down_until = None;
+        }
+        if self.pending.as_ref().is_some_and(|p| now.mono >= p.until) {
+            self.pending = None;
+        }
+        let request = request.filter(|r| r.is_fresh(now.wall, self.rules.stand_down));
+        let other = request.filter(|r| r.target_instance_id != *self.our_id);
+        let step_down = match other {
+            // The holder stands down once per request.
+            Some(r) if self.holds_lock && self.honoured.as_deref() != Some(r.nonce.as_str()) => {
+                self.honoured = Some(r.nonce.clone());
+                Some(StepDown {
+                    reason: ChangeReason::StoodDown,
+                    target: Some(r.target_instance_id.clone()),
+                    nonce: Some(r.nonce.clone()),
+                })
+            }
+            _ => None,
+        };
+        Begin {
+            other_wants_it: other.is_some(),
+            step_down,
+        }
+    }
+
+    /// Phase 2. The stand-down exists so that we do not re-grab the lock
+    /// before someone else takes it. Once the request we stood down for is
+    /// gone (its target took the lock and removed it, or it expired), the
+    /// handoff is over and the acquire rules protect any new claim: end the
+    /// stand-down, so we can take over from a departed successor without
+    /// waiting out the timeout.
+    pub(crate) fn look(
+        &mut self,
+        now: Now,
+        cause: Cause,
+        request: Option<&LeadRequest>,
+        begin: &Begin,
+    ) -> Look {
+        let request = request.filter(|r| r.is_fresh(now.wall, self.rules.stand_down));
+        if self
+            .stood_down_for
+            .as_ref()
+            .is_some_and(|n| request.map(|r| &r.nonce) != Some(n))
+        {
+            self.stand_down_until = None;
+            self.stood_down_for = None;
+        }
+        if self.stand_down_until.is_some() {
+            return Look::Read;
+        }
+        Look::Acquire {
+            may_take_others: !begin.other_wants_it || self.holds_lock,
+            // A look prompted by an event writes only to take the lock, or
+            // to confirm one just handed to us (that write restarts every
+            // observer's hang timer, and our own validity, together).
+            write_own: cause != Cause::Wake || !self.holds_lock,
+        }
+    }
+
+    /// Phase 3, under the store's exclusion: what to write, and why.
+    pub(crate) fn decide(
+        &mut self,
+        content: &LockContent,
+        now: Now,
+        look: Look,
+        token: Option<&str>,
+        probes: &dyn Probes,
+    ) -> (Write, Option<TakeReason>) {
+        let Look::Acquire {
+            may_take_others,
+            write_own,
+        } = look
+        else {
+            return (Write::Keep, None);
+        };
+        let record_epoch = content.record().and_then(|r| r.epoch);
+        match self.verdict(content, now, may_take_others, write_own, probes) {
+            Some(reason) => {
+                let ext = match (self.rules.extended, token) {
+                    (true, Some(live)) => {
+                        let epoch = if reason == TakeReason::Ours {
+                            record_epoch.unwrap_or(self.epoch)
+                        } else {
+                            self.next_epoch(content)
+                        };
+                        Some(RecordExt { epoch, live })
+                    }
+                    _ => None,
+                };
+                let bytes = encode_record(&self.our_id, self.our_pid, now.wall, ext);
+                self.written = LockContent::parse(&bytes).record().cloned();
+                (Write::Put(bytes), Some(reason))
+            }
+            None => (Write::Keep, None),
+        }
+    }
+
+    /// Whether [`KeyMachine::decide`] would write on `content`: the writer
+    /// asks this on an unguarded read to skip the exclusion when it would
+    /// only read.
+    pub(crate) fn would_write(
+        &mut self,
+        content: &LockContent,
+        now: Now,
+        look: Look,
+        probes: &dyn Probes,
+    ) -> bool {
+        match look {
+            Look::Acquire {
+                may_take_others,
+                write_own,
+            } => self
+                .verdict(content, now, may_take_others, write_own, probes)
+                .is_some(),
+            Look::Read => false,
+        }
+    }
+
+    /// Why we would write our record on `content`, if we would.
+    fn verdict(
+        &mut self,
+        content: &LockContent,
+        now: Now,
+        may_take_others: bool,
+        write_own: bool,
+        probes: &dyn Probes,
+    ) -> Option<TakeReason> {
+        if let Some(e) = content.record().and_then(|r| r.epoch) {
+            self.epoch = self.epoch.max(e);
+        }
+        match self.judge(content, now, probes) {
+            Takeable::Yes(TakeReason::Ours) => write_own.then_some(TakeReason::Ours),
+            Takeable::Yes(reason) => may_take_others.then_some(reason),
+            Takeable::No => None,
+        }
+    }
+
+    /// Whether `content` may be overwritten with our record, by the rules of
+    /// our mode. In extended mode this also tracks how long the record has
+    /// stayed unchanged on our monotonic clock.
+    fn judge(&mut self, content: &LockContent, now: Now, probes: &dyn Probes) -> Takeable {
+        if !self.rules.extended {
+            return election::takeable(content, &self.our_id, now.wall, self.rules.stale, |p| {
+                probes.pid(p)
+            });
+        }
+        let unchanged = self.unchanged_for(content, now.mono);
+        if unchanged > self.rules.stale {
+            self.hang_judged = self.seen.as_ref().map(|(_, since)| *since);
+        }
+        // A pid (and a presence) means something only on the host and boot
+        // that wrote it (see `crate::host`).
+        let origin = content
+            .record()
+            .map_or(Origin::HereOrUnknown, |r| r.origin(host::here()));
+        let verdict = election::takeable_extended(
+            content,
+            &self.our_id,
+            now.wall,
+            self.rules.stale,
+            unchanged,
+            |p| match origin {
+                Origin::OtherBoot => Liveness::Dead,
+                Origin::OtherHost => Liveness::Alive,
+                Origin::HereOrUnknown => probes.pid(p),
+            },
+            |t| match origin {
+                Origin::OtherBoot => PeerPresence::Gone,
+                Origin::OtherHost => PeerPresence::Unknown,
+                Origin::HereOrUnknown => probes.presence(t),
+            },
+        );
+        // A record judged takeable (its holder died, left or hung) needs no
+        // look at its hang deadline any more: if taking it failed (ENOSPC,
+        // EIO, a read-only directory), the tick retries. Without this the
+        // past deadline woke the writer again at once, forever.
+        if matches!(verdict, Takeable::Yes(r) if r != TakeReason::Ours) {
+            self.hang_judged = self.seen.as_ref().map(|(_, since)| *since);
+        }
+        verdict
+    }
+
+    /// How long (our monotonic clock) the record in `content` has stayed
+    /// exactly as it is now.
+    fn unchanged_for(&mut self, content: &LockContent, now: Instant) -> Duration {
+        match content.record() {
+            Some(r) => match &self.seen {
+                Some((prev, since)) if prev == r => now.saturating_duration_since(*since),
+                _ => {
+                    self.seen = Some((r.clone(), now));
+                    Duration::ZERO
+                }
+            },
+            None => {
+                self.seen = None;
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// Extension: when the holder's record, unchanged since we saw it
+    /// written, will have outlived the stale bound: the writer looks again
+    /// at that moment, not at its next tick, so a hung holder is judged on
+    /// time. `None` unless we watch another live participant's record.
+    pub(crate) fn hang_deadline(&self) -> Option<Instant> {
+        if !self.rules.extended || self.holds_lock {
+            return None;
+        }
+        let (r, since) = self.seen.as_ref()?;
+        (r.instance_id != *self.our_id && r.live.is_some() && !self.record_judged())
+            .then(|| *since + self.rules.stale + Duration::from_millis(1))
+    }
+
+    /// Whether the record seen last was judged already (taken, or found
+    /// takeable: gone, dead or hung), so neither its hang deadline nor its
+    /// holder's death is worth a wake-up.
+    fn record_judged(&self) -> bool {
+        self.seen
+            .as_ref()
+            .is_some_and(|(_, since)| self.hang_judged == Some(*since))
+    }
+
+    /// Whether `content` is exactly the record we wrote last.
+    fn wrote_last(&self, content: &Result<LockContent, String>) -> bool {
+        match (content, &self.written) {
+            (Ok(LockContent::Record(r)), Some(w)) => r == w,
+            _ => false,
+        }
+    }
+
+    /// Extension: the time the holder's record stayed unchanged proves
+    /// nothing against it, so it gets a fresh stale window from `now`: we
+    /// were paused ourselves (SIGSTOP, a frozen VM, a cgroup freeze, and the
+    /// holder may have been paused with us), or a peer held the store's
+    /// exclusion when we tried (the holder could not have written either).
+    /// A holder that stays silent is still replaced, one window later.
+    pub(crate) fn restart_hang_timer(&mut self, now: Instant) {
+        if let Some((_, since)) = self.seen.as_mut() {
+            *since = now;
+        }
+    }
+
+    /// The store's high-water mark of issued epochs (extension): a new
+    /// holder's epoch is above it even when the record that carried the
+    /// last one was emptied or overwritten by a writer without epochs.
+    pub(crate) fn raise_epoch_floor(&mut self, floor: u64) {
+        self.epoch = self.epoch.max(floor);
+    }
+
+    /// The epoch for a new holder: one above every epoch seen for this key.
+    fn next_epoch(&mut self, content: &LockContent) -> u64 {
+        let seen = content
+            .record()
+            .and_then(|r| r.epoch)
+            .unwrap_or(0)
+            .max(self.epoch);
+        self.epoch = seen.saturating_add(1);
+        self.epoch
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,444 @@
+//! The key machine's unit tests, on an injected clock and an in-memory file.
+
+use super::*;
+use crate::presence::Sibling;
+use crate::record::ClaimedAt;
+
+const STALE: Duration = Duration::from_secs(10);
+
+fn rules(extended: bool) -> Rules {
+    Rules {
+        extended,
+        refresh: Duration::from_secs(5),
+        stale: STALE,
+        stand_down: Duration::from_secs(10),
+    }
+}
+
+struct Fixed(Liveness, PeerPresence);
+impl Probes for Fixed {
+    fn pid(&self, _: u32) -> Liveness {
+        self.0
+    }
+    fn presence(&self, _: &str) -> PeerPresence {
+        self.1
+    }
+}
+const ALIVE: Fixed = Fixed(Liveness::Alive, PeerPresence::Alive);
+
+/// A clock the tests move by hand.
+struct Clock {
+    base: Instant,
+    wall0: SystemTime,
+    at: Duration,
+}
+impl Clock {
+    fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            wall0: SystemTime::now(),
+            at: Duration::ZERO,
+        }
+    }
+    fn now(&self) -> Now {
+        Now {
+            mono: self.base + self.at,
+            wall: self.wall0 + self.at,
+        }
+    }
+    fn advance(&mut self, d: Duration) {
+        self.at += d;
+    }
+}
+
+fn machine(extended: bool, id: &str) -> KeyMachine {
+    KeyMachine::new(rules(extended), Arc::from(id), 42)
+}
+
+fn other(wall: SystemTime, live: Option<&str>) -> LockContent {
+    LockContent::Record(LockRecord {
+        instance_id: "other".into(),
+        pid: 7,
+        claimed_at: ClaimedAt::At(wall),
+        epoch: live.map(|_| 3),
+        live: live.map(str::to_owned),
+        host: None,
+        boot: None,
+    })
+}
+
+/// One whole evaluation against an in-memory file, as the writer runs
+/// it (without a step-down).
+fn evaluate(
+    m: &mut KeyMachine,
+    file: &mut LockContent,
+    now: Now,
+    cause: Cause,
+    request: Option<&LeadRequest>,
+    probes: &dyn Probes,
+) -> Conclusion {
+    let begin = m.begin(now, request);
+    assert!(begin.step_down.is_none(), "this helper does not step down");
+    let look = m.look(now, cause, request, &begin);
+    let (write, took) = m.decide(file, now, look, Some("42-0123456789abcdef"), probes);
+    match write {
+        Write::Put(b) => *file = LockContent::parse(&b),
+        Write::Clear => *file = LockContent::Empty,
+        Write::Keep => {}
+    }
+    let seen = Seen {
+        content: Ok(file.clone()),
+        took,
+        locked: look != Look::Read,
+        busy: false,
+        error: None,
+    };
+    m.conclude(cause, &begin, look, seen)
+}
+
+#[test]
+fn free_lock_is_acquired_and_reported_on_join() {
+    let c = Clock::new();
+    let mut m = machine(false, "me");
+    let mut f = LockContent::Absent;
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    assert!(out.leader && out.always);
+    assert_eq!(out.reason, ChangeReason::Acquired);
+    assert_eq!(out.validity, Validity::Always, "spec mode never fences");
+    assert_eq!(f.record().unwrap().instance_id, "me");
+    assert_eq!(
+        f.record().unwrap().epoch,
+        None,
+        "spec records: NIP fields only"
+    );
+}
+
+#[test]
+fn live_holder_makes_an_observer_and_a_dead_one_a_failover() {
+    let c = Clock::new();
+    let mut m = machine(false, "me");
+    let mut f = other(c.now().wall, None);
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    assert_eq!((out.leader, out.reason), (false, ChangeReason::Observer));
+    let dead = Fixed(Liveness::Dead, PeerPresence::Unknown);
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Tick, None, &dead);
+    assert_eq!((out.leader, out.reason), (true, ChangeReason::Failover));
+}
+
+#[test]
+fn extended_hang_is_judged_by_our_monotonic_clock_only() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    // An hour-old claimed_at (the machine slept) from a live holder.
+    let mut f = other(
+        c.now().wall - Duration::from_secs(3600),
+        Some("7-0123456789abcdef"),
+    );
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    assert!(!out.leader, "a slept but live holder is not evicted");
+    assert_eq!(out.watch.as_deref(), Some("7-0123456789abcdef"));
+    c.advance(STALE - Duration::from_millis(1));
+    assert!(!evaluate(&mut m, &mut f, c.now(), Cause::Tick, None, &ALIVE).leader);
+    c.advance(Duration::from_millis(2));
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Tick, None, &ALIVE);
+    assert_eq!((out.leader, out.reason), (true, ChangeReason::Failover));
+    assert_eq!(out.validity, Validity::Renew);
+    assert_eq!(f.record().unwrap().epoch, Some(4), "one above the holder's");
+}
+
+/// A locked look that timed out because a peer held the exclusion.
+fn busy_look(m: &mut KeyMachine, file: &LockContent, now: Now) -> Conclusion {
+    let begin = m.begin(now, None);
+    let look = m.look(now, Cause::Tick, None, &begin);
+    let seen = Seen {
+        content: Ok(file.clone()),
+        took: None,
+        locked: false,
+        busy: true,
+        error: Some("exclusive lock not obtained".into()),
+    };
+    m.conclude(Cause::Tick, &begin, look, seen)
+}
+
+#[test]
+fn a_holder_whose_record_stands_renews_while_a_peer_holds_the_exclusion() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = LockContent::Absent;
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    c.advance(STALE);
+    let out = busy_look(&mut m, &f, c.now());
+    assert!(out.leader);
+    assert_eq!(out.validity, Validity::Renew, "nobody can have written");
+    // Our record with another claimed_at is not the one we wrote: a
+    // timed-out look proves nothing then.
+    let mut changed = f.record().unwrap().clone();
+    changed.claimed_at = ClaimedAt::At(c.now().wall);
+    let out = busy_look(&mut m, &LockContent::Record(changed), c.now());
+    assert_eq!(out.validity, Validity::Keep);
+}
+
+#[test]
+fn an_observer_that_finds_the_exclusion_held_gives_the_holder_a_fresh_window() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    let first = m.hang_deadline().unwrap();
+    c.advance(STALE - Duration::from_millis(100));
+    busy_look(&mut m, &f, c.now());
+    m.restart_hang_timer(c.now().mono);
+    assert_eq!(
+        m.hang_deadline().unwrap(),
+        first + STALE - Duration::from_millis(100)
+    );
+    c.advance(Duration::from_millis(200));
+    assert!(
+        !evaluate(&mut m, &mut f, c.now(), Cause::Tick, None, &ALIVE).leader,
+        "judged hung for time it could not have written in"
+    );
+}
+
+#[test]
+fn a_takeover_that_could_not_be_written_leaves_no_hang_deadline_behind() {
+    // Found by the simulator: the holder died while the directory was
+    // full; our takeover failed, and the past hang deadline woke the
+    // writer again at once, forever.
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    c.advance(STALE * 2);
+    let gone = Fixed(Liveness::Dead, PeerPresence::Gone);
+    let begin = m.begin(c.now(), None);
+    let look = m.look(c.now(), Cause::Wake, None, &begin);
+    let (w, took) = m.decide(&f, c.now(), look, Some("42-0123456789abcdef"), &gone);
+    assert!(
+        matches!(w, Write::Put(_)) && took.is_some(),
+        "it would take over"
+    );
+    let seen = Seen {
+        content: Ok(f.clone()),
+        took: None,
+        locked: false,
+        busy: false,
+        error: Some("ENOSPC".into()),
+    };
+    let out = m.conclude(Cause::Wake, &begin, look, seen);
+    assert!(!out.leader);
+    assert_eq!(
+        m.hang_deadline(),
+        None,
+        "the tick retries, not a past deadline"
+    );
+    assert_eq!(out.watch, None, "a gone holder is not watched again");
+}
+
+#[test]
+fn a_changed_record_restarts_the_hang_timer() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    c.advance(STALE / 2 + Duration::from_secs(1));
+    f = other(c.now().wall, Some("7-0123456789abcdef")); // a refresh
+    assert!(!evaluate(&mut m, &mut f, c.now(), Cause::Wake, None, &ALIVE).leader);
+    c.advance(STALE / 2 + Duration::from_secs(1));
+    assert!(
+        !evaluate(&mut m, &mut f, c.now(), Cause::Tick, None, &ALIVE).leader,
+        "only {:?} since the last change",
+        STALE / 2 + Duration::from_secs(1)
+    );
+}
+
+#[test]
+fn wake_ups_never_rewrite_our_own_record() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = LockContent::Absent;
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    let before = f.clone();
+    c.advance(Duration::from_secs(1));
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Wake, None, &ALIVE);
+    assert_eq!(f, before);
+    assert_eq!(out.validity, Validity::Keep);
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Tick, None, &ALIVE);
+    assert_ne!(f, before, "a tick refreshes claimed_at");
+    assert_eq!(out.validity, Validity::Renew);
+}
+
+#[test]
+fn holder_stands_down_once_per_request_and_bystanders_do_not_take_the_free_lock() {
+    let c = Clock::new();
+    let mut holder = machine(true, "me");
+    let mut f = LockContent::Absent;
+    evaluate(&mut holder, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    let req = LeadRequest::new("target");
+    let b = holder.begin(c.now(), Some(&req));
+    let sd = b.step_down.clone().expect("the holder stands down");
+    assert_eq!(
+        (sd.reason, sd.target.as_deref()),
+        (ChangeReason::StoodDown, Some("target"))
+    );
+    holder.step_down(c.now());
+    holder.serve_request(sd.nonce);
+    let (w, released) = holder.decide_release(&f, c.now(), None);
+    assert!(released && w == Write::Clear);
+    holder.released(Ok(LockContent::Empty));
+    f = LockContent::Empty;
+    assert_eq!(
+        holder.look(c.now(), Cause::Tick, Some(&req), &b),
+        Look::Read
+    );
+    // The same request never makes it stand down twice.
+    assert!(holder.begin(c.now(), Some(&req)).step_down.is_none());
+    // A bystander neither takes the released lock nor fail-safe-leads.
+    let mut by = machine(true, "bystander");
+    let out = evaluate(&mut by, &mut f, c.now(), Cause::Tick, Some(&req), &ALIVE);
+    assert!(!out.leader);
+    assert_eq!(f, LockContent::Empty);
+    // The target takes it and completes its claim.
+    let mut t = machine(true, "target");
+    t.claim_pending_from(c.now(), Some(req.nonce.clone()));
+    let out = evaluate(&mut t, &mut f, c.now(), Cause::Tick, Some(&req), &ALIVE);
+    assert_eq!((out.leader, out.reason), (true, ChangeReason::Claimed));
+    assert_eq!(out.remove_request.as_deref(), Some(req.nonce.as_str()));
+}
+
+#[test]
+fn stand_down_and_pending_claims_expire_on_the_injected_clock() {
+    let mut c = Clock::new();
+    let mut m = machine(false, "me");
+    m.step_down(c.now());
+    m.claim_pending_from(c.now(), None);
+    let until = c.now().mono + Duration::from_secs(10);
+    assert_eq!(m.stand_down_until(), Some(until));
+    assert_eq!(m.pending_until(), Some(until));
+    c.advance(Duration::from_secs(10) - Duration::from_millis(1));
+    m.begin(c.now(), None);
+    assert_eq!(m.stand_down_until(), Some(until), "not yet");
+    c.advance(Duration::from_millis(1));
+    m.begin(c.now(), None);
+    assert_eq!((m.stand_down_until(), m.pending_until()), (None, None));
+}
+
+#[test]
+fn stale_requests_are_ignored() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = LockContent::Absent;
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    let req = LeadRequest::new("target");
+    c.advance(Duration::from_secs(11));
+    // The request was made at the real now; our clock is 11 s later.
+    let b = m.begin(c.now(), Some(&req));
+    assert!(b.step_down.is_none() && !b.other_wants_it);
+}
+
+#[test]
+fn release_hands_over_to_a_live_heir_with_the_next_epoch() {
+    let c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = LockContent::Absent;
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    let e = f.record().unwrap().epoch.unwrap();
+    let heir = Sibling {
+        token: "9-0123456789abcdef".into(),
+        instance_id: "heir".into(),
+        pid: 9,
+    };
+    m.step_down(c.now());
+    let (w, released) = m.decide_release(&f, c.now(), Some(&heir));
+    assert!(released);
+    let Write::Put(b) = w else { panic!("{w:?}") };
+    let r = LockContent::parse(&b).record().cloned().unwrap();
+    assert_eq!(
+        (r.instance_id.as_str(), r.epoch, r.live.as_deref()),
+        ("heir", Some(e + 1), Some("9-0123456789abcdef"))
+    );
+    // Never a successor's record.
+    let theirs = other(c.now().wall, None);
+    assert_eq!(
+        m.decide_release(&theirs, c.now(), None),
+        (Write::Keep, false)
+    );
+}
+
+#[test]
+fn a_handed_over_record_we_could_not_confirm_is_fenced() {
+    let c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    // The holder handed the lock to us; our confirming write timed out
+    // and the fallback read shows our record.
+    let ours = LockContent::parse(&encode_record(
+        "me",
+        42,
+        c.now().wall,
+        Some(RecordExt {
+            epoch: 4,
+            live: "42-0123456789abcdef",
+        }),
+    ));
+    let begin = m.begin(c.now(), None);
+    let look = m.look(c.now(), Cause::Wake, None, &begin);
+    let seen = Seen {
+        content: Ok(ours),
+        took: None,
+        locked: false,
+        busy: false,
+        error: Some("exclusive lock not obtained".into()),
+    };
+    let out = m.conclude(Cause::Wake, &begin, look, seen);
+    assert!(out.leader);
+    assert_eq!(out.validity, Validity::Fenced);
+}
+
+#[test]
+fn unreadable_file_fails_safe_to_leader_without_fencing() {
+    let c = Clock::new();
+    let mut m = machine(true, "me");
+    let begin = m.begin(c.now(), None);
+    let look = m.look(c.now(), Cause::Join, None, &begin);
+    let seen = Seen {
+        content: Err("permission denied".into()),
+        took: None,
+        locked: false,
+        busy: false,
+        error: Some("permission denied".into()),
+    };
+    let out = m.conclude(Cause::Join, &begin, look, seen);
+    assert_eq!((out.leader, out.reason), (true, ChangeReason::FailSafe));
+    assert_eq!(out.validity, Validity::Always);
+    assert_eq!(m.last_error(), Some("permission denied"));
+}
+
+#[test]
+fn a_record_handed_to_us_is_confirmed_by_a_write_on_the_next_look() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    // The holder wrote our record (a handoff); a wake-up looks.
+    f = LockContent::parse(&encode_record(
+        "me",
+        42,
+        c.now().wall,
+        Some(RecordExt {
+            epoch: 4,
+            live: "42-0123456789abcdef",
+        }),
+    ));
+    let before = f.clone();
+    c.advance(Duration::from_millis(5));
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Wake, None, &ALIVE);
+    assert_eq!((out.leader, out.reason), (true, ChangeReason::HandedOver));
+    assert_ne!(f, before, "confirmed by our own write");
+    assert_eq!(out.validity, Validity::Renew);
+    assert_eq!(
+        f.record().unwrap().epoch,
+        Some(4),
+        "the handed-over epoch stays"
+    );
+}

@@ -1,0 +1,165 @@
+//! The directory watch, per platform: inotify on Linux, the `notify`
+//! crate elsewhere.
+
+use super::*;
+
+/// The directory watch, and a watch of each joined key's lock file.
+#[cfg(target_os = "linux")]
+pub(super) struct DirWatch {
+    ino: inotify::Inotify,
+    buf: Vec<u8>,
+    files: HashMap<AgentPubkey, inotify::WatchDescriptor>,
+}
+
+#[cfg(target_os = "linux")]
+impl DirWatch {
+    pub(super) fn start<C>(dir: &Path, poll: &Poll, _mailbox: Mailbox<C>) -> std::io::Result<Self> {
+        use inotify::{Inotify, WatchMask};
+        use std::os::fd::AsRawFd;
+        let ino = Inotify::init()?;
+        // Neither MODIFY nor CREATE on the directory: presence files are
+        // created when an elector starts and rewritten when it joins or
+        // leaves a key, and that must wake nobody (64 windows starting
+        // together would wake each other 4,000 times). Lock files are
+        // watched one by one (`watch_file`) once our first look has made
+        // sure they exist; lead requests are renamed into place (MOVED_TO);
+        // a removed presence file means its elector left (DELETE).
+        let mask =
+            WatchMask::DELETE | WatchMask::MOVED_TO | WatchMask::MOVED_FROM | WatchMask::ONLYDIR;
+        ino.watches().add(dir, mask)?;
+        let raw = ino.as_raw_fd();
+        poll.registry().register(
+            &mut mio::unix::SourceFd(&raw),
+            DIR_WATCH,
+            Interest::READABLE,
+        )?;
+        Ok(Self {
+            ino,
+            buf: vec![0; 4096],
+            files: HashMap::new(),
+        })
+    }
+
+    /// MODIFY, not CLOSE_WRITE: every acquire opens the lock file
+    /// read-write, so its close would wake everyone even when nothing was
+    /// written. A file that does not exist yet (our acquire could not
+    /// create it) is watched from a later look; the tick is the bound
+    /// meanwhile.
+    pub(super) fn watch_file(&mut self, pubkey: &AgentPubkey, path: &Path) {
+        use inotify::WatchMask;
+        if self.files.contains_key(pubkey) {
+            return;
+        }
+        let mask = WatchMask::MODIFY | WatchMask::DONT_FOLLOW;
+        if let Ok(wd) = self.ino.watches().add(path, mask) {
+            self.files.insert(*pubkey, wd);
+        }
+    }
+
+    pub(super) fn unwatch_file(&mut self, pubkey: &AgentPubkey) {
+        if let Some(wd) = self.files.remove(pubkey) {
+            let _ = self.ino.watches().remove(wd);
+        }
+    }
+
+    /// Reads every queued event (the fd is non-blocking).
+    pub(super) fn read<C>(&mut self, out: &mut Woken<C>) {
+        use inotify::EventMask;
+        loop {
+            match self.ino.read_events(&mut self.buf) {
+                Ok(events) => {
+                    for ev in events {
+                        if ev.mask.contains(EventMask::Q_OVERFLOW) {
+                            out.all = true;
+                        }
+                        let name = ev.name.and_then(|n| n.to_str());
+                        match name.and_then(name_event) {
+                            Some(NameEvent::Key(k)) => {
+                                out.keys.insert(k);
+                            }
+                            Some(NameEvent::Presence(token))
+                                if ev
+                                    .mask
+                                    .intersects(EventMask::DELETE | EventMask::MOVED_FROM) =>
+                            {
+                                out.gone.push(token);
+                            }
+                            Some(NameEvent::Presence(_)) => {}
+                            None if name.is_none() => {
+                                // A watched lock file: written, or its watch
+                                // is gone (the file was removed or replaced).
+                                let key = self
+                                    .files
+                                    .iter()
+                                    .find(|(_, wd)| **wd == ev.wd)
+                                    .map(|(k, _)| *k);
+                                if let Some(k) = key {
+                                    if ev.mask.contains(EventMask::IGNORED) {
+                                        self.files.remove(&k);
+                                    }
+                                    out.keys.insert(k);
+                                }
+                            }
+                            None => {}
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!("directory watch failed: {e}");
+                    out.all = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(super) fn stop(self, poll: &Poll) {
+        use std::os::fd::AsRawFd;
+        let raw = self.ino.as_raw_fd();
+        let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
+    }
+}
+
+/// The directory watch: the `notify` crate's watcher, whose callback posts
+/// keys to the mailbox. Dropping it stops its thread.
+#[cfg(not(target_os = "linux"))]
+pub(super) struct DirWatch {
+    _watcher: notify::RecommendedWatcher,
+}
+
+#[cfg(not(target_os = "linux"))]
+impl DirWatch {
+    pub(super) fn start<C: Send + 'static>(
+        dir: &Path,
+        _poll: &Poll,
+        mailbox: Mailbox<C>,
+    ) -> std::io::Result<Self> {
+        use notify::{EventKind, RecursiveMode, Watcher};
+        let handler = move |res: notify::Result<notify::Event>| {
+            let Ok(ev) = res else { return };
+            if matches!(ev.kind, EventKind::Access(_)) {
+                return;
+            }
+            let removed = matches!(ev.kind, EventKind::Remove(_));
+            for p in &ev.paths {
+                match p.file_name().and_then(|n| n.to_str()).and_then(name_event) {
+                    Some(NameEvent::Key(k)) => {
+                        let _ = mailbox.send(Msg::Key(k));
+                    }
+                    Some(NameEvent::Presence(token)) if removed => {
+                        let _ = mailbox.send(Msg::PresenceGone(token));
+                    }
+                    _ => {}
+                }
+            }
+        };
+        let mut w = notify::recommended_watcher(handler).map_err(std::io::Error::other)?;
+        w.watch(dir, RecursiveMode::NonRecursive)
+            .map_err(std::io::Error::other)?;
+        Ok(Self { _watcher: w })
+    }
+
+    pub(super) fn stop(self, _poll: &Poll) {}
+}

@@ -1,0 +1,134 @@
+//! What each window's app does: read its change events, take owed
+//! mentions, end its turns (sending the reply only while it may act).
+
+use super::*;
+
+impl Sim {
+    /// The app of window `w` reads its change events and looks for work.
+    pub(super) fn react(&mut self, w: usize) {
+        loop {
+            let change = match self.windows[w].rx.try_recv() {
+                Ok(c) => c,
+                Err(broadcast::error::TryRecvError::Lagged(_)) => continue,
+                Err(_) => break,
+            };
+            if self.trace {
+                let id = lock(&self.m).procs[self.windows[w].proc]
+                    .instance_id
+                    .clone();
+                println!(
+                    "{:>10.3} s  {id}: {} leader={} cancel={} epoch={:?}",
+                    self.now() as f64 / 1e9,
+                    change.reason.as_str(),
+                    change.is_leader,
+                    change.must_cancel_turn,
+                    change.epoch
+                );
+            }
+            self.windows[w].app.gate = change.is_leader;
+            if change.must_cancel_turn {
+                if let Some(turn) = self.windows[w].app.turn.take() {
+                    let pk = self.pk;
+                    let _ = self.call(w, |r| {
+                        Command::Work(pk, WorkOp::GiveBack(turn.id), WorkReply::Flag(r))
+                    });
+                }
+            }
+        }
+        if !self.windows[w].app.idle_with_work() {
+            return;
+        }
+        let queue = self.windows[w].app.queue.clone();
+        let pk = self.pk;
+        let owed = self
+            .call(w, |r| {
+                Command::Work(pk, WorkOp::Owed(queue), WorkReply::Owed(r))
+            })
+            .unwrap_or_default();
+        for id in owed {
+            let took = self.call(w, |r| {
+                Command::Work(pk, WorkOp::Take(id.clone()), WorkReply::Take(r))
+            });
+            match took {
+                Some(TakeOutcome::Granted { .. }) => {
+                    let t = self.now();
+                    let ends = t + self.opts.turn_ms * MS;
+                    let serial = self.windows[w].app.start(id, ends);
+                    let proc = self.windows[w].proc;
+                    self.push(ends, Ev::TurnEnd(proc, serial));
+                    return;
+                }
+                Some(TakeOutcome::Done) => self.windows[w].app.drop_mention(&id),
+                _ => return,
+            }
+        }
+    }
+
+    pub(super) fn acting_window(&self, w: usize) -> bool {
+        let s = lock(&self.m);
+        let win = &self.windows[w];
+        win.writer.is_some()
+            && s.procs[win.proc].running(s.t)
+            && win
+                .shared
+                .snapshot
+                .get(&self.pk)
+                .is_some_and(|c| c.is_leader_on(&s.clocks))
+    }
+
+    pub(super) fn turn_end(&mut self, proc: ProcId, serial: u64) {
+        let Some(w) = self.window_of(proc) else {
+            return;
+        };
+        let running = {
+            let s = lock(&self.m);
+            s.procs[proc].running(s.t)
+        };
+        let Some(turn) = self.windows[w]
+            .app
+            .turn
+            .clone()
+            .filter(|t| t.serial == serial)
+        else {
+            return;
+        };
+        if !running {
+            // A stopped app finishes its turn when it runs again.
+            let until = lock(&self.m).procs[proc].stopped_until;
+            if lock(&self.m).procs[proc].alive {
+                self.push(until, Ev::TurnEnd(proc, serial));
+            }
+            return;
+        }
+        self.windows[w].app.turn = None;
+        let pk = self.pk;
+        if self.acting_window(w) {
+            let t = self.now();
+            let n = u64::from_str_radix(&turn.id, 16).unwrap_or(u64::MAX);
+            let by = lock(&self.m).procs[proc].instance_id.clone();
+            let answers = self.answers.entry(n).or_default();
+            answers.push((by.clone(), t));
+            if answers.len() == 2 {
+                let first = answers[0].clone();
+                self.violation.get_or_insert(Violation::new(
+                    t,
+                    "answered twice",
+                    format!(
+                        "mention {n} by {} at {} ms and by {by}",
+                        first.0,
+                        first.1 / MS
+                    ),
+                ));
+            }
+            self.windows[w].app.drop_mention(&turn.id);
+            let _ = self.call(w, |r| {
+                Command::Work(pk, WorkOp::Done(turn.id), WorkReply::Flag(r))
+            });
+        } else {
+            let _ = self.call(w, |r| {
+                Command::Work(pk, WorkOp::GiveBack(turn.id), WorkReply::Flag(r))
+            });
+        }
+        self.react(w);
+    }
+}

@@ -1,0 +1,113 @@
+//! The checks after every step (see [`crate::sim::check`]), and at the end.
+
+use super::*;
+
+impl Sim {
+    pub(super) fn check(&mut self) {
+        if self.violation.is_some() {
+            return;
+        }
+        let mut acting = Vec::new();
+        let mut able = false;
+        for w in 0..self.windows.len() {
+            let win = &self.windows[w];
+            let (running, id) = {
+                let s = lock(&self.m);
+                let p = &s.procs[win.proc];
+                (
+                    p.running(s.t) && !p.left.contains(&self.pk),
+                    p.instance_id.clone(),
+                )
+            };
+            able |= running && win.writer.is_some();
+            if self.acting_window(w) {
+                // A window that leads by the NIP's fail-safe (its last
+                // look found no record: a torn or emptied file) is the
+                // NIP's accepted transient, not a holder.
+                let holds = self.windows[w]
+                    .shared
+                    .snapshot
+                    .get(&self.pk)
+                    .is_some_and(|c| {
+                        c.status(std::time::SystemTime::now())
+                            .holder
+                            .is_some_and(|h| h.is_us)
+                    });
+                let extended = self.windows[w].extended && holds;
+                acting.push(Actor { id, extended });
+            }
+        }
+        let s = lock(&self.m);
+        for h in &self.harnesses {
+            let p = &s.procs[h.proc];
+            if p.running(s.t) && h.leader {
+                acting.push(Actor {
+                    id: p.instance_id.clone(),
+                    extended: false,
+                });
+            }
+        }
+        let file = s
+            .files
+            .get(&self.pk)
+            .map_or(crate::record::LockContent::Absent, |f| f.content());
+        let t = s.t;
+        let state_violation = s.violations.first().cloned();
+        drop(s);
+        if let Some(v) = state_violation {
+            self.violation = Some(v);
+            return;
+        }
+        if self.panics > 0 {
+            self.violation = Some(Violation::new(t, "panic", "a writer panicked".into()));
+            return;
+        }
+        let bound = self.silence_bound(t);
+        self.violation =
+            self.checker
+                .step(t, &self.pk, &file, &acting, able, self.quiet_from, bound);
+    }
+
+    pub(super) fn silence_bound(&self, t: u64) -> u64 {
+        let o = &self.opts;
+        let ns = |d: Duration| d.as_nanos() as u64;
+        let mixed = o.spec > 0 || o.harnesses > 0 || o.children;
+        let mut b = if mixed {
+            ns(o.stale + o.stand_down + 2 * o.refresh) + 1000 * MS
+        } else {
+            ns(o.stale + 2 * o.lock_wait) + 300 * MS
+        };
+        if t < self.last_claim + ns(o.stand_down + o.stale) {
+            b += ns(o.stand_down);
+        }
+        if self
+            .starved
+            .values()
+            .any(|&(until, _)| until > t.saturating_sub(b))
+        {
+            b += 4 * self.starved.values().map(|s| s.1).max().unwrap_or(0);
+        }
+        b
+    }
+
+    pub(super) fn check_all_answered(&mut self) {
+        let any = self
+            .windows
+            .iter()
+            .any(|w| w.writer.is_some() && w.extended);
+        if !any || !self.opts.exactly_once() {
+            return;
+        }
+        let t = self.now();
+        for &(n, at) in &self.published {
+            if !self.answers.contains_key(&n) {
+                self.violation = Some(Violation::new(
+                    t,
+                    "never answered",
+                    format!("mention {n} published at {} ms", at / MS),
+                ));
+                return;
+            }
+        }
+    }
+}

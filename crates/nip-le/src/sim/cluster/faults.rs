@@ -1,0 +1,181 @@
+//! The faults of the plan, carried out: kills, quits, stops, pauses,
+//! suspends, wall steps, starvation, file faults, hung `flock` holders, pid
+//! reuse, leaves, claims and relay frames.
+
+use super::*;
+
+impl Sim {
+    /// Carries out one fault of the plan.
+    pub(super) fn fault(&mut self, f: Fault) {
+        let t = self.now();
+        let live: Vec<usize> = (0..self.windows.len())
+            .filter(|&w| self.windows[w].writer.is_some())
+            .collect();
+        let pick = |sim: &mut Self| sim.rng.pick(live.len()).map(|i| live[i]);
+        match f {
+            Fault::Kill { restart_after } => {
+                if let Some(w) = pick(self) {
+                    self.kill(w);
+                    self.restart(w, t + restart_after);
+                }
+            }
+            Fault::Quit { restart_after } => {
+                if let Some(w) = pick(self) {
+                    let _ = self.call(w, Command::Shutdown);
+                    self.windows[w].writer = None;
+                    lock(&self.m).procs[self.windows[w].proc].alive = false;
+                    self.restart(w, t + restart_after);
+                }
+            }
+            Fault::Stop { d } => {
+                if let Some(w) = pick(self) {
+                    // No excuse: a stopped holder is replaced within the
+                    // stale bound, however long the stop.
+                    lock(&self.m).procs[self.windows[w].proc].stopped_until = t + d;
+                }
+            }
+            Fault::PauseAll { d } | Fault::Suspend { d } => {
+                let mut s = lock(&self.m);
+                for p in s.procs.iter_mut() {
+                    p.stopped_until = p.stopped_until.max(t + d);
+                }
+                drop(s);
+                self.quiet_from = self.quiet_from.max(t + d);
+                if matches!(f, Fault::Suspend { .. }) {
+                    // Overlapping suspends freeze the clock once.
+                    let from = self.suspended_until.max(t);
+                    let until = self.suspended_until.max(t + d);
+                    self.suspended_until = until;
+                    self.push(until, Ev::Wake(until - from));
+                }
+            }
+            Fault::WallStep { ns } => lock(&self.m).wall_offset += i128::from(ns),
+            Fault::Starve { d, late } => {
+                if let Some(w) = pick(self) {
+                    self.starved.insert(self.windows[w].proc, (t + d, late));
+                    self.quiet_from = self.quiet_from.max(t + d);
+                }
+            }
+            Fault::Enospc { d } | Fault::Eio { d } | Fault::ReadOnly { d } => {
+                let mut s = lock(&self.m);
+                let until = match f {
+                    Fault::Enospc { .. } => &mut s.faults.enospc_until,
+                    Fault::Eio { .. } => &mut s.faults.eio_until,
+                    _ => &mut s.faults.readonly_until,
+                };
+                *until = (*until).max(t + d);
+                drop(s);
+                self.quiet_from = self.quiet_from.max(t + d);
+            }
+            Fault::HoldFlock { d } => {
+                let pk = self.pk;
+                let mut s = lock(&self.m);
+                let f = s.files.entry(pk).or_default();
+                f.held_until = f.held_until.max(t + d);
+                drop(s);
+                self.quiet_from = self.quiet_from.max(t + d);
+            }
+            Fault::PidReuse => {
+                let mut s = lock(&self.m);
+                let dead: Vec<u32> = s
+                    .procs
+                    .iter()
+                    .filter(|p| !p.alive)
+                    .map(|p| p.pid)
+                    .filter(|pid| !s.pid_alive(*pid))
+                    .collect();
+                if let Some(i) = self.rng.pick(dead.len()) {
+                    let pid = dead[i];
+                    s.procs.push(crate::sim::state::Proc::new(
+                        pid,
+                        String::new(),
+                        Kind::Squatter,
+                    ));
+                }
+            }
+            Fault::Claim => {
+                if let Some(w) = pick(self) {
+                    self.last_claim = t;
+                    let pk = self.pk;
+                    let _ = self.call(w, |r| Command::Claim(pk, r));
+                    self.broadcast_frame(w, 0.0, 0.0);
+                }
+            }
+            Fault::ClaimFrame { lose, dup } => {
+                if let Some(w) = pick(self) {
+                    self.last_claim = t;
+                    self.broadcast_frame(w, lose, dup);
+                }
+            }
+            Fault::Leave { rejoin_after } => {
+                if let Some(w) = pick(self) {
+                    let pk = self.pk;
+                    if self.call(w, |r| Command::Leave(pk, r)).is_some() {
+                        let proc = self.windows[w].proc;
+                        lock(&self.m).procs[proc].left.insert(pk);
+                        self.windows[w].app.turn = None;
+                        self.push(t + rejoin_after, Ev::Rejoin(proc));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The relay brings a `claim_leadership` frame for window `w` to every
+    /// process, each copy late, lost or doubled by chance.
+    pub(super) fn broadcast_frame(&mut self, w: usize, lose: f64, dup: f64) {
+        let t = self.now();
+        let target = lock(&self.m).procs[self.windows[w].proc]
+            .instance_id
+            .clone();
+        let procs: Vec<ProcId> = self
+            .windows
+            .iter()
+            .map(|w| w.proc)
+            .chain(self.harnesses.iter().map(|h| h.proc))
+            .collect();
+        for p in procs {
+            if self.rng.chance(lose) {
+                continue;
+            }
+            let copies = if self.rng.chance(dup) { 2 } else { 1 };
+            for _ in 0..copies {
+                let d = self.rng.range(0, 500) * MS;
+                self.push(t + d, Ev::Frame(p, target.clone()));
+            }
+        }
+    }
+
+    pub(super) fn rejoin(&mut self, proc: ProcId) {
+        let Some(w) = self.window_of(proc) else {
+            return;
+        };
+        if self.windows[w].writer.is_none() {
+            return;
+        }
+        let t = self.now();
+        self.quiet_from = self.quiet_from.max(t);
+        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut s = lock(&self.m);
+            s.procs[proc].left.remove(&self.pk);
+            s.procs[proc].inbox.push(Command::Join(vec![self.pk], tx));
+        }
+        self.schedule(proc, t);
+    }
+
+    pub(super) fn kill(&mut self, w: usize) {
+        let proc = self.windows[w].proc;
+        lock(&self.m).procs[proc].alive = false;
+        // Dropped without a shutdown: the kernel releases its locks.
+        self.windows[w].writer = None;
+        self.windows[w].app.turn = None;
+        self.rounds.remove(&proc);
+    }
+
+    pub(super) fn restart(&mut self, w: usize, at: u64) {
+        let id = format!("{}r", lock(&self.m).procs[self.windows[w].proc].instance_id);
+        let extended = self.windows[w].extended;
+        self.push(at, Ev::Start(id, extended));
+    }
+}

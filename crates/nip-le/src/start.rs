@@ -1,0 +1,38 @@
+//! [`Elector::start`]: the elector with the level above the host its
+//! configuration asks for. The one place that knows both the elector and
+//! the etcd level (feature `etcd`), so that neither names the other's
+//! house: the arrows run start → elector and start → global → elector.
+
+use crate::config::Config;
+use crate::elector::{upper, Elector};
+use crate::error::Result;
+use crate::identity::InstanceId;
+
+impl Elector {
+    /// Validates `config` and starts the writer thread. `id` is this
+    /// window's election id (see [`InstanceId::from_env_or_random`]).
+    pub fn start(config: Config, id: InstanceId) -> Result<Self> {
+        let stores = Elector::file_stores(&config);
+        let upper = upper_level(&config, &id);
+        Elector::start_with(config, id, stores, upper)
+    }
+}
+
+/// The etcd contender, when the configuration names etcd.
+#[cfg(feature = "etcd")]
+fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
+    let Some(etcd) = config.etcd.clone() else {
+        return upper::none();
+    };
+    let (id, stand_down) = (id.as_str().to_owned(), config.stand_down);
+    Box::new(move |tell| {
+        let contender = crate::global::Contender::start(etcd, &id, stand_down, tell)
+            .map_err(|e| crate::Error::io("<etcd thread>", e))?;
+        Ok(Some(Box::new(contender) as Box<dyn upper::UpperLevel>))
+    })
+}
+
+#[cfg(not(feature = "etcd"))]
+fn upper_level(_: &Config, _: &InstanceId) -> upper::UpperBuilder {
+    upper::none()
+}
