@@ -11,7 +11,21 @@ impl Sim {
         let live: Vec<usize> = (0..self.windows.len())
             .filter(|&w| self.windows[w].writer.is_some())
             .collect();
-        let pick = |sim: &mut Self| sim.rng.pick(live.len()).map(|i| live[i]);
+        // Half of the faults aim at a window that acts (the leader, or one
+        // that believes it leads): that is where the rules are tested.
+        let acting: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|&w| self.acting_window(w))
+            .collect();
+        let pick = |sim: &mut Self| {
+            let pool = if !acting.is_empty() && sim.rng.chance(0.5) {
+                &acting
+            } else {
+                &live
+            };
+            sim.rng.pick(pool.len()).map(|i| pool[i])
+        };
         match f {
             Fault::Kill { restart_after } => {
                 if let Some(w) = pick(self) {
