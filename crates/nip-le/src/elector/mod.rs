@@ -17,6 +17,7 @@
 pub(crate) mod cache;
 mod command;
 mod machine;
+mod profile;
 pub(crate) mod store;
 pub mod types;
 pub(crate) mod upper;
@@ -42,6 +43,7 @@ pub use types::{
     LeadershipChange, Level, LockState, QueuedEvent, TakeOutcome,
 };
 
+use profile::Profile;
 use store::StoreFactory;
 use store::{FileStore, LockStore};
 use wake::{Mailbox, Msg, WakeSources};
@@ -94,9 +96,9 @@ impl Elector {
     /// The lock files of `config`'s directory as the store of each key.
     pub(crate) fn file_stores(config: &Config) -> StoreFactory {
         let (dir, wait) = (config.lock_dir.clone(), config.lock_wait);
-        let extended = config.mode == crate::Mode::Extended;
+        let epochs = Profile::of(config.mode).epochs;
         Box::new(move |pk| {
-            let floor = extended.then(|| crate::epoch::epoch_path(&dir, pk));
+            let floor = epochs.then(|| crate::epoch::epoch_path(&dir, pk));
             Box::new(FileStore::new(
                 &dir,
                 lockfile::lock_path(&dir, pk),
@@ -116,7 +118,7 @@ impl Elector {
     ) -> Result<Self> {
         config.validate()?;
         let mut sources = WakeSources::new(&config.lock_dir).map_err(|e| Error::io("<poll>", e))?;
-        if config.mode == crate::Mode::Extended {
+        if Profile::of(config.mode).watch {
             sources.watch_dir();
         }
         let mailbox = sources.mailbox();

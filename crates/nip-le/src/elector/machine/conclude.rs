@@ -40,7 +40,7 @@ impl KeyMachine {
         }
         self.holds_lock =
             matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == *self.our_id);
-        let validity = if !self.rules.extended {
+        let validity = if !self.rules.profile.self_fencing {
             Validity::Always
         } else if !self.holds_lock {
             // Leading without holding the lock can only be the NIP's
@@ -75,7 +75,7 @@ impl KeyMachine {
         // fires at once (a take that failed would look again, forever).
         let judged = self.record_judged();
         let watch = match &content {
-            Ok(c) if self.rules.extended && !judged => c
+            Ok(c) if self.rules.profile.watch && !judged => c
                 .record()
                 .filter(|r| r.instance_id != *self.our_id)
                 .filter(|r| r.origin(host::here()) == Origin::HereOrUnknown)

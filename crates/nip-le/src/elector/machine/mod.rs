@@ -42,6 +42,7 @@ use crate::liveness::Liveness;
 use crate::presence::PeerPresence;
 use crate::record::{encode_record, LockContent, LockRecord, RecordExt};
 
+use super::profile::Profile;
 use super::types::ChangeReason;
 
 mod conclude;
@@ -54,12 +55,11 @@ pub(crate) struct Now {
     pub wall: SystemTime,
 }
 
-/// The timings and the mode the rules follow.
+/// The timings and the components the rules follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Rules {
-    /// Extensions on: presence rules, monotonic hang detection, epochs,
-    /// handoff and self-fencing.
-    pub extended: bool,
+    /// Which extensions are on (see [`Profile`]).
+    pub profile: Profile,
     pub refresh: Duration,
     pub stale: Duration,
     pub stand_down: Duration,
@@ -374,7 +374,7 @@ impl KeyMachine {
         let record_epoch = content.record().and_then(|r| r.epoch);
         match self.verdict(content, now, may_take_others, write_own, probes) {
             Some(reason) => {
-                let ext = match (self.rules.extended, token) {
+                let ext = match (self.rules.profile.epochs, token) {
                     (true, Some(live)) => {
                         let epoch = if reason == TakeReason::Ours {
                             record_epoch.unwrap_or(self.epoch)
@@ -437,7 +437,7 @@ impl KeyMachine {
     /// our mode. In extended mode this also tracks how long the record has
     /// stayed unchanged on our monotonic clock.
     fn judge(&mut self, content: &LockContent, now: Now, probes: &dyn Probes) -> Takeable {
-        if !self.rules.extended {
+        if !self.rules.profile.presence {
             return election::takeable(content, &self.our_id, now.wall, self.rules.stale, |p| {
                 probes.pid(p)
             });
@@ -501,7 +501,7 @@ impl KeyMachine {
     /// at that moment, not at its next tick, so a hung holder is judged on
     /// time. `None` unless we watch another live participant's record.
     pub(crate) fn hang_deadline(&self) -> Option<Instant> {
-        if !self.rules.extended || self.holds_lock {
+        if !self.rules.profile.monotonic_hang || self.holds_lock {
             return None;
         }
         let (r, since) = self.seen.as_ref()?;

@@ -8,7 +8,11 @@ const STALE: Duration = Duration::from_secs(10);
 
 fn rules(extended: bool) -> Rules {
     Rules {
-        extended,
+        profile: Profile::of(if extended {
+            crate::config::Mode::Extended
+        } else {
+            crate::config::Mode::Spec
+        }),
         refresh: Duration::from_secs(5),
         stale: STALE,
         stand_down: Duration::from_secs(10),

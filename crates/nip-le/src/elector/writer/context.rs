@@ -76,7 +76,7 @@ impl Ctx {
     /// any write of our record, and after each command (to retry a
     /// presence that could not be created).
     pub(super) fn flush_presence(&mut self) {
-        if !self.rules.extended || !(self.presence_dirty || self.presence.is_none()) {
+        if !self.rules.profile.presence || !(self.presence_dirty || self.presence.is_none()) {
             return;
         }
         if self.presence.is_none() && self.joined.is_empty() {

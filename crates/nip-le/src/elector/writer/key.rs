@@ -108,7 +108,8 @@ impl Key {
         // holder as relay frames only.
         let request = ctx
             .rules
-            .extended
+            .profile
+            .lead_requests
             .then(|| ctx.world.read_request(&self.pubkey))
             .flatten();
         let begin = self.m.begin(now, request.as_ref());
@@ -123,7 +124,7 @@ impl Key {
         let c = self.m.conclude(cause, &begin, look, seen);
         tracing::debug!(pubkey = %self.pubkey, ?cause, ?c, "evaluated");
         self.apply(ctx, c, locked_at);
-        if busy && ctx.rules.extended {
+        if busy && ctx.rules.profile.monotonic_hang {
             self.while_a_peer_holds_the_lock(ctx);
             return;
         }
@@ -134,7 +135,7 @@ impl Key {
         // so is a write of our record: the tick waits another interval, so
         // that at rest an observer wakes once per refresh of the holder,
         // like a spec instance.
-        if ctx.rules.extended && (wrote || !self.m.holds_lock()) {
+        if ctx.rules.profile.read_first && (wrote || !self.m.holds_lock()) {
             self.next_tick = ctx.world.now().mono + ctx.rules.refresh;
         }
     }
@@ -171,7 +172,7 @@ impl Key {
         // Extension: read first. The exclusion is needed only to write; when
         // the read shows a record we would leave alone (a live holder, or
         // ours on a wake-up), the locked look would decide the same.
-        if ctx.rules.extended && (cause == Cause::Wake || !self.m.holds_lock()) {
+        if ctx.rules.profile.read_first && (cause == Cause::Wake || !self.m.holds_lock()) {
             if let Ok(content) = guarded(|| self.store.read()) {
                 let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
                 if !self.m.would_write(&content, ctx.world.now(), look, &probes) {
@@ -333,7 +334,7 @@ impl Key {
     /// Extension: the live sibling to hand the lock to (`target` when it
     /// has a presence, else any other participant).
     pub(super) fn heir(&self, ctx: &Ctx, target: Option<&str>) -> Option<Sibling> {
-        if !ctx.rules.extended {
+        if !ctx.rules.profile.handoff {
             return None;
         }
         let token = ctx.token()?;
@@ -362,7 +363,7 @@ impl Key {
         if self.m.holds_lock() {
             return Ok(ClaimOutcome::Claimed);
         }
-        if !ctx.rules.extended {
+        if !ctx.rules.profile.lead_requests {
             // The plain NIP: the holder learns of the claim from the relay's
             // `claim_leadership` frame, and we take the lock it releases on
             // a later look, until the stand-down timeout.

@@ -34,6 +34,7 @@ use crate::pubkey::AgentPubkey;
 
 use super::cache::{self, KeyCell, Published, Snapshot};
 use super::machine::{Cause, KeyMachine, Rules};
+use super::profile::Profile;
 use super::types::ChangeReason;
 use super::types::{ClaimOutcome, GlobalStatus, LeadershipChange};
 use super::upper::UpperLevel;
@@ -80,7 +81,7 @@ impl Writer {
         upper: Option<Box<dyn UpperLevel>>,
     ) -> Self {
         let rules = Rules {
-            extended: config.mode == crate::Mode::Extended,
+            profile: Profile::of(config.mode),
             refresh: config.refresh,
             stale: config.stale,
             stand_down: config.stand_down,
@@ -140,7 +141,7 @@ impl Writer {
         let now = self.ctx.world.now().mono;
         let gap = now.saturating_duration_since(std::mem::replace(&mut self.last_round, now));
         let rules = &self.ctx.rules;
-        if !rules.extended || self.keys.is_empty() {
+        if !rules.profile.monotonic_hang || self.keys.is_empty() {
             return;
         }
         let slack = rules.stale.saturating_sub(rules.refresh) / 2;
@@ -303,7 +304,7 @@ impl Writer {
             pubkey: pk,
             m: KeyMachine::new(self.ctx.rules, Arc::clone(&self.ctx.our_id), pid),
             cell: Arc::new(KeyCell::new(
-                self.ctx.rules.extended,
+                self.ctx.rules.profile.self_fencing,
                 Published::initial(pk),
             )),
             store: self.ctx.world.store(&pk),

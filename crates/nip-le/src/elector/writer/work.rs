@@ -26,7 +26,7 @@ impl Key {
         self.leader_since
             .get_or_insert_with(|| unix_ms(ctx.world.now().wall));
         let epoch = match self.m.observed().record() {
-            Some(r) if ctx.rules.extended && self.m.holds_lock() => r.epoch,
+            Some(r) if ctx.rules.profile.ledger && self.m.holds_lock() => r.epoch,
             _ => None,
         };
         let Some(epoch) = epoch else {
