@@ -113,7 +113,8 @@ pub struct Options {
     pub fault_every_ms: u64,
     /// Mean mention interval, ms (0: none).
     pub mention_every_ms: u64,
-    /// How long a turn takes, ms.
+    /// How long a turn takes on average, ms (each draws a quarter to twice
+    /// that).
     pub turn_ms: u64,
     /// Which faults are drawn.
     pub mix: Mix,
@@ -163,8 +164,8 @@ impl Options {
             stand_down: Duration::from_secs(10),
             lock_wait: Duration::from_millis(250),
             fault_every_ms: 4000,
-            mention_every_ms: 1500,
-            turn_ms: 400,
+            mention_every_ms: 2000,
+            turn_ms: 1500,
             mix: Mix::ALL,
         }
     }

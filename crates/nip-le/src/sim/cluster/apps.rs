@@ -52,7 +52,9 @@ impl Sim {
             match took {
                 Some(TakeOutcome::Granted { .. }) => {
                     let t = self.now();
-                    let ends = t + self.opts.turn_ms * MS;
+                    // Agent turns vary: a quarter to twice the mean.
+                    let mean = self.opts.turn_ms;
+                    let ends = t + self.rng.range(mean / 4, mean * 2) * MS;
                     let serial = self.windows[w].app.start(id, ends);
                     let proc = self.windows[w].proc;
                     self.push(ends, Ev::TurnEnd(proc, serial));

@@ -334,7 +334,11 @@ impl Sim {
         let mut rounds = 0;
         let (mut same_instant, mut last_at) = (0u32, u64::MAX);
         while let Some(((at, _), ev)) = self.queue.pop_first() {
-            if at > self.end + self.settle() || self.violation.is_some() {
+            // The quiet tail lasts until every mention is answered (a
+            // backlog drains one turn at a time), two minutes at most.
+            let tail = self.end + self.settle();
+            let drained = self.answers.len() == self.published.len();
+            if self.violation.is_some() || (at > tail && (drained || at > tail + 120_000 * MS)) {
                 break;
             }
             lock(&self.m).advance(at);
@@ -380,7 +384,7 @@ impl Sim {
     /// answer.
     fn settle(&self) -> u64 {
         let o = &self.opts;
-        (2 * o.stale + o.stand_down + 2 * o.refresh).as_nanos() as u64 + (o.turn_ms + 1000) * MS
+        (2 * o.stale + o.stand_down + 2 * o.refresh).as_nanos() as u64 + (2 * o.turn_ms + 1000) * MS
     }
 
     fn handle(&mut self, ev: Ev) {
