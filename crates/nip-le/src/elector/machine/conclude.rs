@@ -54,14 +54,17 @@ impl KeyMachine {
             // A read that finds our record unchanged proves nothing to them.
             Validity::Renew
         } else if busy && self.held_before && self.wrote_last(&content) {
-            // A peer hangs holding the store's exclusion, and the record is
-            // still exactly the one we wrote: nobody can have written since
-            // (every writer needs the exclusion), and observers that try
-            // give us a fresh stale window ([`KeyMachine::restart_hang_timer`]). Going
-            // silent would be the one thing the NIP ranks below a
-            // duplicate, so we keep leading (README, "a peer hanging on the
-            // file lock").
-            Validity::Renew
+            // A peer hangs holding the store's exclusion and the record is
+            // still the one we wrote. Nobody can write meanwhile, but that
+            // renews nothing: an observer that did not try to lock during
+            // the hold times our hang from our last write, and may take
+            // over the moment the hold ends, before our next write lands.
+            // (The simulator found two acting windows when this renewed:
+            // docs/simulator.md.) We fence at the deadline of our last
+            // write, and a write after the hold unfences us; observers that
+            // found the exclusion held gave us a fresh window, so nobody
+            // else leads meanwhile.
+            Validity::Keep
         } else if !self.held_before {
             // A record naming us that we did not write (a handoff) and
             // could not confirm (the exclusive lock timed out): nobody has

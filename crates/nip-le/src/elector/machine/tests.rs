@@ -165,7 +165,7 @@ fn busy_look(m: &mut KeyMachine, file: &LockContent, now: Now) -> Conclusion {
 }
 
 #[test]
-fn a_holder_whose_record_stands_renews_while_a_peer_holds_the_exclusion() {
+fn a_holder_whose_record_stands_is_not_renewed_while_a_peer_holds_the_exclusion() {
     let mut c = Clock::new();
     let mut m = machine(true, "me");
     let mut f = LockContent::Absent;
@@ -173,7 +173,11 @@ fn a_holder_whose_record_stands_renews_while_a_peer_holds_the_exclusion() {
     c.advance(STALE);
     let out = busy_look(&mut m, &f, c.now());
     assert!(out.leader);
-    assert_eq!(out.validity, Validity::Renew, "nobody can have written");
+    assert_eq!(
+        out.validity,
+        Validity::Keep,
+        "an observer that never tried to lock times us from our last write"
+    );
     // Our record with another claimed_at is not the one we wrote: a
     // timed-out look proves nothing then.
     let mut changed = f.record().unwrap().clone();
