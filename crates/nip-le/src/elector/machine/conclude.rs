@@ -40,6 +40,14 @@ impl KeyMachine {
         }
         self.holds_lock =
             matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == *self.our_id);
+        // No record seen (unreadable, empty, malformed): no hang to time.
+        // A past deadline kept from the last record woke the writer again
+        // at once for as long as the file stayed unreadable (EIO: found by
+        // the simulator); the record, once readable again, gets a fresh
+        // window.
+        if !matches!(&content, Ok(LockContent::Record(_))) {
+            self.seen = None;
+        }
         let validity = if !self.rules.profile.self_fencing {
             Validity::Always
         } else if !self.holds_lock {

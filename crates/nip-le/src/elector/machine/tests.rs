@@ -243,6 +243,28 @@ fn a_takeover_that_could_not_be_written_leaves_no_hang_deadline_behind() {
 }
 
 #[test]
+fn an_unreadable_file_leaves_no_hang_deadline_behind() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    assert!(m.hang_deadline().is_some());
+    c.advance(STALE * 2);
+    let begin = m.begin(c.now(), None);
+    let look = m.look(c.now(), Cause::Wake, None, &begin);
+    let seen = Seen {
+        content: Err("EIO".into()),
+        took: None,
+        locked: false,
+        busy: false,
+        error: Some("EIO".into()),
+    };
+    let out = m.conclude(Cause::Wake, &begin, look, seen);
+    assert_eq!((out.leader, out.reason), (true, ChangeReason::FailSafe));
+    assert_eq!(m.hang_deadline(), None, "no past deadline to wake for");
+}
+
+#[test]
 fn a_changed_record_restarts_the_hang_timer() {
     let mut c = Clock::new();
     let mut m = machine(true, "me");
