@@ -329,28 +329,44 @@ fn extended_claim_is_handed_straight_to_the_target() {
 }
 
 #[test]
-fn extended_leader_keeps_leading_while_a_peer_hangs_on_the_file_lock_but_not_once_it_writes() {
+fn extended_leader_fences_while_a_peer_hangs_on_the_file_lock_and_stops_once_it_writes() {
     let tmp = tempfile::tempdir().unwrap();
     let c = fast_extended(tmp.path());
+    let stale = c.stale;
     let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
     let k = pk('1');
     assert!(a.join(&k).unwrap());
     let flag = a.leader_flag(&k).unwrap();
     let mut ra = a.subscribe();
-    // A peer hangs holding the file lock for several stale bounds: nobody
-    // can write, so the record we wrote still stands and we keep leading
-    // (fencing itself is covered with a failing store, in the unit tests).
+    // A peer hangs holding the file lock for several stale bounds. Nobody
+    // can write, but that renews nothing: an observer that never tried to
+    // lock would time us from our last write. We fence at its deadline
+    // (within the stale bound) and say so; our first write after the hold
+    // unfences us, with no other change.
     let path = nip_le::lockfile::lock_path(tmp.path(), &k);
+    let held = nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1)).unwrap();
+    let start = std::time::Instant::now();
+    assert!(wait_until(|| !flag.is_leader()), "never fenced while held");
+    assert!(start.elapsed() <= stale + Duration::from_millis(100));
+    std::thread::sleep(stale * 2);
+    assert!(!flag.is_leader(), "unfenced while nobody could write");
+    drop(held);
+    assert!(
+        wait_until(|| flag.is_leader()),
+        "not unfenced after the hold"
+    );
+    let told: Vec<(bool, ChangeReason)> = drain(&mut ra);
+    assert_eq!(
+        told,
+        vec![
+            (false, ChangeReason::Fenced),
+            (true, ChangeReason::Unfenced)
+        ]
+    );
+    // The peer takes the lock again and writes a record of its own while it
+    // holds it: we see it without the lock, and stop at once.
     let mut held =
         nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1)).unwrap();
-    let end = std::time::Instant::now() + Duration::from_millis(1_000);
-    while std::time::Instant::now() < end {
-        assert!(flag.is_leader(), "fenced while nobody could write");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(drain(&mut ra).is_empty(), "a change while nothing changed");
-    // The peer writes a record of its own and goes on holding the lock: we
-    // see it without the lock, and stop at once.
     held.write(&nip_le::record::encode_record(
         "peer",
         std::process::id(),
