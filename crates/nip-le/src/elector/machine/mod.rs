@@ -45,6 +45,7 @@ use crate::record::{encode_record, LockContent, LockRecord, RecordExt};
 use super::profile::Profile;
 use super::types::ChangeReason;
 
+pub(crate) mod announce;
 mod conclude;
 
 /// The time, as the machine sees it: a monotonic instant for every interval

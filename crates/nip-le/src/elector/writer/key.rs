@@ -13,6 +13,7 @@ use crate::pubkey::AgentPubkey;
 use crate::record::{LockContent, LockRecord};
 
 use super::super::cache::{KeyCell, Published};
+use super::super::machine::announce::{Announcement, Announcer};
 use super::super::machine::{Cause, Conclusion, KeyMachine, Look, Observed, Seen, Validity};
 use super::super::store::LockStore;
 use super::super::types::{
@@ -50,13 +51,8 @@ pub(super) struct Key {
     pub(super) replaced: Option<LockContent>,
     /// Extension: the work ledger, while we hold the lock at an epoch.
     pub(super) work: Option<WorkState>,
-    /// Whether the last change we announced said we act as leader: what
-    /// `is_leader` answered then, self-fencing included.
-    pub(super) reported: bool,
-    /// The reason of a gain we could not announce yet because we were
-    /// fenced (a handed-over record we could not confirm), told when a
-    /// write of ours unfences us.
-    pub(super) withheld: Option<ChangeReason>,
+    /// What was announced last (see [`Announcer`]).
+    pub(super) announcer: Announcer,
     /// Whether the upper level was last told that we lead our host.
     pub(super) told_upper: bool,
     /// The upper level's view, when one is configured.
@@ -72,7 +68,8 @@ impl Key {
     pub(super) fn next_wake(&self, ctx: &Ctx, now: Instant) -> Instant {
         // The coarse clock may lag the loop's by a tick of its own.
         let fenced_at = self
-            .reported
+            .announcer
+            .reported()
             .then(|| self.cell.fences_in(ctx.world.clocks()))
             .flatten()
             .map(|d| now + d + Duration::from_millis(5));
@@ -239,14 +236,7 @@ impl Key {
     /// then the request removal. The watches follow after the answer
     /// (`Writer::after_answer`).
     fn apply(&mut self, ctx: &mut Ctx, c: Conclusion, locked_at: Option<u64>) {
-        // A validity that ran out while we could not say so (the process
-        // was stopped, or starved past the deadline) is announced before a
-        // lead this look concludes: others may have acted meanwhile, so a
-        // lead regained now is a new tenure, not a continuation. (A look
-        // that concludes we lost says so itself.)
-        if c.leader {
-            self.announce_fencing(ctx);
-        }
+        let acting_before = self.cell.is_leader_on(ctx.world.clocks());
         match c.validity {
             Validity::Keep => {}
             Validity::Always => self.cell.never_fence(),
@@ -261,19 +251,12 @@ impl Key {
         self.tell_upper(ctx, c.leader, false);
         // What readers see from now on: the flag, self-fencing included.
         let acting = self.cell.is_leader_on(ctx.world.clocks());
-        let reason = match (self.reported, acting) {
-            (true, false) if c.leader => ChangeReason::Fenced,
-            (false, true) if held && c.reason == ChangeReason::Acquired => {
-                self.withheld.take().unwrap_or(ChangeReason::Unfenced)
-            }
-            _ => c.reason,
-        };
-        if c.leader && !acting && !self.reported && c.reason != ChangeReason::Acquired {
-            self.withheld = Some(c.reason);
-        } else if acting || !c.leader {
-            self.withheld = None;
+        let told =
+            self.announcer
+                .conclude(c.leader, acting_before, acting, held, c.reason, c.always);
+        for a in told {
+            self.notify(ctx, a);
         }
-        self.notify(ctx, acting, reason, c.always);
         self.publish();
         self.watch = Some(c.watch);
         if let Some(nonce) = &c.remove_request {
@@ -296,7 +279,6 @@ impl Key {
     ) -> bool {
         self.m.step_down(ctx.world.now());
         self.cell.set_leader(false);
-        self.withheld = None;
         self.track_work(ctx, false);
         let heir = self.heir(ctx, target);
         let mut released = false;
@@ -326,7 +308,9 @@ impl Key {
         // A sibling of this host that took the lock from us continues the
         // upper level's hold; otherwise it is given up at once.
         self.tell_upper(ctx, false, !(released && heir.is_some()));
-        self.notify(ctx, false, reason, always);
+        if let Some(a) = self.announcer.step_down(reason, always) {
+            self.notify(ctx, a);
+        }
         self.publish();
         released
     }
@@ -386,39 +370,28 @@ impl Key {
     /// a successful write is announced as fenced at once, so the app's gate
     /// closes when `is_leader` turns false, not at our next tick.
     pub(super) fn announce_fencing(&mut self, ctx: &Ctx) {
-        if self.reported && !self.cell.is_leader_on(ctx.world.clocks()) {
+        let acting = self.cell.is_leader_on(ctx.world.clocks());
+        if let Some(a) = self.announcer.lapse(acting) {
             tracing::warn!(pubkey = %self.pubkey, "no successful write within the stale bound: fenced");
-            self.notify(ctx, false, ChangeReason::Fenced, false);
+            self.notify(ctx, a);
             self.publish();
         }
     }
 
-    /// Announces what readers now see (`leader`: the flag, fencing
-    /// included) when it differs from the last announcement, or `always`.
-    fn notify(&mut self, ctx: &Ctx, leader: bool, reason: ChangeReason, always: bool) {
-        self.notify_at(ctx, leader, reason, always, unix_ms(ctx.world.now().wall));
+    /// Publishes an announcement the machine decided on, now.
+    fn notify(&mut self, ctx: &Ctx, a: Announcement) {
+        self.notify_at(ctx, a, unix_ms(ctx.world.now().wall));
     }
 
     /// [`Key::notify`] for a change that happened at `at_ms`.
-    pub(super) fn notify_at(
-        &mut self,
-        ctx: &Ctx,
-        leader: bool,
-        reason: ChangeReason,
-        always: bool,
-        at_ms: u64,
-    ) {
-        let was = std::mem::replace(&mut self.reported, leader);
-        if was == leader && !always {
-            return;
-        }
+    pub(super) fn notify_at(&mut self, ctx: &Ctx, a: Announcement, at_ms: u64) {
         let record = self.m.observed().record();
         let change = LeadershipChange {
             pubkey: self.pubkey,
-            is_leader: leader,
+            is_leader: a.is_leader,
             leader_instance_id: record.map(|r| r.instance_id.clone()),
-            reason,
-            must_cancel_turn: was && !leader && reason.must_cancel_turn(),
+            reason: a.reason,
+            must_cancel_turn: a.must_cancel_turn,
             epoch: record.and_then(|r| r.epoch),
             at_ms,
             level: self.cell.level_on(ctx.world.clocks()),

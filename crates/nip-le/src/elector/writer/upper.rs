@@ -47,7 +47,9 @@ impl Key {
         }
         if let Some(reason) = news.reason {
             let acting = self.cell.is_leader_on(ctx.world.clocks());
-            self.notify_at(ctx, acting, reason, true, news.at_ms);
+            if let Some(a) = self.announcer.tell(acting, reason, true) {
+                self.notify_at(ctx, a, news.at_ms);
+            }
         }
         self.publish();
     }
