@@ -282,6 +282,29 @@ impl Index {
     }
 }
 
+/// Of a queue of `(event id, published unix ms)`, in order, the events the
+/// holder at `epoch` owes: those `index` does not show as done or taken at
+/// `epoch` (every event, without a ledger); and, when `published_since` is
+/// set (the predecessor kept no ledger we can read: spec mode, the harness,
+/// another host, or ours is unreadable), only those published since then
+/// (or of unknown time): older ones it may have answered.
+pub fn owed<'a>(
+    queue: impl IntoIterator<Item = (&'a str, Option<u64>)>,
+    index: Option<&Index>,
+    epoch: u64,
+    published_since: Option<u64>,
+) -> Vec<String> {
+    queue
+        .into_iter()
+        .filter(|(_, p)| match (published_since, p) {
+            (Some(since), Some(p)) => *p >= since,
+            _ => true,
+        })
+        .filter(|(id, _)| index.is_none_or(|ix| ix.verdict(id, epoch) == Verdict::Owed))
+        .map(|(id, _)| id.to_owned())
+        .collect()
+}
+
 /// Why a ledger could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {
@@ -559,6 +582,33 @@ mod tests {
                 "never written through a symlink"
             );
         }
+    }
+
+    #[test]
+    fn owed_leaves_out_done_and_taken_now_and_what_a_ledgerless_predecessor_may_have_answered() {
+        let mut ix = Index::default();
+        ix.apply(&done("a", 1, 1));
+        ix.apply(&take("b", 2, 1));
+        ix.apply(&take("c", 1, 1));
+        let q = [
+            ("a", Some(10)),
+            ("b", Some(10)),
+            ("c", Some(10)),
+            ("d", Some(50)),
+            ("e", None),
+        ];
+        assert_eq!(
+            owed(q, Some(&ix), 2, None),
+            ["c", "d", "e"],
+            "c was taken by an earlier holder"
+        );
+        assert_eq!(owed(q, Some(&ix), 2, Some(20)), ["d", "e"]);
+        assert_eq!(
+            owed(q, None, 0, Some(20)),
+            ["d", "e"],
+            "no ledger: since we led"
+        );
+        assert_eq!(owed(q, None, 0, None).len(), 5);
     }
 
     #[test]

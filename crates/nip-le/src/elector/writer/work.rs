@@ -161,35 +161,24 @@ impl Key {
         }
     }
 
-    /// The queued events we must dispatch now, in order.
+    /// The queued events we must dispatch now, in order (the rule:
+    /// [`ledger::owed`]).
     pub(super) fn owed(&self, queue: &[QueuedEvent]) -> Vec<String> {
         let since = self
             .leader_since
             .unwrap_or(0)
             .max(self.global_since.unwrap_or(0));
-        // Without a ledger that covers the predecessor, events published
-        // before we led may have been answered by it.
-        let published_since = |e: &QueuedEvent| e.published_ms.is_none_or(|p| p >= since);
+        let events = queue.iter().map(|e| (e.id.as_str(), e.published_ms));
         match self.work.as_ref() {
             Some(w) => {
+                // Without a ledger that covers the predecessor, events
+                // published before we led may have been answered by it.
                 let fallback =
                     w.ledgerless_before || w.ledger.is_none() || self.global_since.is_some();
-                queue
-                    .iter()
-                    .filter(|e| !fallback || published_since(e))
-                    .filter(|e| {
-                        w.ledger
-                            .as_ref()
-                            .is_none_or(|l| l.index.verdict(&e.id, w.epoch) == Verdict::Owed)
-                    })
-                    .map(|e| e.id.clone())
-                    .collect()
+                let index = w.ledger.as_ref().map(|l| &l.index);
+                ledger::owed(events, index, w.epoch, fallback.then_some(since))
             }
-            None => queue
-                .iter()
-                .filter(|e| published_since(e))
-                .map(|e| e.id.clone())
-                .collect(),
+            None => ledger::owed(events, None, 0, Some(since)),
         }
     }
 }
