@@ -228,6 +228,18 @@ impl Index {
         }
     }
 
+    /// The events taken at `epoch` and not done or given back, sorted.
+    pub fn taken_at(&self, epoch: u64) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.state == State::Taken(epoch))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// The state of `id`, if the ledger knows it.
     pub fn state(&self, id: &str) -> Option<State> {
         self.entries.get(id).map(|e| e.state)

@@ -56,6 +56,32 @@ impl Key {
         });
     }
 
+    /// Leaving the key (or shutting down) ends every turn this window took
+    /// at its epoch: they are given back, owed again at once to whoever
+    /// leads next. A release that fails (a peer holds the `flock`) leaves
+    /// our record, and a window that joins again under the same id would
+    /// regain it at the same epoch, where those takes would still read as
+    /// "taken now" (found by the simulator: the mention was never
+    /// answered).
+    pub(super) fn end_takes(&mut self, now_ms: u64) {
+        let Some(w) = self.work.as_mut() else {
+            return;
+        };
+        let Some(l) = w.ledger.as_mut() else {
+            return;
+        };
+        for id in l.index.taken_at(w.epoch) {
+            let op = Op::GiveBack {
+                id,
+                epoch: w.epoch,
+                at_ms: now_ms,
+            };
+            if let Err(e) = l.append(&op) {
+                tracing::warn!(pubkey = %self.pubkey, "cannot give a take back: {e}");
+            }
+        }
+    }
+
     /// Rewrites a ledger that has grown to twice its live entries.
     pub(super) fn compact_ledger(&mut self) {
         let Some(l) = self.work.as_mut().and_then(|w| w.ledger.as_mut()) else {
