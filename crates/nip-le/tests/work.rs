@@ -199,3 +199,37 @@ fn spec_mode_keeps_no_ledger_and_touches_no_other_file() {
     assert!(wa.done("e").unwrap());
     assert!(!nip_le::ledger::ledger_path(tmp.path(), &pk()).exists());
 }
+
+#[test]
+fn leaving_ends_our_takes_even_when_the_release_cannot_be_written() {
+    // Found by the simulator: a window left while a peer held the lock
+    // file's flock, so its record stayed; joined again under the same id,
+    // it regained the lock at the same epoch, where its old take still
+    // read as "taken now": that mention was never answered.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = config(tmp.path());
+    c.lock_wait = Duration::from_millis(20);
+    let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
+    assert!(a.join(&pk()).unwrap());
+    let w = a.work(&pk()).unwrap();
+    let epoch = granted_epoch(w.take("e1").unwrap());
+    let path = nip_le::lockfile::lock_path(tmp.path(), &pk());
+    let held = nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1)).unwrap();
+    a.leave(&pk()).unwrap();
+    drop(held);
+    let record = nip_le::lockfile::read_unguarded(&path).unwrap();
+    assert_eq!(
+        record.record().map(|r| (r.instance_id.as_str(), r.epoch)),
+        Some(("a", Some(epoch))),
+        "the release could not be written"
+    );
+    assert!(a.join(&pk()).unwrap());
+    let w = a.work(&pk()).unwrap();
+    assert!(wait_until(|| w.may_act()));
+    assert_eq!(w.owed(&q(&["e1"])).unwrap(), vec!["e1".to_string()]);
+    assert_eq!(
+        granted_epoch(w.take("e1").unwrap()),
+        epoch,
+        "the same epoch"
+    );
+}

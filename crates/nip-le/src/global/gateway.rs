@@ -12,44 +12,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-/// Why a call failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct GatewayError(pub String);
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-type Result<T> = std::result::Result<T, GatewayError>;
-
-/// One key-value pair as etcd returns it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Kv {
-    pub key: String,
-    pub value: Vec<u8>,
-    pub mod_revision: u64,
-    /// The lease the key is bound to (0: none).
-    pub lease: i64,
-}
-
-/// A transaction's verdict: it ran its success branch (at this revision),
-/// or the comparison failed and this is what the key holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Txn {
-    Done(u64),
-    Failed(Option<Kv>),
-}
-
-/// One change seen by a watch: `kv` is `None` when the key was deleted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Change {
-    pub key: String,
-    /// The revision of the change (of the deletion, for a delete).
-    pub revision: u64,
-    pub kv: Option<Kv>,
-}
+use super::etcd::{Change, Etcd, GatewayError, Kv, Result, Txn, Watch, WatchMessage};
 
 /// A client for one list of endpoints; a failed call moves to the next.
 #[derive(Debug)]
@@ -156,43 +119,6 @@ impl Gateway {
         serde_json::from_str(&text).map_err(|e| GatewayError(format!("{url}: {e}: {text}")))
     }
 
-    /// The key's current value, if any.
-    pub(crate) fn get(&self, key: &str) -> Result<Option<Kv>> {
-        self.get_at(key).map(|(kv, _)| kv)
-    }
-
-    /// The key's current value and the store's revision.
-    pub(crate) fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
-        let v = self.call("/v3/kv/range", &json!({ "key": b64(key) }))?;
-        let kv = v["kvs"]
-            .as_array()
-            .and_then(|a| a.first())
-            .and_then(parse_kv);
-        Ok((kv, num(&v["header"]["revision"])))
-    }
-
-    /// Creates `key` bound to `lease` only if it does not exist.
-    pub(crate) fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn> {
-        let compare = json!([{ "target": "CREATE", "key": b64(key), "create_revision": "0" }]);
-        self.txn(key, compare, value, lease, None)
-    }
-
-    /// Rewrites `key` (bound to `lease`) only if it was last written at
-    /// `mod_revision`; deletes `also_delete` in the same transaction.
-    pub(crate) fn swap(
-        &self,
-        key: &str,
-        mod_revision: u64,
-        value: &[u8],
-        lease: i64,
-        also_delete: Option<&str>,
-    ) -> Result<Txn> {
-        let compare = json!([{
-            "target": "MOD", "key": b64(key), "mod_revision": mod_revision.to_string()
-        }]);
-        self.txn(key, compare, value, lease, also_delete)
-    }
-
     fn txn(
         &self,
         key: &str,
@@ -222,9 +148,43 @@ impl Gateway {
             .and_then(parse_kv);
         Ok(Txn::Failed(kv))
     }
+}
+
+impl Etcd for Gateway {
+    /// The key's current value and the store's revision.
+    fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
+        let v = self.call("/v3/kv/range", &json!({ "key": b64(key) }))?;
+        let kv = v["kvs"]
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(parse_kv);
+        Ok((kv, num(&v["header"]["revision"])))
+    }
+
+    /// Creates `key` bound to `lease` only if it does not exist.
+    fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn> {
+        let compare = json!([{ "target": "CREATE", "key": b64(key), "create_revision": "0" }]);
+        self.txn(key, compare, value, lease, None)
+    }
+
+    /// Rewrites `key` (bound to `lease`) only if it was last written at
+    /// `mod_revision`; deletes `also_delete` in the same transaction.
+    fn swap(
+        &self,
+        key: &str,
+        mod_revision: u64,
+        value: &[u8],
+        lease: i64,
+        also_delete: Option<&str>,
+    ) -> Result<Txn> {
+        let compare = json!([{
+            "target": "MOD", "key": b64(key), "mod_revision": mod_revision.to_string()
+        }]);
+        self.txn(key, compare, value, lease, also_delete)
+    }
 
     /// Puts `key` unconditionally, bound to `lease`.
-    pub(crate) fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()> {
+    fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()> {
         let body =
             json!({ "key": b64(key), "value": B64.encode(value), "lease": lease.to_string() });
         self.call("/v3/kv/put", &body).map(drop)
@@ -232,7 +192,7 @@ impl Gateway {
 
     /// A new lease of `ttl` (etcd may raise it to its minimum): its id and
     /// granted TTL.
-    pub(crate) fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
+    fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
         let v = self.call(
             "/v3/lease/grant",
             &json!({ "TTL": ttl.as_secs().to_string() }),
@@ -245,13 +205,13 @@ impl Gateway {
     }
 
     /// Renews `lease`: the TTL it has from now on, zero when it expired.
-    pub(crate) fn keep_alive(&self, lease: i64) -> Result<Duration> {
+    fn keep_alive(&self, lease: i64) -> Result<Duration> {
         let v = self.call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }))?;
         Ok(Duration::from_secs(num(&v["result"]["TTL"])))
     }
 
     /// Revokes `lease` (deleting every key bound to it).
-    pub(crate) fn revoke(&self, lease: i64) -> Result<()> {
+    fn revoke(&self, lease: i64) -> Result<()> {
         self.call("/v3/lease/revoke", &json!({ "ID": lease.to_string() }))
             .map(drop)
     }
@@ -259,13 +219,13 @@ impl Gateway {
     /// Opens a watch on `key` (every key under it, when `prefix`), from
     /// `start` (0: now). The reader blocks until etcd sends something;
     /// `read_timeout` bounds a silent connection (it is then opened again).
-    pub(crate) fn watch(
+    fn watch(
         &self,
         key: &str,
         prefix: bool,
         start: u64,
         read_timeout: Duration,
-    ) -> Result<WatchStream> {
+    ) -> Result<Box<dyn Watch>> {
         let url = format!("{}/v3/watch", self.endpoint());
         let mut create = json!({ "key": b64(key) });
         if prefix {
@@ -285,9 +245,9 @@ impl Gateway {
                 self.next_endpoint();
                 GatewayError(format!("{url}: {e}"))
             })?;
-        Ok(WatchStream {
+        Ok(Box::new(WatchStream {
             lines: BufReader::new(Box::new(r.into_reader())),
-        })
+        }))
     }
 }
 
@@ -296,20 +256,8 @@ pub(crate) struct WatchStream {
     lines: BufReader<Box<dyn std::io::Read + Send + Sync>>,
 }
 
-/// What one message of a watch said.
-#[derive(Debug, Default)]
-pub(crate) struct WatchMessage {
-    /// The revision etcd was at.
-    pub revision: u64,
-    pub created: bool,
-    /// The watch cannot go on (compacted, cancelled).
-    pub ended: bool,
-    pub changes: Vec<Change>,
-}
-
-impl WatchStream {
-    /// The next message; an error ends the stream.
-    pub(crate) fn next_message(&mut self) -> Result<WatchMessage> {
+impl Watch for WatchStream {
+    fn next_message(&mut self) -> Result<WatchMessage> {
         let mut line = String::new();
         loop {
             line.clear();

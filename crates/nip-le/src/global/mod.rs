@@ -28,7 +28,10 @@
 //! runtime in every app that enables the feature.
 
 mod contender;
+mod etcd;
 mod gateway;
+#[cfg(test)]
+mod memory;
 
 use std::time::Duration;
 
@@ -37,6 +40,7 @@ pub(crate) use contender::Contender;
 
 use crate::elector::GlobalHolder;
 use crate::pubkey::AgentPubkey;
+use etcd::Etcd as _;
 
 /// Reads who holds `pubkey`'s etcd key, for status tools (one range call).
 pub fn read_holder(

@@ -472,3 +472,17 @@ fn a_record_handed_to_us_is_confirmed_by_a_write_on_the_next_look() {
         "the handed-over epoch stays"
     );
 }
+
+#[test]
+fn a_round_late_by_more_than_half_the_margin_is_a_pause_in_extended_mode_only() {
+    let r = rules(true);
+    let margin = (r.stale - r.refresh) / 2;
+    assert!(!r.paused(r.refresh + margin));
+    assert!(r.paused(r.refresh + margin + Duration::from_millis(1)));
+    assert!(!rules(false).paused(Duration::from_secs(3600)));
+    assert_eq!(r.tick_slack(), Duration::from_millis(10));
+    assert_eq!(
+        r.busy_retry(Duration::from_millis(250)),
+        Duration::from_millis(300)
+    );
+}

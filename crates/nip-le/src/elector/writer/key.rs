@@ -144,7 +144,7 @@ impl Key {
     fn while_a_peer_holds_the_lock(&mut self, ctx: &Ctx) {
         let now = ctx.world.now().mono;
         if self.m.holds_lock() {
-            let retry = (ctx.config.lock_wait + Duration::from_millis(50)).min(ctx.rules.refresh);
+            let retry = ctx.rules.busy_retry(ctx.config.lock_wait);
             self.next_tick = self.next_tick.min(now + retry);
         } else {
             self.m.restart_hang_timer(now);

@@ -24,7 +24,7 @@ mod work;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use tokio::sync::broadcast;
 
@@ -131,21 +131,12 @@ impl Writer {
         true
     }
 
-    /// Extension: the loop wakes at least once per refresh, so a round that
-    /// begins much later than that means we were paused (or starved) and
-    /// could not look: every hang timer starts again, so that a cluster
-    /// paused and resumed together, in any order, keeps its leader. The
-    /// slack is half the margin between refresh and stale: any pause long
-    /// enough to make a live holder look hung is noticed.
+    /// Extension: a round that began late enough that we were paused (the
+    /// rule: [`Rules::paused`]) restarts every hang timer.
     fn notice_pause(&mut self) {
         let now = self.ctx.world.now().mono;
         let gap = now.saturating_duration_since(std::mem::replace(&mut self.last_round, now));
-        let rules = &self.ctx.rules;
-        if !rules.profile.monotonic_hang || self.keys.is_empty() {
-            return;
-        }
-        let slack = rules.stale.saturating_sub(rules.refresh) / 2;
-        if gap > rules.refresh + slack {
+        if !self.keys.is_empty() && self.ctx.rules.paused(gap) {
             tracing::info!(
                 ?gap,
                 "the election task was paused: hang timers start again"
@@ -186,11 +177,8 @@ impl Writer {
     /// refresh a little early is harmless) and looks again at the keys a
     /// file event or a holder's death named.
     fn refresh_due(&mut self, woken: &BTreeSet<AgentPubkey>, all: bool) {
-        // Ticks due within a few milliseconds are coalesced; never much
-        // earlier, or a spec claimant would tick just before the holder
-        // releases and wait a whole interval more.
         let now = self.ctx.world.now().mono;
-        let due = now + (self.ctx.rules.refresh / 16).min(Duration::from_millis(10));
+        let due = now + self.ctx.rules.tick_slack();
         for key in self.keys.values_mut() {
             if key.next_tick <= due {
                 // Before the look: the look may bring its next one closer.
@@ -338,6 +326,7 @@ impl Writer {
     /// Leaves `pk`, releasing the lock if we hold it.
     fn leave(&mut self, pk: &AgentPubkey) -> Result<()> {
         let mut key = self.keys.remove(pk).ok_or(Error::NotJoined(*pk))?;
+        key.end_takes(unix_ms(self.ctx.world.now().wall));
         key.step_down(&mut self.ctx, ChangeReason::Released, None, true);
         self.forget(key);
         Ok(())
@@ -380,6 +369,7 @@ impl Writer {
     fn shutdown(&mut self) {
         let keys = std::mem::take(&mut self.keys);
         for (_, mut key) in keys {
+            key.end_takes(unix_ms(self.ctx.world.now().wall));
             key.step_down(&mut self.ctx, ChangeReason::Released, None, false);
             self.forget(key);
         }

@@ -56,6 +56,32 @@ impl Key {
         });
     }
 
+    /// Leaving the key (or shutting down) ends every turn this window took
+    /// at its epoch: they are given back, owed again at once to whoever
+    /// leads next. A release that fails (a peer holds the `flock`) leaves
+    /// our record, and a window that joins again under the same id would
+    /// regain it at the same epoch, where those takes would still read as
+    /// "taken now" (found by the simulator: the mention was never
+    /// answered).
+    pub(super) fn end_takes(&mut self, now_ms: u64) {
+        let Some(w) = self.work.as_mut() else {
+            return;
+        };
+        let Some(l) = w.ledger.as_mut() else {
+            return;
+        };
+        for id in l.index.taken_at(w.epoch) {
+            let op = Op::GiveBack {
+                id,
+                epoch: w.epoch,
+                at_ms: now_ms,
+            };
+            if let Err(e) = l.append(&op) {
+                tracing::warn!(pubkey = %self.pubkey, "cannot give a take back: {e}");
+            }
+        }
+    }
+
     /// Rewrites a ledger that has grown to twice its live entries.
     pub(super) fn compact_ledger(&mut self) {
         let Some(l) = self.work.as_mut().and_then(|w| w.ledger.as_mut()) else {
@@ -161,35 +187,24 @@ impl Key {
         }
     }
 
-    /// The queued events we must dispatch now, in order.
+    /// The queued events we must dispatch now, in order (the rule:
+    /// [`ledger::owed`]).
     pub(super) fn owed(&self, queue: &[QueuedEvent]) -> Vec<String> {
         let since = self
             .leader_since
             .unwrap_or(0)
             .max(self.global_since.unwrap_or(0));
-        // Without a ledger that covers the predecessor, events published
-        // before we led may have been answered by it.
-        let published_since = |e: &QueuedEvent| e.published_ms.is_none_or(|p| p >= since);
+        let events = queue.iter().map(|e| (e.id.as_str(), e.published_ms));
         match self.work.as_ref() {
             Some(w) => {
+                // Without a ledger that covers the predecessor, events
+                // published before we led may have been answered by it.
                 let fallback =
                     w.ledgerless_before || w.ledger.is_none() || self.global_since.is_some();
-                queue
-                    .iter()
-                    .filter(|e| !fallback || published_since(e))
-                    .filter(|e| {
-                        w.ledger
-                            .as_ref()
-                            .is_none_or(|l| l.index.verdict(&e.id, w.epoch) == Verdict::Owed)
-                    })
-                    .map(|e| e.id.clone())
-                    .collect()
+                let index = w.ledger.as_ref().map(|l| &l.index);
+                ledger::owed(events, index, w.epoch, fallback.then_some(since))
             }
-            None => queue
-                .iter()
-                .filter(|e| published_since(e))
-                .map(|e| e.id.clone())
-                .collect(),
+            None => ledger::owed(events, None, 0, Some(since)),
         }
     }
 }

@@ -18,7 +18,8 @@ use crate::elector::upper::{Tell, UpperLevel, UpperNews};
 use crate::elector::{ChangeReason, GlobalHolder, GlobalStatus};
 use crate::pubkey::AgentPubkey;
 
-use super::gateway::{Change, Gateway, Kv, Txn};
+use super::etcd::{Change, Etcd, Kv, Txn};
+use super::gateway::Gateway;
 use super::{EtcdConfig, WhenUnreachable};
 
 mod moves;
@@ -91,7 +92,7 @@ struct Task {
     cfg: EtcdConfig,
     our_id: String,
     stand_down: Duration,
-    gw: Gateway,
+    gw: Arc<dyn Etcd>,
     tell: Tell,
     entries: HashMap<AgentPubkey, Entry>,
     /// The last time etcd answered anything.
@@ -107,19 +108,35 @@ pub(crate) struct Contender {
 }
 
 impl Contender {
-    /// Starts the contender and its watch for `cfg` (validated).
+    /// Starts the contender and its watch for `cfg` (validated), on etcd's
+    /// JSON gateway.
     pub(crate) fn start(
         cfg: EtcdConfig,
         our_id: &str,
         stand_down: Duration,
         tell: Tell,
     ) -> std::io::Result<Self> {
+        let timeout = (cfg.ttl / 4).min(Duration::from_secs(1));
+        let calls = Arc::new(Gateway::new(&cfg.endpoints, timeout));
+        let watches = Arc::new(Gateway::new(&cfg.endpoints, Duration::from_secs(1)));
+        Self::start_on(cfg, our_id, stand_down, tell, calls, watches)
+    }
+
+    /// [`Contender::start`] on any etcd: `calls` for the task, `watches`
+    /// for the watch thread.
+    pub(crate) fn start_on(
+        cfg: EtcdConfig,
+        our_id: &str,
+        stand_down: Duration,
+        tell: Tell,
+        calls: Arc<dyn Etcd>,
+        watches: Arc<dyn Etcd>,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let cfg_host = cfg.host_id.clone();
         let stop = Arc::new(AtomicBool::new(false));
-        let timeout = (cfg.ttl / 4).min(Duration::from_secs(1));
         let task = Task {
-            gw: Gateway::new(&cfg.endpoints, timeout),
+            gw: calls,
             our_id: our_id.to_owned(),
             stand_down,
             tell,
@@ -133,7 +150,7 @@ impl Contender {
         let (wtx, wstop) = (tx.clone(), Arc::clone(&stop));
         std::thread::Builder::new()
             .name("nip-le-etcd-watch".into())
-            .spawn(move || watch(&cfg, &wtx, &wstop))?;
+            .spawn(move || watch(&cfg, &*watches, &wtx, &wstop))?;
         Ok(Self {
             host_id: cfg_host,
             tx,
@@ -146,8 +163,7 @@ impl Contender {
 /// Follows every key under the prefix, from where it left off; a gap it
 /// cannot bridge (first start, compaction, an error) makes the task look
 /// at every key again.
-fn watch(cfg: &EtcdConfig, tx: &mpsc::Sender<Inbox>, stop: &AtomicBool) {
-    let gw = Gateway::new(&cfg.endpoints, Duration::from_secs(1));
+fn watch(cfg: &EtcdConfig, gw: &dyn Etcd, tx: &mpsc::Sender<Inbox>, stop: &AtomicBool) {
     let prefix = format!("{}/", cfg.prefix);
     let mut next = 0u64;
     while !stop.load(Ordering::Acquire) {
@@ -341,11 +357,7 @@ impl Task {
 
     /// Records a call's outcome for `pk`: contact on success, a retry
     /// delay and the error on failure.
-    fn noted<T>(
-        &mut self,
-        pk: AgentPubkey,
-        r: Result<T, super::gateway::GatewayError>,
-    ) -> Option<T> {
+    fn noted<T>(&mut self, pk: AgentPubkey, r: Result<T, super::etcd::GatewayError>) -> Option<T> {
         let e = self.entries.get_mut(&pk)?;
         match r {
             Ok(v) => {
@@ -405,3 +417,6 @@ impl Entry {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

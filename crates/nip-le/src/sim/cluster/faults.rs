@@ -46,6 +46,17 @@ impl Sim {
                     // No excuse: a stopped holder is replaced within the
                     // stale bound, however long the stop.
                     lock(&self.m).procs[self.windows[w].proc].stopped_until = t + d;
+                    // A stop can land inside the few microseconds the
+                    // window holds the lock file's `flock`: everyone's
+                    // locked looks then time out until it resumes.
+                    if self.opts.mix.holds && self.rng.chance(0.25) {
+                        let pk = self.pk;
+                        let mut s = lock(&self.m);
+                        let f = s.files.entry(pk).or_default();
+                        f.held_until = f.held_until.max(t + d);
+                        drop(s);
+                        self.quiet_from = self.quiet_from.max(t + d);
+                    }
                 }
             }
             Fault::PauseAll { d } | Fault::Suspend { d } => {

@@ -1,0 +1,103 @@
+//! The etcd calls the contender makes, behind a trait: etcd's JSON gateway
+//! over HTTP ([`super::gateway::Gateway`]) in an app, an in-memory etcd
+//! ([`super::memory::MemoryEtcd`]) in tests. The contender never names
+//! which.
+
+use std::time::Duration;
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GatewayError(pub String);
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What an etcd call returns.
+pub(crate) type Result<T> = std::result::Result<T, GatewayError>;
+
+/// One key-value pair as etcd returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kv {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub mod_revision: u64,
+    /// The lease the key is bound to (0: none).
+    pub lease: i64,
+}
+
+/// A transaction's verdict: it ran its success branch (at this revision),
+/// or the comparison failed and this is what the key holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Txn {
+    Done(u64),
+    Failed(Option<Kv>),
+}
+
+/// One change seen by a watch: `kv` is `None` when the key was deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub key: String,
+    /// The revision of the change (of the deletion, for a delete).
+    pub revision: u64,
+    pub kv: Option<Kv>,
+}
+
+/// What one message of a watch said.
+#[derive(Debug, Default)]
+pub(crate) struct WatchMessage {
+    /// The revision etcd was at.
+    pub revision: u64,
+    pub created: bool,
+    /// The watch cannot go on (compacted, cancelled).
+    pub ended: bool,
+    pub changes: Vec<Change>,
+}
+
+/// The contender's view of etcd.
+pub(crate) trait Etcd: Send + Sync {
+    /// The key's current value and the store's revision.
+    fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)>;
+    /// Creates `key` bound to `lease` only if it does not exist.
+    fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn>;
+    /// Rewrites `key` (bound to `lease`) only if it was last written at
+    /// `mod_revision`; deletes `also_delete` in the same transaction.
+    fn swap(
+        &self,
+        key: &str,
+        mod_revision: u64,
+        value: &[u8],
+        lease: i64,
+        also_delete: Option<&str>,
+    ) -> Result<Txn>;
+    /// Puts `key` unconditionally, bound to `lease`.
+    fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()>;
+    /// A new lease of `ttl`: its id and granted TTL.
+    fn grant(&self, ttl: Duration) -> Result<(i64, Duration)>;
+    /// Renews `lease`: the TTL it has from now on, zero when it expired.
+    fn keep_alive(&self, lease: i64) -> Result<Duration>;
+    /// Revokes `lease` (deleting every key bound to it).
+    fn revoke(&self, lease: i64) -> Result<()>;
+    /// Opens a watch on `key` (every key under it, when `prefix`), from
+    /// `start` (0: now); a silent stream ends after `read_timeout`.
+    fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        start: u64,
+        read_timeout: Duration,
+    ) -> Result<Box<dyn Watch>>;
+
+    /// The key's current value, if any.
+    fn get(&self, key: &str) -> Result<Option<Kv>> {
+        self.get_at(key).map(|(kv, _)| kv)
+    }
+}
+
+/// A watch's stream of messages.
+pub(crate) trait Watch: Send {
+    /// The next message; an error ends the stream.
+    fn next_message(&mut self) -> Result<WatchMessage>;
+}

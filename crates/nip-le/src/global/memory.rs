@@ -1,0 +1,260 @@
+//! An in-memory etcd: revisions, transactions comparing a key's create or
+//! mod revision, leases that expire on the real clock and delete their keys,
+//! and watches from a revision. Enough of etcd's semantics to drive the
+//! contender in unit tests without a server.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::etcd::{Change, Etcd, GatewayError, Kv, Result, Txn, Watch, WatchMessage};
+
+#[derive(Debug, Default)]
+struct Store {
+    revision: u64,
+    kvs: BTreeMap<String, Kv>,
+    /// Lease id → (TTL, expiry).
+    leases: HashMap<i64, (Duration, Instant)>,
+    next_lease: i64,
+    history: Vec<Change>,
+}
+
+impl Store {
+    /// Expired leases go, with their keys (one revision per lease).
+    fn expire(&mut self, now: Instant) {
+        let gone: Vec<i64> = self
+            .leases
+            .iter()
+            .filter(|(_, (_, until))| *until <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.drop_lease(id);
+        }
+    }
+
+    fn drop_lease(&mut self, id: i64) {
+        if self.leases.remove(&id).is_none() {
+            return;
+        }
+        let keys: Vec<String> = self
+            .kvs
+            .values()
+            .filter(|kv| kv.lease == id)
+            .map(|kv| kv.key.clone())
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        self.revision += 1;
+        for k in keys {
+            self.delete_at(&k);
+        }
+    }
+
+    fn delete_at(&mut self, key: &str) {
+        if self.kvs.remove(key).is_some() {
+            self.history.push(Change {
+                key: key.to_owned(),
+                revision: self.revision,
+                kv: None,
+            });
+        }
+    }
+
+    fn put_at(&mut self, key: &str, value: &[u8], lease: i64) -> Result<()> {
+        if lease != 0 && !self.leases.contains_key(&lease) {
+            return Err(GatewayError(format!("lease {lease} not found")));
+        }
+        let kv = Kv {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            mod_revision: self.revision,
+            lease,
+        };
+        self.kvs.insert(key.to_owned(), kv.clone());
+        self.history.push(Change {
+            key: key.to_owned(),
+            revision: self.revision,
+            kv: Some(kv),
+        });
+        Ok(())
+    }
+}
+
+/// One in-memory etcd, shared by every client made of it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MemoryEtcd {
+    store: Arc<(Mutex<Store>, Condvar)>,
+}
+
+impl MemoryEtcd {
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        let mut s = self.store.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.expire(Instant::now());
+        s
+    }
+
+    fn changed(&self) {
+        self.store.1.notify_all();
+    }
+}
+
+impl Etcd for MemoryEtcd {
+    fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
+        let s = self.lock();
+        Ok((s.kvs.get(key).cloned(), s.revision))
+    }
+
+    fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn> {
+        let mut s = self.lock();
+        if let Some(kv) = s.kvs.get(key) {
+            return Ok(Txn::Failed(Some(kv.clone())));
+        }
+        s.revision += 1;
+        let r = s.put_at(key, value, lease).map(|()| Txn::Done(s.revision));
+        drop(s);
+        self.changed();
+        r
+    }
+
+    fn swap(
+        &self,
+        key: &str,
+        mod_revision: u64,
+        value: &[u8],
+        lease: i64,
+        also_delete: Option<&str>,
+    ) -> Result<Txn> {
+        let mut s = self.lock();
+        let current = s.kvs.get(key).cloned();
+        if current.as_ref().map_or(0, |kv| kv.mod_revision) != mod_revision {
+            return Ok(Txn::Failed(current));
+        }
+        s.revision += 1;
+        s.put_at(key, value, lease)?;
+        if let Some(k) = also_delete {
+            s.delete_at(k);
+        }
+        let rev = s.revision;
+        drop(s);
+        self.changed();
+        Ok(Txn::Done(rev))
+    }
+
+    fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()> {
+        let mut s = self.lock();
+        s.revision += 1;
+        s.put_at(key, value, lease)?;
+        drop(s);
+        self.changed();
+        Ok(())
+    }
+
+    fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
+        let mut s = self.lock();
+        s.next_lease += 1;
+        let id = s.next_lease;
+        s.leases.insert(id, (ttl, Instant::now() + ttl));
+        Ok((id, ttl))
+    }
+
+    fn keep_alive(&self, lease: i64) -> Result<Duration> {
+        let mut s = self.lock();
+        Ok(match s.leases.get_mut(&lease) {
+            Some((ttl, until)) => {
+                *until = Instant::now() + *ttl;
+                *ttl
+            }
+            None => Duration::ZERO,
+        })
+    }
+
+    fn revoke(&self, lease: i64) -> Result<()> {
+        let mut s = self.lock();
+        s.drop_lease(lease);
+        drop(s);
+        self.changed();
+        Ok(())
+    }
+
+    fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        start: u64,
+        read_timeout: Duration,
+    ) -> Result<Box<dyn Watch>> {
+        let revision = self.lock().revision;
+        Ok(Box::new(MemoryWatch {
+            etcd: self.clone(),
+            key: key.to_owned(),
+            prefix,
+            next: if start == 0 { revision + 1 } else { start },
+            created: false,
+            read_timeout,
+        }))
+    }
+}
+
+/// A watch on a [`MemoryEtcd`].
+struct MemoryWatch {
+    etcd: MemoryEtcd,
+    key: String,
+    prefix: bool,
+    next: u64,
+    created: bool,
+    read_timeout: Duration,
+}
+
+impl Watch for MemoryWatch {
+    fn next_message(&mut self) -> Result<WatchMessage> {
+        let end = Instant::now() + self.read_timeout;
+        let mut s = self.etcd.lock();
+        if !std::mem::replace(&mut self.created, true) {
+            return Ok(WatchMessage {
+                revision: s.revision,
+                created: true,
+                ..WatchMessage::default()
+            });
+        }
+        loop {
+            let changes: Vec<Change> = s
+                .history
+                .iter()
+                .filter(|c| c.revision >= self.next)
+                .filter(|c| {
+                    if self.prefix {
+                        c.key.starts_with(&self.key)
+                    } else {
+                        c.key == self.key
+                    }
+                })
+                .cloned()
+                .collect();
+            if !changes.is_empty() {
+                self.next = s.revision + 1;
+                return Ok(WatchMessage {
+                    revision: s.revision,
+                    changes,
+                    ..WatchMessage::default()
+                });
+            }
+            let now = Instant::now();
+            if now >= end {
+                return Err(GatewayError("watch: silent".into()));
+            }
+            // Leases expire with time alone: look again at least every
+            // 20 ms.
+            let wait = (end - now).min(Duration::from_millis(20));
+            s = self
+                .etcd
+                .store
+                .1
+                .wait_timeout(s, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            s.expire(Instant::now());
+        }
+    }
+}

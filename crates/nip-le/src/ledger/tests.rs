@@ -1,0 +1,163 @@
+//! The ledger's unit tests: verdicts, hostile files, compaction.
+
+use super::*;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn take(id: &str, epoch: u64, at: u64) -> Op {
+    Op::Take {
+        id: id.into(),
+        epoch,
+        by: "x".into(),
+        at_ms: at,
+    }
+}
+fn done(id: &str, epoch: u64, at: u64) -> Op {
+    Op::Done {
+        id: id.into(),
+        epoch,
+        at_ms: at,
+    }
+}
+fn give_back(id: &str, epoch: u64, at: u64) -> Op {
+    Op::GiveBack {
+        id: id.into(),
+        epoch,
+        at_ms: at,
+    }
+}
+
+#[test]
+fn verdicts_follow_the_epoch() {
+    let mut ix = Index::default();
+    assert_eq!(ix.verdict("a", 1), Verdict::Owed);
+    ix.apply(&take("a", 1, 10));
+    assert_eq!(ix.verdict("a", 1), Verdict::TakenNow);
+    // A new holder (a higher epoch): taken by a holder that is gone.
+    assert_eq!(ix.verdict("a", 2), Verdict::Owed);
+    ix.apply(&take("a", 2, 11));
+    // The old holder's late line changes nothing.
+    ix.apply(&take("a", 1, 12));
+    assert_eq!(ix.verdict("a", 2), Verdict::TakenNow);
+    ix.apply(&give_back("a", 1, 13));
+    assert_eq!(ix.verdict("a", 2), Verdict::TakenNow, "not its take");
+    ix.apply(&give_back("a", 2, 14));
+    assert_eq!(ix.verdict("a", 2), Verdict::Owed);
+    ix.apply(&done("a", 2, 15));
+    assert_eq!(ix.verdict("a", 3), Verdict::Done);
+    ix.apply(&take("a", 3, 16));
+    assert_eq!(ix.verdict("a", 3), Verdict::Done, "done is final");
+    assert_eq!(ix.max_epoch(), 3);
+}
+
+#[test]
+fn hostile_and_torn_content_is_skipped() {
+    let mut bytes = Vec::new();
+    bytes.extend(take("a", 1, 10).to_line());
+    bytes.extend(b"garbage\n{\"op\":\"take\"}\n\xff\xfe\n[1,2]\n");
+    bytes.extend(done("b", 1, 10).to_line());
+    let long = "x".repeat(MAX_EVENT_ID_LEN + 1);
+    bytes.extend(take(&long, 1, 10).to_line());
+    bytes.extend(b"{\"op\":\"done\",\"id\":\"c\",\"epo"); // torn last line
+    let ix = Index::parse(&bytes, 10, HOUR);
+    assert_eq!(ix.len(), 2);
+    assert_eq!(ix.verdict("a", 1), Verdict::TakenNow);
+    assert_eq!(ix.verdict("b", 9), Verdict::Done);
+    assert_eq!(ix.verdict("c", 1), Verdict::Owed);
+}
+
+#[test]
+fn retention_drops_old_entries() {
+    let mut bytes = Vec::new();
+    bytes.extend(done("old", 1, 1_000).to_line());
+    bytes.extend(done("new", 1, 5_000_000).to_line());
+    let ix = Index::parse(&bytes, 5_000_000, HOUR);
+    assert_eq!(ix.state("old"), None);
+    assert_eq!(ix.state("new"), Some(State::Done));
+}
+
+#[test]
+fn file_round_trip_compaction_and_caps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    let mut l = Ledger::load(path.clone(), 0, HOUR).unwrap();
+    assert!(l.index.is_empty());
+    for n in 0..1500 {
+        l.append(&take(&format!("e{}", n % 100), 1, 100)).unwrap();
+    }
+    l.append(&done("e1", 1, 100)).unwrap();
+    assert!(l.index.wants_compaction());
+    let before = std::fs::metadata(&path).unwrap().len();
+    l.compact().unwrap();
+    assert!(std::fs::metadata(&path).unwrap().len() < before / 5);
+    l.append(&done("e2", 1, 100)).unwrap();
+    let again = Ledger::load(path.clone(), 100, HOUR).unwrap();
+    assert_eq!(again.index.len(), 100);
+    assert_eq!(again.index.verdict("e1", 2), Verdict::Done);
+    assert_eq!(again.index.verdict("e2", 2), Verdict::Done);
+    assert_eq!(again.index.verdict("e3", 1), Verdict::TakenNow);
+    // No temporary file left.
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
+    // Oversized (sparse) and non-file ledgers are reported, not read.
+    let f = File::create(&path).unwrap();
+    f.set_len(MAX_LEDGER_BYTES + 1).unwrap();
+    assert_eq!(
+        Ledger::load(path.clone(), 0, HOUR).unwrap_err(),
+        LedgerError::Oversized
+    );
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    assert!(matches!(
+        Ledger::load(path.clone(), 0, HOUR),
+        Err(LedgerError::Unreadable(_))
+    ));
+    #[cfg(unix)]
+    {
+        let link = tmp.path().join("l.work");
+        std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+        assert!(Ledger::load(link.clone(), 0, HOUR).is_err());
+        let mut l = Ledger {
+            storage: Box::new(FileLedger::new(link)),
+            index: Index::default(),
+        };
+        assert!(
+            l.append(&take("a", 1, 1)).is_err(),
+            "never written through a symlink"
+        );
+    }
+}
+
+#[test]
+fn owed_leaves_out_done_and_taken_now_and_what_a_ledgerless_predecessor_may_have_answered() {
+    let mut ix = Index::default();
+    ix.apply(&done("a", 1, 1));
+    ix.apply(&take("b", 2, 1));
+    ix.apply(&take("c", 1, 1));
+    let q = [
+        ("a", Some(10)),
+        ("b", Some(10)),
+        ("c", Some(10)),
+        ("d", Some(50)),
+        ("e", None),
+    ];
+    assert_eq!(
+        owed(q, Some(&ix), 2, None),
+        ["c", "d", "e"],
+        "c was taken by an earlier holder"
+    );
+    assert_eq!(owed(q, Some(&ix), 2, Some(20)), ["d", "e"]);
+    assert_eq!(
+        owed(q, None, 0, Some(20)),
+        ["d", "e"],
+        "no ledger: since we led"
+    );
+    assert_eq!(owed(q, None, 0, None).len(), 5);
+}
+
+#[test]
+fn event_ids_are_checked() {
+    assert!(validate_event_id("a1b2").is_ok());
+    assert!(validate_event_id("").is_err());
+    assert!(validate_event_id("a\nb").is_err());
+    assert!(validate_event_id(&"x".repeat(MAX_EVENT_ID_LEN + 1)).is_err());
+}
