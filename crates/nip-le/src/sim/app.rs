@@ -30,12 +30,15 @@ pub struct App {
     pub turn: Option<Turn>,
     /// Turns started so far (serials).
     pub turns: u64,
+    /// Every mention ever queued (so that a long run's queue is not
+    /// searched for each new one).
+    pub known: std::collections::HashSet<String>,
 }
 
 impl App {
     /// Queues a mention once.
     pub fn receive(&mut self, id: &str, published_ms: u64) {
-        if !self.queue.iter().any(|e| e.id == id) {
+        if self.known.insert(id.to_owned()) {
             self.queue.push(QueuedEvent {
                 id: id.to_owned(),
                 published_ms: Some(published_ms),

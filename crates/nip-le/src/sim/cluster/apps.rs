@@ -110,6 +110,7 @@ impl Sim {
             let by = lock(&self.m).procs[proc].instance_id.clone();
             let answers = self.answers.entry(n).or_default();
             answers.push((by.clone(), t));
+            self.last_answer = t;
             if answers.len() == 2 {
                 let first = answers[0].clone();
                 self.violation.get_or_insert(Violation::new(

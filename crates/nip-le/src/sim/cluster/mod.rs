@@ -79,6 +79,8 @@ pub struct Sim {
     quiet_from: u64,
     last_claim: u64,
     suspended_until: u64,
+    /// When the last reply was sent.
+    last_answer: u64,
     published: Vec<(u64, u64)>,
     answers: BTreeMap<u64, Vec<(String, u64)>>,
     faults_done: u64,
@@ -138,6 +140,7 @@ impl Sim {
             quiet_from: 0,
             last_claim: 0,
             suspended_until: 0,
+            last_answer: 0,
             published: Vec::new(),
             answers: BTreeMap::new(),
             faults_done: 0,
@@ -335,10 +338,12 @@ impl Sim {
         let (mut same_instant, mut last_at) = (0u32, u64::MAX);
         while let Some(((at, _), ev)) = self.queue.pop_first() {
             // The quiet tail lasts until every mention is answered (a
-            // backlog drains one turn at a time), two minutes at most.
+            // backlog drains one turn at a time), or until two minutes
+            // pass without an answer.
             let tail = self.end + self.settle();
             let drained = self.answers.len() == self.published.len();
-            if self.violation.is_some() || (at > tail && (drained || at > tail + 120_000 * MS)) {
+            let stuck = at > tail.max(self.last_answer) + 120_000 * MS;
+            if self.violation.is_some() || (at > tail && (drained || stuck)) {
                 break;
             }
             lock(&self.m).advance(at);
