@@ -150,6 +150,17 @@ fn extended_hang_is_judged_by_our_monotonic_clock_only() {
     assert_eq!(f.record().unwrap().epoch, Some(4), "one above the holder's");
 }
 
+/// A locked look that failed (not because a peer held the exclusion).
+fn failed_look(content: Result<LockContent, String>, error: &str) -> Seen {
+    Seen {
+        content,
+        took: None,
+        locked: false,
+        busy: false,
+        error: Some(error.into()),
+    }
+}
+
 /// A locked look that timed out because a peer held the exclusion.
 fn busy_look(m: &mut KeyMachine, file: &LockContent, now: Now) -> Conclusion {
     let begin = m.begin(now, None);
@@ -225,13 +236,7 @@ fn a_takeover_that_could_not_be_written_leaves_no_hang_deadline_behind() {
         matches!(w, Write::Put(_)) && took.is_some(),
         "it would take over"
     );
-    let seen = Seen {
-        content: Ok(f.clone()),
-        took: None,
-        locked: false,
-        busy: false,
-        error: Some("ENOSPC".into()),
-    };
+    let seen = failed_look(Ok(f.clone()), "ENOSPC");
     let out = m.conclude(Cause::Wake, &begin, look, seen);
     assert!(!out.leader);
     assert_eq!(
@@ -252,13 +257,7 @@ fn an_unreadable_file_leaves_no_hang_deadline_behind() {
     c.advance(STALE * 2);
     let begin = m.begin(c.now(), None);
     let look = m.look(c.now(), Cause::Wake, None, &begin);
-    let seen = Seen {
-        content: Err("EIO".into()),
-        took: None,
-        locked: false,
-        busy: false,
-        error: Some("EIO".into()),
-    };
+    let seen = failed_look(Err("EIO".into()), "EIO");
     let out = m.conclude(Cause::Wake, &begin, look, seen);
     assert_eq!((out.leader, out.reason), (true, ChangeReason::FailSafe));
     assert_eq!(m.hang_deadline(), None, "no past deadline to wake for");
@@ -413,13 +412,7 @@ fn a_handed_over_record_we_could_not_confirm_is_fenced() {
     ));
     let begin = m.begin(c.now(), None);
     let look = m.look(c.now(), Cause::Wake, None, &begin);
-    let seen = Seen {
-        content: Ok(ours),
-        took: None,
-        locked: false,
-        busy: false,
-        error: Some("exclusive lock not obtained".into()),
-    };
+    let seen = failed_look(Ok(ours), "exclusive lock not obtained");
     let out = m.conclude(Cause::Wake, &begin, look, seen);
     assert!(out.leader);
     assert_eq!(out.validity, Validity::Fenced);
@@ -431,13 +424,7 @@ fn unreadable_file_fails_safe_to_leader_without_fencing() {
     let mut m = machine(true, "me");
     let begin = m.begin(c.now(), None);
     let look = m.look(c.now(), Cause::Join, None, &begin);
-    let seen = Seen {
-        content: Err("permission denied".into()),
-        took: None,
-        locked: false,
-        busy: false,
-        error: Some("permission denied".into()),
-    };
+    let seen = failed_look(Err("permission denied".into()), "permission denied");
     let out = m.conclude(Cause::Join, &begin, look, seen);
     assert_eq!((out.leader, out.reason), (true, ChangeReason::FailSafe));
     assert_eq!(out.validity, Validity::Always);

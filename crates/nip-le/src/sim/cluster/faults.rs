@@ -56,12 +56,7 @@ impl Sim {
                     // window holds the lock file's `flock`: everyone's
                     // locked looks then time out until it resumes.
                     if self.opts.mix.holds && self.rng.chance(0.25) {
-                        let pk = self.pk;
-                        let mut s = lock(&self.m);
-                        let f = s.files.entry(pk).or_default();
-                        f.held_until = f.held_until.max(t + d);
-                        drop(s);
-                        self.quiet_from = self.quiet_from.max(t + d);
+                        self.hold_flock(t + d);
                     }
                 }
             }
@@ -98,14 +93,7 @@ impl Sim {
                 drop(s);
                 self.quiet_from = self.quiet_from.max(t + d);
             }
-            Fault::HoldFlock { d } => {
-                let pk = self.pk;
-                let mut s = lock(&self.m);
-                let f = s.files.entry(pk).or_default();
-                f.held_until = f.held_until.max(t + d);
-                drop(s);
-                self.quiet_from = self.quiet_from.max(t + d);
-            }
+            Fault::HoldFlock { d } => self.hold_flock(t + d),
             Fault::PidReuse => {
                 let mut s = lock(&self.m);
                 let dead: Vec<u32> = s
@@ -150,6 +138,17 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Someone holds the lock file's `flock` until `until`: every locked
+    /// look times out meanwhile, and the agent may be silent for as long.
+    fn hold_flock(&mut self, until: u64) {
+        let pk = self.pk;
+        let mut s = lock(&self.m);
+        let f = s.files.entry(pk).or_default();
+        f.held_until = f.held_until.max(until);
+        drop(s);
+        self.quiet_from = self.quiet_from.max(until);
     }
 
     /// The relay brings a `claim_leadership` frame for window `w` to every
