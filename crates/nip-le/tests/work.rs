@@ -233,3 +233,29 @@ fn leaving_ends_our_takes_even_when_the_release_cannot_be_written() {
         "the same epoch"
     );
 }
+
+#[test]
+fn standing_down_ends_our_takes_even_when_the_release_cannot_be_written() {
+    // The same hole on a stand-down (a claim): the release failed, the
+    // lock came back to us at the same epoch, and the app's own give-back
+    // had come after the ledger closed.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = config(tmp.path());
+    c.lock_wait = Duration::from_millis(20);
+    let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
+    assert!(a.join(&pk()).unwrap());
+    let w = a.work(&pk()).unwrap();
+    let epoch = granted_epoch(w.take("e1").unwrap());
+    let path = nip_le::lockfile::lock_path(tmp.path(), &pk());
+    let held = nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1)).unwrap();
+    a.stand_down(&pk()).unwrap();
+    drop(held);
+    assert!(a.resume(&pk()).unwrap(), "the record was still ours");
+    assert!(wait_until(|| w.may_act()));
+    assert_eq!(w.owed(&q(&["e1"])).unwrap(), vec!["e1".to_string()]);
+    assert_eq!(
+        granted_epoch(w.take("e1").unwrap()),
+        epoch,
+        "the same epoch"
+    );
+}

@@ -71,6 +71,8 @@ pub struct Proc {
     pub kind: Kind,
     /// Not killed or exited.
     pub alive: bool,
+    /// When it started (virtual ns).
+    pub started: u64,
     /// SIGSTOPped (or starved of CPU entirely) until then.
     pub stopped_until: u64,
     /// Its presence token while it holds its presence lock.
@@ -97,6 +99,7 @@ impl Proc {
             instance_id,
             kind,
             alive: true,
+            started: 0,
             stopped_until: 0,
             token: None,
             presence_keys: Vec::new(),

@@ -279,6 +279,7 @@ impl Key {
     ) -> bool {
         self.m.step_down(ctx.world.now());
         self.cell.set_leader(false);
+        self.end_takes(unix_ms(ctx.world.now().wall));
         self.track_work(ctx, false);
         let heir = self.heir(ctx, target);
         let mut released = false;

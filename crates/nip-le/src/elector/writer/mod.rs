@@ -326,7 +326,6 @@ impl Writer {
     /// Leaves `pk`, releasing the lock if we hold it.
     fn leave(&mut self, pk: &AgentPubkey) -> Result<()> {
         let mut key = self.keys.remove(pk).ok_or(Error::NotJoined(*pk))?;
-        key.end_takes(unix_ms(self.ctx.world.now().wall));
         key.step_down(&mut self.ctx, ChangeReason::Released, None, true);
         self.forget(key);
         Ok(())
@@ -369,7 +368,6 @@ impl Writer {
     fn shutdown(&mut self) {
         let keys = std::mem::take(&mut self.keys);
         for (_, mut key) in keys {
-            key.end_takes(unix_ms(self.ctx.world.now().wall));
             key.step_down(&mut self.ctx, ChangeReason::Released, None, false);
             self.forget(key);
         }

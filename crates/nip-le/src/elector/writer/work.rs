@@ -56,13 +56,15 @@ impl Key {
         });
     }
 
-    /// Leaving the key (or shutting down) ends every turn this window took
-    /// at its epoch: they are given back, owed again at once to whoever
-    /// leads next. A release that fails (a peer holds the `flock`) leaves
-    /// our record, and a window that joins again under the same id would
-    /// regain it at the same epoch, where those takes would still read as
-    /// "taken now" (found by the simulator: the mention was never
-    /// answered).
+    /// Stepping down (release, stand-down, leave, shutdown) ends every turn
+    /// this window took at its epoch: they are given back, owed again at
+    /// once to whoever leads next (the change carries `mustCancelTurn`, so
+    /// the app cancels them too; its own `giveBack` would come too late,
+    /// the ledger is closed by then). A release that fails (a peer holds
+    /// the `flock`) leaves our record, and the window that regains it, or
+    /// joins again under the same id, continues at the same epoch, where
+    /// those takes would still read as "taken now" (found by the
+    /// simulator: the mention was never answered).
     pub(super) fn end_takes(&mut self, now_ms: u64) {
         let Some(w) = self.work.as_mut() else {
             return;

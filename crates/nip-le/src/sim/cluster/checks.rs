@@ -9,17 +9,25 @@ impl Sim {
         }
         let mut acting = Vec::new();
         let mut able = false;
+        // The earliest an able window can have known the record it would
+        // judge: a window that starts or resumes from a stop (the pause
+        // rule restarts its hang timers) learns it only then.
+        let mut known_since = u64::MAX;
         for w in 0..self.windows.len() {
             let win = &self.windows[w];
-            let (running, id) = {
+            let (running, id, since) = {
                 let s = lock(&self.m);
                 let p = &s.procs[win.proc];
                 (
                     p.running(s.t) && !p.left.contains(&self.pk),
                     p.instance_id.clone(),
+                    p.started.max(p.stopped_until),
                 )
             };
-            able |= running && win.writer.is_some();
+            if running && win.writer.is_some() {
+                able = true;
+                known_since = known_since.min(since);
+            }
             if self.acting_window(w) {
                 // A window that leads by the NIP's fail-safe (its last
                 // look found no record: a torn or emptied file) is the
@@ -63,9 +71,15 @@ impl Sim {
             return;
         }
         let bound = self.silence_bound(t);
-        self.violation =
-            self.checker
-                .step(t, &self.pk, &file, &acting, able, self.quiet_from, bound);
+        self.violation = self.checker.step(
+            t,
+            &self.pk,
+            &file,
+            &acting,
+            able,
+            self.quiet_from.max(known_since),
+            bound,
+        );
     }
 
     pub(super) fn silence_bound(&self, t: u64) -> u64 {

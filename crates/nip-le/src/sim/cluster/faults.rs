@@ -43,14 +43,9 @@ impl Sim {
             }
             Fault::Stop { d } => {
                 if let Some(w) = pick(self) {
-                    // No excuse for the window that acts: a stopped holder
-                    // is replaced within the stale bound, however long the
-                    // stop. An observer that resumes restarts its hang
-                    // timers (the pause rule): it may take over only a
-                    // stale bound after it runs again.
-                    if !self.acting_window(w) {
-                        self.quiet_from = self.quiet_from.max(t + d);
-                    }
+                    // No excuse: a stopped holder is replaced within the
+                    // stale bound by any window that kept running (one that
+                    // resumes learns the record only then: the checks).
                     lock(&self.m).procs[self.windows[w].proc].stopped_until = t + d;
                     // A stop can land inside the few microseconds the
                     // window holds the lock file's `flock`: everyone's

@@ -204,6 +204,7 @@ impl Sim {
             let mut p = crate::sim::state::Proc::new(pid, id.clone(), Kind::Window { extended });
             // A suspended machine starts nothing until it wakes.
             p.stopped_until = self.suspended_until;
+            p.started = s.t;
             s.procs.push(p);
             s.procs.len() - 1
         };
