@@ -28,6 +28,8 @@ const queues = new Map<string, Mention[]>()
 const thinking = new Map<string, string>()
 /** Agents whose queue is being worked right now. */
 const working = new Set<string>()
+/** Agents whose queue was asked to be worked while it was. */
+const rerun = new Set<string>()
 /** Per agent, the leadership the queue was last filtered for. */
 const filteredFor = new Map<string, number>()
 let openMenu: string | null = null
@@ -170,15 +172,21 @@ async function turn(agent: string): Promise<boolean> {
  * cancels the turn (the gate gives the mention back to the next leader).
  */
 async function work(agent: string): Promise<void> {
-  if (working.has(agent)) return
+  if (working.has(agent)) {
+    rerun.add(agent)
+    return
+  }
   working.add(agent)
   try {
     while (gate.isLeader(agent) && queueOf(agent).length > 0) {
       const since = leaderSince.get(agent) ?? 0
       if (filteredFor.get(agent) !== since) {
-        const q = queueOf(agent)
-        const owed = new Set(await gate.dispatchable(agent, q.map((m) => ({ id: m.id, publishedMs: m.atMs }))))
-        queues.set(agent, q.filter((m) => owed.has(m.id)))
+        const asked = queueOf(agent).slice()
+        const owed = new Set(await gate.dispatchable(agent, asked.map((m) => ({ id: m.id, publishedMs: m.atMs }))))
+        // Mentions that arrived while the ledger was asked were not in the
+        // question: keep them (dropping them lost an owed mention).
+        const askedIds = new Set(asked.map((m) => m.id))
+        queues.set(agent, queueOf(agent).filter((m) => !askedIds.has(m.id) || owed.has(m.id)))
         filteredFor.set(agent, since)
         renderQueue()
         continue
@@ -208,6 +216,10 @@ async function work(agent: string): Promise<void> {
     working.delete(agent)
     renderQueue()
   }
+  // A gain (or a mention) that came while this loop was winding down found
+  // it running and returned: run again for it, or the queue waits for the
+  // next mention.
+  if (rerun.delete(agent)) void work(agent)
 }
 
 /** Since when (the change's atMs) this window has led each agent. */
