@@ -200,22 +200,23 @@ fn spec_mode_keeps_no_ledger_and_touches_no_other_file() {
     assert!(!nip_le::ledger::ledger_path(tmp.path(), &pk()).exists());
 }
 
-#[test]
-fn leaving_ends_our_takes_even_when_the_release_cannot_be_written() {
-    // Found by the simulator: a window left while a peer held the lock
-    // file's flock, so its record stayed; joined again under the same id,
-    // it regained the lock at the same epoch, where its old take still
-    // read as "taken now": that mention was never answered.
+/// A leader that took `e1` and steps down (`step_down`) while a peer holds
+/// the lock file's flock, so that its release cannot be written; `back`
+/// makes it lead again, under the same id. Its take must be owed again, at
+/// the same epoch.
+fn a_take_survives_no_failed_release(
+    step_down: impl FnOnce(&Elector),
+    back: impl FnOnce(&Elector),
+) {
     let tmp = tempfile::tempdir().unwrap();
     let mut c = config(tmp.path());
     c.lock_wait = Duration::from_millis(20);
     let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
     assert!(a.join(&pk()).unwrap());
-    let w = a.work(&pk()).unwrap();
-    let epoch = granted_epoch(w.take("e1").unwrap());
+    let epoch = granted_epoch(a.work(&pk()).unwrap().take("e1").unwrap());
     let path = nip_le::lockfile::lock_path(tmp.path(), &pk());
     let held = nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1)).unwrap();
-    a.leave(&pk()).unwrap();
+    step_down(&a);
     drop(held);
     let record = nip_le::lockfile::read_unguarded(&path).unwrap();
     assert_eq!(
@@ -223,7 +224,7 @@ fn leaving_ends_our_takes_even_when_the_release_cannot_be_written() {
         Some(("a", Some(epoch))),
         "the release could not be written"
     );
-    assert!(a.join(&pk()).unwrap());
+    back(&a);
     let w = a.work(&pk()).unwrap();
     assert!(wait_until(|| w.may_act()));
     assert_eq!(w.owed(&q(&["e1"])).unwrap(), vec!["e1".to_string()]);
@@ -235,27 +236,24 @@ fn leaving_ends_our_takes_even_when_the_release_cannot_be_written() {
 }
 
 #[test]
+fn leaving_ends_our_takes_even_when_the_release_cannot_be_written() {
+    // Found by the simulator: a window left while a peer held the lock
+    // file's flock, so its record stayed; joined again under the same id,
+    // it regained the lock at the same epoch, where its old take still
+    // read as "taken now": that mention was never answered.
+    a_take_survives_no_failed_release(
+        |a| a.leave(&pk()).unwrap(),
+        |a| assert!(a.join(&pk()).unwrap()),
+    );
+}
+
+#[test]
 fn standing_down_ends_our_takes_even_when_the_release_cannot_be_written() {
-    // The same hole on a stand-down (a claim): the release failed, the
-    // lock came back to us at the same epoch, and the app's own give-back
-    // had come after the ledger closed.
-    let tmp = tempfile::tempdir().unwrap();
-    let mut c = config(tmp.path());
-    c.lock_wait = Duration::from_millis(20);
-    let a = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();
-    assert!(a.join(&pk()).unwrap());
-    let w = a.work(&pk()).unwrap();
-    let epoch = granted_epoch(w.take("e1").unwrap());
-    let path = nip_le::lockfile::lock_path(tmp.path(), &pk());
-    let held = nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1)).unwrap();
-    a.stand_down(&pk()).unwrap();
-    drop(held);
-    assert!(a.resume(&pk()).unwrap(), "the record was still ours");
-    assert!(wait_until(|| w.may_act()));
-    assert_eq!(w.owed(&q(&["e1"])).unwrap(), vec!["e1".to_string()]);
-    assert_eq!(
-        granted_epoch(w.take("e1").unwrap()),
-        epoch,
-        "the same epoch"
+    // The same hole on a stand-down (a claim): the lock came back to us at
+    // the same epoch, and the app's own give-back had come after the
+    // ledger closed.
+    a_take_survives_no_failed_release(
+        |a| a.stand_down(&pk()).unwrap(),
+        |a| assert!(a.resume(&pk()).unwrap(), "the record was still ours"),
     );
 }
