@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The simulator's teeth (docs/simulator.md): puts back, one at a time, a
+# defect that an earlier change fixed, in a scratch worktree of HEAD, and
+# counts the seeds of the CI budget (300 extended + 250 mixed, 120 s each,
+# without file and clock faults) that find it. Not part of the test
+# command: it builds the CLI once per defect (a few minutes in all).
+#
+#   bash scripts/sim-teeth.sh                 # every defect
+#   bash scripts/sim-teeth.sh regained lost   # some
+set -euo pipefail
+cd "$(dirname "$0")/.."
+top=$(pwd)
+work=$(mktemp -d)
+trap 'git -C "$top" worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+git worktree add --detach -q "$work/tree" HEAD
+cd "$work/tree"
+# Warnings of the mutated code are expected noise.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$top/target/teeth}" NIP_LE_LOG=off RUSTFLAGS="-A warnings"
+E=crates/nip-le/src/elector
+
+# name → file and a perl substitution (-0: the whole file at once).
+declare -A FILE SUB
+FILE[regained]=$E/machine/announce.rs;   SUB[regained]='s/\n        if leader \{\n/\n        if false && leader {\n/'
+FILE[lost]=$E/types.rs;                  SUB[lost]='s/\| ChangeReason::Lost\n/| ChangeReason::Released\n/'
+FILE[hang]=$E/machine/mod.rs;            SUB[hang]='s/if !self.rules.profile.monotonic_hang \|\| self.holds_lock \{/if true {/'
+FILE[leave]=$E/writer/mod.rs;            SUB[leave]='s/let mut key = self.keys.remove\(pk\)(.*?)\n(.*?)\n        self.forget\(key\);\n/let key = self.keys.get_mut(pk)$1\n$2\n/s'
+FILE[handoff]=$E/machine/conclude.rs;    SUB[handoff]='s/(\} else if !self.held_before \{.*?)Validity::Fenced/$1Validity::Always/s'
+FILE[busy_renew]=$E/machine/conclude.rs; SUB[busy_renew]='s/(\} else if busy && self.held_before && self.wrote_last\(&content\) \{.*?)Validity::Keep/$1Validity::Renew/s'
+FILE[hot_loop]=$E/machine/conclude.rs;   SUB[hot_loop]='s/let judged = self.record_judged\(\);/let judged = false;/'
+FILE[spec_ticks]=$E/writer/key.rs;       SUB[spec_ticks]='s/if ctx.rules.profile.read_first && \(wrote \|\| !self.m.holds_lock\(\)\) \{/if wrote || !self.m.holds_lock() {/'
+
+defects=("$@")
+[ ${#defects[@]} -gt 0 ] || defects=(regained lost hang leave handoff busy_renew hot_loop spec_ticks)
+for d in "${defects[@]}"; do
+  git checkout -q -- .
+  perl -0pi -e "${SUB[$d]}" "${FILE[$d]}"
+  if git diff --quiet; then
+    echo "$d: the mutation no longer applies (${FILE[$d]} changed): update this script" >&2
+    exit 1
+  fi
+  cargo build -q -p nip-le-cli
+  for run in "extended 300" "mixed 250"; do
+    read -r cluster seeds <<<"$run"
+    out=$("$CARGO_TARGET_DIR/debug/nip-le" sim --cluster "$cluster" --seeds "$seeds" --seconds 120 \
+      --without files,clocks || true)
+    n=$(grep -c 'failed:' <<<"$out" || true)
+    first=$(grep -m1 'failed:' <<<"$out" || true)
+    echo "$d, $cluster: $n of $seeds seeds fail; first: ${first:-none}"
+  done
+done
