@@ -73,6 +73,17 @@ pub enum Fault {
     /// A window's user claims the agent (the sidebar): the window's own
     /// claim and the relay frame the desktop sends beside it.
     Claim,
+    /// The acting window is stopped past the stale bound in mid-turn; its
+    /// successor is killed before it resumes, so the stopped one takes the
+    /// lock back: a lead regained after a lapse, the turn of the old tenure
+    /// still in flight.
+    StopLeaderPastStale,
+    /// Whichever window acts is killed (a restart follows after
+    /// `restart_after`).
+    KillActing {
+        /// Delay of the restart.
+        restart_after: u64,
+    },
     /// A window leaves the election and joins again after `rejoin_after`.
     Leave {
         /// Delay of the join.
@@ -220,7 +231,7 @@ impl Plan {
 fn draw(rng: &mut Rng, mix: Mix, stale: u64) -> Option<Fault> {
     let restart_after = rng.range(0, 2 * stale);
     let d = rng.range(MS, 3 * stale);
-    Some(match rng.range(0, 15) {
+    Some(match rng.range(0, 16) {
         0 | 1 if mix.processes => Fault::Kill { restart_after },
         2 if mix.processes => Fault::Quit { restart_after },
         3 | 4 if mix.processes => Fault::Stop { d },
@@ -250,6 +261,7 @@ fn draw(rng: &mut Rng, mix: Mix, stale: u64) -> Option<Fault> {
         15 if mix.processes => Fault::Leave {
             rejoin_after: restart_after,
         },
+        16 if mix.processes => Fault::StopLeaderPastStale,
         _ => return None,
     })
 }

@@ -33,6 +33,29 @@ impl Sim {
                     self.restart(w, t + restart_after);
                 }
             }
+            Fault::KillActing { restart_after } => {
+                if let Some(&w) = acting.first() {
+                    self.kill(w);
+                    self.restart(w, t + restart_after);
+                }
+            }
+            Fault::StopLeaderPastStale => {
+                // Prefer the acting window with a turn in flight.
+                let w = acting
+                    .iter()
+                    .copied()
+                    .find(|&w| self.windows[w].app.turn.is_some())
+                    .or_else(|| acting.first().copied());
+                if let Some(w) = w {
+                    let stale = self.opts.stale.as_nanos() as u64;
+                    let turn = self.opts.turn_ms * MS;
+                    let kill_at = t + stale + 2 * turn;
+                    let d = kill_at - t + self.rng.range(MS, turn);
+                    lock(&self.m).procs[self.windows[w].proc].stopped_until = t + d;
+                    let restart_after = self.rng.range(0, 2 * stale);
+                    self.push(kill_at, Ev::Fault(Fault::KillActing { restart_after }));
+                }
+            }
             Fault::Quit { restart_after } => {
                 if let Some(w) = pick(self) {
                     let _ = self.call(w, Command::Shutdown);
