@@ -110,8 +110,6 @@ pub struct Options {
     pub spec: usize,
     /// Harness peers with ids of their own.
     pub harnesses: usize,
-    /// Whether harness children share windows' ids (not drawn yet).
-    pub children: bool,
     /// The NIP's refresh.
     pub refresh: Duration,
     /// The NIP's stale bound.
@@ -169,7 +167,6 @@ impl Options {
             extended: 3,
             spec: 0,
             harnesses: 0,
-            children: false,
             refresh: Duration::from_secs(5),
             stale: Duration::from_secs(10),
             stand_down: Duration::from_secs(10),

@@ -20,15 +20,13 @@ impl Key {
     /// The upper level's part of a claim: it is asked to claim too, and the
     /// claim is complete only once we act.
     pub(super) fn claim_above(&mut self, ctx: &mut Ctx, local: ClaimOutcome) -> ClaimOutcome {
-        if ctx.upper.is_none() {
+        let Some(u) = ctx.upper.as_mut() else {
             return local;
-        }
+        };
         if self.cell.is_leader_on(ctx.world.clocks()) {
             return ClaimOutcome::AlreadyLeader;
         }
-        if let Some(u) = ctx.upper.as_mut() {
-            u.claim(self.pubkey, &self.cell);
-        }
+        u.claim(self.pubkey, &self.cell);
         ClaimOutcome::Pending
     }
 

@@ -28,10 +28,7 @@ impl Sim {
             self.windows[w].app.gate = change.is_leader;
             if change.must_cancel_turn {
                 if let Some(turn) = self.windows[w].app.turn.take() {
-                    let pk = self.pk;
-                    let _ = self.call(w, |r| {
-                        Command::Work(pk, WorkOp::GiveBack(turn.id), WorkReply::Flag(r))
-                    });
+                    self.record(w, WorkOp::GiveBack(turn.id));
                 }
             }
         }
@@ -103,7 +100,6 @@ impl Sim {
             return;
         }
         self.windows[w].app.turn = None;
-        let pk = self.pk;
         if self.acting_window(w) {
             let t = self.now();
             let n = u64::from_str_radix(&turn.id, 16).unwrap_or(u64::MAX);
@@ -124,14 +120,16 @@ impl Sim {
                 ));
             }
             self.windows[w].app.drop_mention(&turn.id);
-            let _ = self.call(w, |r| {
-                Command::Work(pk, WorkOp::Done(turn.id), WorkReply::Flag(r))
-            });
+            self.record(w, WorkOp::Done(turn.id));
         } else {
-            let _ = self.call(w, |r| {
-                Command::Work(pk, WorkOp::GiveBack(turn.id), WorkReply::Flag(r))
-            });
+            self.record(w, WorkOp::GiveBack(turn.id));
         }
         self.react(w);
+    }
+
+    /// A `done` or a `giveBack` of window `w` (its answer is not needed).
+    fn record(&mut self, w: usize, op: WorkOp) {
+        let pk = self.pk;
+        let _ = self.call(w, |r| Command::Work(pk, op, WorkReply::Flag(r)));
     }
 }

@@ -85,7 +85,7 @@ impl Sim {
     pub(super) fn silence_bound(&self, t: u64) -> u64 {
         let o = &self.opts;
         let ns = |d: Duration| d.as_nanos() as u64;
-        let mixed = o.spec > 0 || o.harnesses > 0 || o.children;
+        let mixed = o.spec > 0 || o.harnesses > 0;
         let mut b = if mixed {
             ns(o.stale + o.stand_down + 2 * o.refresh) + 1000 * MS
         } else {

@@ -203,13 +203,8 @@ impl Sim {
         }
         let t = self.now();
         self.quiet_from = self.quiet_from.max(t);
-        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
-        {
-            let mut s = lock(&self.m);
-            s.procs[proc].left.remove(&self.pk);
-            s.procs[proc].inbox.push(Command::Join(vec![self.pk], tx));
-        }
-        self.schedule(proc, t);
+        lock(&self.m).procs[proc].left.remove(&self.pk);
+        self.join_when_running(proc);
     }
 
     pub(super) fn kill(&mut self, w: usize) {

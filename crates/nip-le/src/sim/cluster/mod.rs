@@ -237,8 +237,12 @@ impl Sim {
         // hang timer starts here.
         let t = self.now();
         self.quiet_from = self.quiet_from.max(t.max(self.suspended_until));
-        // The app joins as soon as its process runs (the answer is not
-        // waited for: the change events say what it did).
+        self.join_when_running(proc);
+    }
+
+    /// The app of `proc` joins the key as soon as its process runs (the
+    /// answer is not waited for: the change events say what it did).
+    fn join_when_running(&mut self, proc: ProcId) {
         let (tx, _rx) = std::sync::mpsc::sync_channel(1);
         let at = {
             let mut s = lock(&self.m);
