@@ -1,18 +1,35 @@
 //! The seam for a level of leadership above the host's file election (the
 //! etcd contender of [`crate::global`], behind the `etcd` feature). The
 //! writer tells it when this instance starts or stops leading its host for
-//! a key and when the user claims; the upper level answers by setting the
-//! key cell's permit (so `is_leader` and the ledger's fence check see it at
-//! once, without waiting for the writer) and by news through the writer's
-//! mailbox (so changes are announced and published by the one writer).
-
-use std::sync::Arc;
+//! a key and when the user claims; the upper level answers with news
+//! through the writer's mailbox, each carrying the permit it grants now.
+//! The writer alone sets the key cell's permit and announces: one writer.
+//! A permit ends on its own at its deadline, so news that arrives late
+//! never extends what etcd granted; an upper level that must know the
+//! permit is closed before it acts (a hand-over to another host) asks the
+//! writer to confirm ([`UpperLevel::withdrawn`]).
 
 use crate::error::Result;
 use crate::pubkey::AgentPubkey;
 
-use super::cache::KeyCell;
 use super::types::{ChangeReason, GlobalStatus};
+
+/// What the upper level lets this window do for a key: one of
+/// [`super::cache::global_state`] and, for `HELD`, the
+/// [`super::cache::boot_nanos`] deadline of the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Permit {
+    pub state: u8,
+    pub until: u64,
+}
+
+impl Permit {
+    /// No permit: another host holds the key, or nobody does yet.
+    pub(crate) const NOT_HELD: Self = Self {
+        state: super::cache::global_state::NOT_HELD,
+        until: 0,
+    };
+}
 
 /// A level above the host.
 pub(crate) trait UpperLevel: Send {
@@ -23,11 +40,17 @@ pub(crate) trait UpperLevel: Send {
     /// we stopped and no sibling of this host took the lock from us, so the
     /// agent should be given up at once (not left for a sibling to
     /// continue).
-    fn host_leader(&mut self, pubkey: AgentPubkey, cell: &Arc<KeyCell>, leads: bool, revoke: bool);
+    /// `tenure` numbers our host leaderships of the key: news carries the
+    /// one it belongs to, so a permit of an earlier one is never applied.
+    fn host_leader(&mut self, pubkey: AgentPubkey, leads: bool, revoke: bool, tenure: u64);
 
     /// The user claims `pubkey` for this window (which may not lead its
     /// host yet: the claim is posted once it does).
-    fn claim(&mut self, pubkey: AgentPubkey, cell: &Arc<KeyCell>);
+    fn claim(&mut self, pubkey: AgentPubkey);
+
+    /// The writer closed the permit of news that asked for a confirmation
+    /// ([`UpperNews::confirm`]).
+    fn withdrawn(&mut self, pubkey: AgentPubkey);
 
     /// Gives up whatever is still held (after the writer stepped down
     /// everywhere) and stops.
@@ -41,6 +64,12 @@ pub(crate) struct UpperNews {
     pub reason: Option<ChangeReason>,
     /// The view to publish.
     pub status: GlobalStatus,
+    /// What we may do now (applied only within `tenure`).
+    pub permit: Permit,
+    /// The host leadership this news belongs to.
+    pub tenure: u64,
+    /// The upper level waits for [`UpperLevel::withdrawn`] before it acts.
+    pub confirm: bool,
     /// A gain from a holder on another host: its work ledger is not ours,
     /// so what it may have answered is unknown here (see
     /// [`crate::Work::owed`]).

@@ -1,7 +1,8 @@
 //! An in-memory etcd: revisions, transactions comparing a key's create or
-//! mod revision, leases that expire on the real clock and delete their keys,
-//! and watches from a revision. Enough of etcd's semantics to drive the
-//! contender in unit tests without a server.
+//! mod revision, leases that expire on a clock (the real one, or the one a
+//! test or the simulator injects) and delete their keys, and watches from
+//! a revision. Enough of etcd's semantics to drive the contender in unit
+//! tests and in the simulator without a server.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -82,17 +83,63 @@ impl Store {
     }
 }
 
+/// The clock leases expire on.
+pub(crate) type Now = Arc<dyn Fn() -> Instant + Send + Sync>;
+
 /// One in-memory etcd, shared by every client made of it.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct MemoryEtcd {
     store: Arc<(Mutex<Store>, Condvar)>,
+    now: Now,
+}
+
+impl Default for MemoryEtcd {
+    fn default() -> Self {
+        Self::with_clock(Arc::new(Instant::now))
+    }
+}
+
+impl std::fmt::Debug for MemoryEtcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryEtcd").finish_non_exhaustive()
+    }
 }
 
 impl MemoryEtcd {
+    /// An empty etcd whose leases expire on `now`.
+    pub(crate) fn with_clock(now: Now) -> Self {
+        Self {
+            store: Arc::default(),
+            now,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Store> {
         let mut s = self.store.0.lock().unwrap_or_else(|e| e.into_inner());
-        s.expire(Instant::now());
+        s.expire((self.now)());
         s
+    }
+
+    /// What a watch on every key under `prefix` from revision `next` would
+    /// say now, without waiting (`None`: nothing new).
+    pub(crate) fn changes_since(&self, prefix: &str, next: u64) -> Option<WatchMessage> {
+        let s = self.lock();
+        let changes: Vec<Change> = s
+            .history
+            .iter()
+            .filter(|c| c.revision >= next && c.key.starts_with(prefix))
+            .cloned()
+            .collect();
+        (!changes.is_empty()).then(|| WatchMessage {
+            revision: s.revision,
+            changes,
+            ..WatchMessage::default()
+        })
+    }
+
+    /// The store's revision now.
+    pub(crate) fn revision(&self) -> u64 {
+        self.lock().revision
     }
 
     fn changed(&self) {
@@ -155,15 +202,17 @@ impl Etcd for MemoryEtcd {
         let mut s = self.lock();
         s.next_lease += 1;
         let id = s.next_lease;
-        s.leases.insert(id, (ttl, Instant::now() + ttl));
+        let until = (self.now)() + ttl;
+        s.leases.insert(id, (ttl, until));
         Ok((id, ttl))
     }
 
     fn keep_alive(&self, lease: i64) -> Result<Duration> {
+        let now = (self.now)();
         let mut s = self.lock();
         Ok(match s.leases.get_mut(&lease) {
             Some((ttl, until)) => {
-                *until = Instant::now() + *ttl;
+                *until = now + *ttl;
                 *ttl
             }
             None => Duration::ZERO,
@@ -209,7 +258,7 @@ struct MemoryWatch {
 
 impl Watch for MemoryWatch {
     fn next_message(&mut self) -> Result<WatchMessage> {
-        let end = Instant::now() + self.read_timeout;
+        let end = (self.etcd.now)() + self.read_timeout;
         let mut s = self.etcd.lock();
         if !std::mem::replace(&mut self.created, true) {
             return Ok(WatchMessage {
@@ -240,7 +289,7 @@ impl Watch for MemoryWatch {
                     ..WatchMessage::default()
                 });
             }
-            let now = Instant::now();
+            let now = (self.etcd.now)();
             if now >= end {
                 return Err(GatewayError("watch: silent".into()));
             }
@@ -254,7 +303,7 @@ impl Watch for MemoryWatch {
                 .wait_timeout(s, wait)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-            s.expire(Instant::now());
+            s.expire((self.etcd.now)());
         }
     }
 }

@@ -27,11 +27,11 @@
 //! own thread instead of tonic, prost, a protobuf toolchain and an async
 //! runtime in every app that enables the feature.
 
-mod contender;
-mod etcd;
+pub(crate) mod contender;
+pub(crate) mod etcd;
 mod gateway;
-#[cfg(test)]
-mod memory;
+#[cfg(any(test, feature = "sim"))]
+pub(crate) mod memory;
 
 use std::time::Duration;
 

@@ -55,6 +55,9 @@ pub(super) struct Key {
     pub(super) announcer: Announcer,
     /// Whether the upper level was last told that we lead our host.
     pub(super) told_upper: bool,
+    /// Our host leaderships of this key, counted (see
+    /// [`super::super::upper::UpperLevel::host_leader`]).
+    pub(super) upper_tenure: u64,
     /// The upper level's view, when one is configured.
     pub(super) global: Option<GlobalStatus>,
     /// Since when (unix ms) we act after taking the agent from another

@@ -257,7 +257,7 @@ impl Writer {
             },
             Command::Upper(pk, news) => {
                 if let Some(k) = self.keys.get_mut(&pk) {
-                    k.upper_news(&self.ctx, news);
+                    k.upper_news(&mut self.ctx, news);
                 }
             }
         }
@@ -303,6 +303,7 @@ impl Writer {
             work: None,
             announcer: Default::default(),
             told_upper: false,
+            upper_tenure: 0,
             global: None,
             global_since: None,
         };

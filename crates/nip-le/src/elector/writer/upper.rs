@@ -3,16 +3,23 @@
 //! and published here, by the one writer.
 
 use super::super::types::{ChangeReason, ClaimOutcome};
-use super::super::upper::UpperNews;
+use super::super::upper::{Permit, UpperNews};
 use super::context::Ctx;
 use super::key::Key;
 
 impl Key {
     /// Tells the upper level (if any) when our host leadership changed.
+    /// Stopping closes the permit at once (whatever news is on its way).
     pub(super) fn tell_upper(&mut self, ctx: &mut Ctx, leads: bool, revoke: bool) {
         if let Some(u) = ctx.upper.as_mut() {
             if std::mem::replace(&mut self.told_upper, leads) != leads {
-                u.host_leader(self.pubkey, &self.cell, leads, revoke);
+                if leads {
+                    self.upper_tenure += 1;
+                } else {
+                    let p = Permit::NOT_HELD;
+                    self.cell.set_global(p.state, p.until);
+                }
+                u.host_leader(self.pubkey, leads, revoke, self.upper_tenure);
             }
         }
     }
@@ -26,13 +33,27 @@ impl Key {
         if self.cell.is_leader_on(ctx.world.clocks()) {
             return ClaimOutcome::AlreadyLeader;
         }
-        u.claim(self.pubkey, &self.cell);
+        u.claim(self.pubkey);
         ClaimOutcome::Pending
     }
 
-    /// News from the upper level: a change of what we may do is announced
-    /// (with the level it leaves us at), a view change only published.
-    pub(super) fn upper_news(&mut self, ctx: &Ctx, news: UpperNews) {
+    /// News from the upper level: its permit is applied (only within the
+    /// host leadership it was granted for), a change of what we may do is
+    /// announced (with the level it leaves us at), a view change only
+    /// published.
+    pub(super) fn upper_news(&mut self, ctx: &mut Ctx, news: UpperNews) {
+        let current = self.told_upper && news.tenure == self.upper_tenure;
+        let permit = if current {
+            news.permit
+        } else {
+            Permit::NOT_HELD
+        };
+        self.cell.set_global(permit.state, permit.until);
+        if news.confirm {
+            if let Some(u) = ctx.upper.as_mut() {
+                u.withdrawn(self.pubkey);
+            }
+        }
         self.global = Some(news.status);
         if news.from_other_host {
             self.global_since = Some(news.at_ms);

@@ -2,13 +2,21 @@
 //! renew, look, acquire, adopt, hold, lose, step back, claim, hand over,
 //! and follow the watch.
 
-use super::*;
+use std::time::Duration;
+
+use crate::elector::{ChangeReason, GlobalHolder};
+use crate::pubkey::AgentPubkey;
+
+use super::super::etcd::{Change, Kv, Txn};
+use super::super::WhenUnreachable;
+use super::holder_of;
+use super::task::{Entry, Held, Task, FALLBACK, HELD, NOT_HELD};
 
 impl Task {
     /// Everything a key needs now: renew, look, acquire, adopt, claim,
     /// fall back.
     pub(super) fn settle(&mut self, pk: AgentPubkey) {
-        let now = Instant::now();
+        let now = self.clock.now();
         let Some(e) = self.entries.get(&pk) else {
             return;
         };
@@ -16,7 +24,9 @@ impl Task {
             self.claim_expired(pk);
         }
         let e = &self.entries[&pk];
-        if !e.leads || e.retry_at.is_some_and(|t| t > now) {
+        // Standing down for a claim: the key is the claimant's as soon as
+        // our writer confirms; taking it back now would undo the claim.
+        if !e.leads || e.handing.is_some() || e.retry_at.is_some_and(|t| t > now) {
             self.check_unreachable(pk);
             return;
         }
@@ -48,13 +58,13 @@ impl Task {
         !foreign
             || e.verify
             || (e.claim_until.is_some() && e.claim_lease.is_none())
-            || self.last_contact.elapsed() >= self.cfg.ttl / 2
+            || self.silence() >= self.cfg.ttl / 2
     }
 
     /// Renews our lease; a lease that etcd no longer knows means the key
     /// is gone.
     pub(super) fn renew(&mut self, pk: AgentPubkey, h: Held) {
-        let sent = boot_nanos();
+        let sent = self.clock.boot_nanos();
         let r = self.gw.keep_alive(h.lease);
         let Some(ttl) = self.noted(pk, r) else {
             return;
@@ -62,16 +72,16 @@ impl Task {
         let e = self.entries.get_mut(&pk).expect("noted checked");
         if ttl.is_zero() {
             e.held = None;
-            e.cell.set_global(global_state::NOT_HELD, 0);
+            e.grant(NOT_HELD, 0);
             tracing::warn!(pubkey = %pk, "etcd lease expired");
             self.tell(pk, Some(ChangeReason::Lost));
             return;
         }
-        let was_valid = boot_nanos() < h.until;
+        let was_valid = self.clock.boot_nanos() < h.until;
         let until = Self::deadline(sent, ttl);
-        e.cell.set_global(global_state::HELD, until);
+        e.grant(HELD, until);
         e.held = Some(Held {
-            renew_at: Instant::now() + ttl / 3,
+            renew_at: self.clock.now() + ttl / 3,
             until,
             ..h
         });
@@ -124,7 +134,7 @@ impl Task {
     }
 
     pub(super) fn acquire(&mut self, pk: AgentPubkey, after_another: bool) {
-        let sent = boot_nanos();
+        let sent = self.clock.boot_nanos();
         let r = self.gw.grant(self.cfg.ttl);
         let Some((lease, ttl)) = self.noted(pk, r) else {
             return;
@@ -155,7 +165,7 @@ impl Task {
     /// Continues the lease `kv` is bound to, rewriting the key in our name
     /// only if nobody wrote it since we read it.
     pub(super) fn adopt(&mut self, pk: AgentPubkey, kv: &Kv) {
-        let sent = boot_nanos();
+        let sent = self.clock.boot_nanos();
         let (lease, ttl) = if kv.lease == 0 {
             let r = self.gw.grant(self.cfg.ttl);
             match self.noted(pk, r) {
@@ -208,7 +218,7 @@ impl Task {
         e.held = Some(Held {
             lease,
             revision,
-            renew_at: Instant::now() + ttl / 3,
+            renew_at: self.clock.now() + ttl / 3,
             until,
         });
         e.see(Some(GlobalHolder {
@@ -220,9 +230,9 @@ impl Task {
         e.claim_until = None;
         e.claim_lease = None;
         e.seen = e.seen.max(revision);
-        e.cell.set_global(global_state::HELD, until);
+        e.grant(HELD, until);
         tracing::info!(pubkey = %pk, revision, ?reason, instance = %self.our_id, "holds the etcd lease");
-        self.tell_gain(pk, Some(reason), from_other_host);
+        self.tell_with(pk, Some(reason), from_other_host, false);
     }
 
     /// Someone else holds the key now. We look again only after a while:
@@ -230,9 +240,9 @@ impl Task {
     /// host leader) must not take the key from each other in a hot loop.
     pub(super) fn lost(&mut self, pk: AgentPubkey) {
         let e = self.entries.get_mut(&pk).expect("caller checked");
-        e.retry_at = Some(Instant::now() + self.cfg.ttl / 4);
+        e.retry_at = Some(self.clock.now() + self.cfg.ttl / 4);
         if e.held.take().is_some() {
-            e.cell.set_global(global_state::NOT_HELD, 0);
+            e.grant(NOT_HELD, 0);
             tracing::warn!(pubkey = %pk, instance = %self.our_id, "lost the etcd key");
             self.tell(pk, Some(ChangeReason::Lost));
         }
@@ -242,7 +252,7 @@ impl Task {
     /// when no sibling will continue it.
     pub(super) fn step_back(&mut self, pk: AgentPubkey, revoke: bool) {
         let e = self.entries.get_mut(&pk).expect("caller inserted");
-        e.cell.set_global(global_state::NOT_HELD, 0);
+        e.grant(NOT_HELD, 0);
         e.fallback = false;
         if let Some(h) = e.held.take() {
             if revoke {
@@ -283,8 +293,9 @@ impl Task {
     }
 
     /// The holder stands down for a claim from another window: stop acting
-    /// first, then rewrite the key for the claimant (bound to its lease)
-    /// and drop the claim in one transaction.
+    /// first (the writer confirms it closed the permit), then rewrite the
+    /// key for the claimant (bound to its lease) and drop the claim in one
+    /// transaction ([`Task::hand_over_confirmed`]).
     pub(super) fn hand_over(&mut self, pk: AgentPubkey, claim: &Kv) {
         let claimant = holder_of(claim);
         let e = self.entries.get_mut(&pk).expect("caller checked");
@@ -297,10 +308,19 @@ impl Task {
         {
             return;
         }
-        e.cell.set_global(global_state::NOT_HELD, 0);
+        e.grant(NOT_HELD, 0);
         e.held = None;
+        e.handing = Some((h, claim.clone()));
         tracing::info!(pubkey = %pk, to = %claimant.instance_id, "standing down for a cross-host claim");
-        self.tell(pk, Some(ChangeReason::StoodDown));
+        self.tell_with(pk, Some(ChangeReason::StoodDown), false, true);
+    }
+
+    /// The writer no longer acts on our permit: the key goes to the
+    /// claimant we stood down for.
+    pub(super) fn hand_over_confirmed(&mut self, pk: AgentPubkey) {
+        let Some((h, claim)) = self.entries.get_mut(&pk).and_then(|e| e.handing.take()) else {
+            return;
+        };
         let key = self.cfg.leader_key(&pk);
         let claim_key = self.cfg.claim_key(&pk);
         let r = self.gw.swap(
@@ -384,7 +404,7 @@ impl Task {
         if !(ours && e.leads && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
             return false;
         }
-        let sent = boot_nanos();
+        let sent = self.clock.boot_nanos();
         let r = self.gw.keep_alive(kv.lease);
         match self.noted(pk, r) {
             Some(ttl) if !ttl.is_zero() => {
@@ -412,23 +432,23 @@ impl Task {
     /// have survived that, and the policy decides whether the host leader
     /// acts anyway.
     pub(super) fn check_unreachable(&mut self, pk: AgentPubkey) {
-        let silent = self.last_contact.elapsed() >= self.cfg.ttl;
+        let silent = self.silence() >= self.cfg.ttl;
         let policy = self.cfg.when_unreachable;
         let e = self.entries.get_mut(&pk).expect("caller checked");
         if silent && e.held.is_some() {
             e.held = None;
-            e.cell.set_global(global_state::NOT_HELD, 0);
+            e.grant(NOT_HELD, 0);
         }
         let fall_back = silent && e.leads && policy == WhenUnreachable::FallBack;
         if fall_back && !e.fallback {
             e.fallback = true;
-            e.cell.set_global(global_state::FALLBACK, 0);
+            e.grant(FALLBACK, 0);
             tracing::warn!(pubkey = %pk, "etcd unreachable for a whole TTL: acting for this host only");
             self.tell(pk, Some(ChangeReason::FailSafe));
         } else if !silent && e.fallback {
             e.fallback = false;
             if e.held.is_none() {
-                e.cell.set_global(global_state::NOT_HELD, 0);
+                e.grant(NOT_HELD, 0);
                 self.tell(pk, Some(ChangeReason::Lost));
             }
         }
@@ -437,15 +457,24 @@ impl Task {
     /// Shutdown: every lease we still hold is revoked (the writer has
     /// stepped down everywhere already, handing to siblings where it
     /// could; those were told with `revoke: false`).
-    pub(super) fn give_up_all(&mut self) {
-        let held: Vec<(AgentPubkey, i64)> = self
+    pub(crate) fn give_up_all(&mut self) {
+        // A hand-over the writer had no time to confirm: it has stopped
+        // acting by now, so the claimant gets the key.
+        let handing: Vec<AgentPubkey> = self
             .entries
             .iter()
-            .filter_map(|(pk, e)| Some((*pk, e.held?.lease)))
+            .filter(|(_, e)| e.handing.is_some())
+            .map(|(pk, _)| *pk)
             .collect();
-        for (pk, lease) in held {
-            let e = self.entries.get_mut(&pk).expect("listed");
-            e.cell.set_global(global_state::NOT_HELD, 0);
+        for pk in handing {
+            self.hand_over_confirmed(pk);
+        }
+        let held: Vec<i64> = self
+            .entries
+            .values()
+            .filter_map(|e| Some(e.held?.lease))
+            .collect();
+        for lease in held {
             let _ = self.gw.revoke(lease);
         }
         for e in self.entries.values() {

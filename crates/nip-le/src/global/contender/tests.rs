@@ -1,108 +1,380 @@
-//! The contender against an in-memory etcd: the etcd client behind its
-//! trait, no server.
+//! The contender against an in-memory etcd, no server: the machine driven
+//! step by step on a manual clock (each test is deterministic), and the
+//! thread shell once.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::super::etcd::{Etcd, GatewayError, Result as EtcdResult, Txn, Watch};
+use super::task::Clock;
+use super::watch::Cursor;
 use super::*;
-use crate::elector::cache::Published;
-use crate::elector::upper::UpperLevel;
-use crate::elector::Level;
+use crate::elector::cache::{global_state, Clocks, KeyCell, Published};
+use crate::elector::upper::UpperNews;
+use crate::elector::{ChangeReason, Level};
 use crate::global::memory::MemoryEtcd;
+use crate::global::WhenUnreachable;
+
+const TTL: Duration = Duration::from_secs(2);
+const MS: u64 = 1_000_000;
 
 fn pk() -> AgentPubkey {
     AgentPubkey::parse(&"ab".repeat(32)).unwrap()
 }
 
-/// A host leader (the writer's part: the flag, never fenced) with its
-/// contender on `etcd`.
-fn host(etcd: &MemoryEtcd, host: &str) -> (Contender, Arc<KeyCell>) {
-    let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], host);
-    cfg.ttl = Duration::from_secs(2);
-    let etcd: Arc<dyn Etcd> = Arc::new(etcd.clone());
-    let c = Contender::start_on(
-        cfg,
-        &format!("{host}-window"),
-        Duration::from_secs(2),
-        Box::new(|_, _| {}),
-        Arc::clone(&etcd),
-        etcd,
-    )
-    .unwrap();
-    let cell = Arc::new(KeyCell::new(false, Published::initial(pk())));
-    cell.set_global(global_state::NOT_HELD, 0);
-    cell.set_leader(true);
-    (c, cell)
+/// Virtual time, shared by etcd and every host.
+#[derive(Clone)]
+struct ManualClock {
+    t: Arc<AtomicU64>,
+    base: Instant,
 }
 
-fn wait_until(within: Duration, f: impl Fn() -> bool) -> bool {
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if f() {
-            return true;
+impl ManualClock {
+    fn new() -> Self {
+        Self {
+            t: Arc::new(AtomicU64::new(1_000 * MS)),
+            base: Instant::now(),
         }
-        std::thread::sleep(Duration::from_millis(5));
     }
-    f()
+    fn advance(&self, d: Duration) {
+        self.t.fetch_add(d.as_nanos() as u64, Ordering::SeqCst);
+    }
+    fn nanos(&self) -> u64 {
+        self.t.load(Ordering::SeqCst)
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        self.base + Duration::from_nanos(self.nanos())
+    }
+    fn boot_nanos(&self) -> u64 {
+        self.nanos()
+    }
+    fn unix_ms(&self) -> u64 {
+        self.nanos() / MS
+    }
+}
+
+impl Clocks for ManualClock {
+    fn mono_nanos(&self) -> u64 {
+        self.nanos()
+    }
+    fn boot_nanos(&self) -> u64 {
+        self.nanos()
+    }
+}
+
+/// An etcd a host can be cut off from.
+struct Cut {
+    etcd: MemoryEtcd,
+    cut: Arc<AtomicBool>,
+}
+
+impl Cut {
+    fn check(&self) -> EtcdResult<()> {
+        if self.cut.load(Ordering::SeqCst) {
+            Err(GatewayError("unreachable".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Etcd for Cut {
+    fn get_at(&self, key: &str) -> EtcdResult<(Option<Kv>, u64)> {
+        self.check()?;
+        self.etcd.get_at(key)
+    }
+    fn create(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<Txn> {
+        self.check()?;
+        self.etcd.create(key, value, lease)
+    }
+    fn swap(&self, k: &str, rev: u64, v: &[u8], lease: i64, also: Option<&str>) -> EtcdResult<Txn> {
+        self.check()?;
+        self.etcd.swap(k, rev, v, lease, also)
+    }
+    fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
+        self.check()?;
+        self.etcd.put(key, value, lease)
+    }
+    fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
+        self.check()?;
+        self.etcd.grant(ttl)
+    }
+    fn keep_alive(&self, lease: i64) -> EtcdResult<Duration> {
+        self.check()?;
+        self.etcd.keep_alive(lease)
+    }
+    fn revoke(&self, lease: i64) -> EtcdResult<()> {
+        self.check()?;
+        self.etcd.revoke(lease)
+    }
+    fn watch(&self, k: &str, p: bool, s: u64, t: Duration) -> EtcdResult<Box<dyn Watch>> {
+        self.check()?;
+        self.etcd.watch(k, p, s, t)
+    }
+}
+
+/// One host leader: its task, and the writer's part played here (apply
+/// each permit, confirm when asked; the flag, never fenced).
+struct Host {
+    task: Task,
+    news: Arc<Mutex<Vec<UpperNews>>>,
+    cell: KeyCell,
+    cursor: Cursor,
+    cut: Arc<AtomicBool>,
+    clock: ManualClock,
+    confirms: usize,
+    etcd: MemoryEtcd,
+}
+
+impl Host {
+    fn new(etcd: &MemoryEtcd, clock: &ManualClock, name: &str, policy: WhenUnreachable) -> Self {
+        let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], name);
+        cfg.ttl = TTL;
+        cfg.when_unreachable = policy;
+        let news = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&news);
+        let cut = Arc::new(AtomicBool::new(false));
+        let gw = Arc::new(Cut {
+            etcd: etcd.clone(),
+            cut: Arc::clone(&cut),
+        });
+        let task = Task::new(
+            cfg,
+            &format!("{name}-window"),
+            TTL,
+            gw,
+            Box::new(move |_, n| sink.lock().unwrap().push(n)),
+            Box::new(clock.clone()),
+        );
+        let cell = KeyCell::new(false, Published::initial(pk()));
+        cell.set_global(global_state::NOT_HELD, 0);
+        Self {
+            task,
+            news,
+            cell,
+            cursor: Cursor::default(),
+            cut,
+            clock: clock.clone(),
+            confirms: 0,
+            etcd: etcd.clone(),
+        }
+    }
+
+    fn lead(&mut self, leads: bool, revoke: bool) {
+        self.cell.set_leader(leads);
+        self.task.step(Some(Inbox::Lead {
+            pk: pk(),
+            leads,
+            revoke,
+            tenure: 1,
+        }));
+        self.pump();
+    }
+
+    /// Runs the watch and the news until nothing is left.
+    fn pump(&mut self) {
+        for _ in 0..100 {
+            let mut inputs = Vec::new();
+            if !self.cut.load(Ordering::SeqCst) {
+                let msg = if self.cursor.start() == 0 {
+                    Some(super::super::etcd::WatchMessage {
+                        revision: self.etcd.revision(),
+                        created: true,
+                        ..Default::default()
+                    })
+                } else {
+                    self.etcd.changes_since("/nip-le/", self.cursor.start())
+                };
+                inputs.extend(msg.map(|m| self.cursor.message(m)).unwrap_or_default());
+            }
+            let news: Vec<UpperNews> = std::mem::take(&mut *self.news.lock().unwrap());
+            for n in &news {
+                self.cell.set_global(n.permit.state, n.permit.until);
+                if n.confirm {
+                    self.confirms += 1;
+                    inputs.push(Inbox::Withdrawn(pk()));
+                }
+            }
+            if inputs.is_empty() && news.is_empty() {
+                self.task.step(None);
+                if self.news.lock().unwrap().is_empty() {
+                    return;
+                }
+            }
+            for i in inputs {
+                self.task.step(Some(i));
+            }
+        }
+        panic!("the task never settles");
+    }
+
+    fn acts(&self) -> bool {
+        self.cell.is_leader_on(&self.clock)
+    }
+}
+
+fn pump_all(hosts: &mut [&mut Host]) {
+    for _ in 0..3 {
+        for h in hosts.iter_mut() {
+            h.pump();
+        }
+    }
 }
 
 #[test]
-fn of_two_host_leaders_one_acts_and_the_other_takes_over_when_it_steps_back() {
-    let etcd = MemoryEtcd::default();
-    let (mut a, ca) = host(&etcd, "a");
-    let (mut b, cb) = host(&etcd, "b");
-    a.host_leader(pk(), &ca, true, false);
-    b.host_leader(pk(), &cb, true, false);
-    assert!(
-        wait_until(Duration::from_secs(2), || ca.is_leader() || cb.is_leader()),
-        "nobody acts"
-    );
-    // Exactly one, and it stays so (both contenders have looked by now).
-    let end = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < end {
-        assert!(ca.is_leader() != cb.is_leader(), "two hosts act, or none");
-        std::thread::sleep(Duration::from_millis(5));
+fn of_two_host_leaders_one_acts_and_the_other_takes_over_at_once_when_it_steps_back() {
+    let clock = ManualClock::new();
+    let etcd = MemoryEtcd::with_clock(Arc::new({
+        let c = clock.clone();
+        move || Clock::now(&c)
+    }));
+    let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::FallBack);
+    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
+    a.lead(true, false);
+    b.lead(true, false);
+    pump_all(&mut [&mut a, &mut b]);
+    assert!(a.acts() && !b.acts(), "the first host leader holds the key");
+    for _ in 0..50 {
+        clock.advance(TTL / 10);
+        pump_all(&mut [&mut a, &mut b]);
+        assert!(a.acts() && !b.acts(), "renewed, never displaced");
     }
-    let (mut holder, hc, mut other, oc) = if ca.is_leader() {
-        (a, ca, b, cb)
-    } else {
-        (b, cb, a, ca)
-    };
-    assert_eq!(hc.level(), Level::Global);
-    assert_eq!(oc.level(), Level::Host, "the other leads only its host");
+    assert_eq!(a.cell.level_on(&clock), Level::Global);
+    assert_eq!(b.cell.level_on(&clock), Level::Host);
     // A graceful step back revokes the lease: the other host's watch sees
-    // the key go and takes it, well within the TTL.
-    let start = Instant::now();
-    hc.set_leader(false);
-    holder.host_leader(pk(), &hc, false, true);
-    assert!(wait_until(Duration::from_secs(2), || oc.is_leader()));
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
+    // the key go and takes it in the same instant.
+    a.lead(false, true);
+    pump_all(&mut [&mut a, &mut b]);
+    assert!(!a.acts() && b.acts());
+}
+
+#[test]
+fn a_cut_off_holder_stops_acting_before_its_lease_ends_and_only_then_another_host_takes_over() {
+    let clock = ManualClock::new();
+    let etcd = MemoryEtcd::with_clock(Arc::new({
+        let c = clock.clone();
+        move || Clock::now(&c)
+    }));
+    let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::StaySilent);
+    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::StaySilent);
+    a.lead(true, false);
+    b.lead(true, false);
+    pump_all(&mut [&mut a, &mut b]);
+    assert!(a.acts());
+    a.cut.store(true, Ordering::SeqCst);
+    let (mut a_stopped, mut b_started) = (None, None);
+    for step in 0..400u64 {
+        clock.advance(Duration::from_millis(10));
+        pump_all(&mut [&mut a, &mut b]);
+        assert!(!(a.acts() && b.acts()), "two hosts act at {step}0 ms");
+        if !a.acts() && a_stopped.is_none() {
+            a_stopped = Some(step);
+        }
+        if b.acts() && b_started.is_none() {
+            b_started = Some(step);
+        }
+    }
+    let (a_stopped, b_started) = (
+        a_stopped.expect("a fenced"),
+        b_started.expect("b took over"),
     );
-    assert!(!hc.is_leader());
-    holder.shutdown();
-    other.shutdown();
+    // The fence: before the request that last renewed + 0.9 TTL; the
+    // takeover: after the lease expired in etcd (a whole TTL).
+    assert!(
+        a_stopped * 10 <= 1800,
+        "a acted {a_stopped}0 ms into the cut"
+    );
+    assert!(b_started > a_stopped);
+    assert!(b_started * 10 <= 3 * TTL.as_millis() as u64);
+}
+
+#[test]
+fn a_cross_host_claim_moves_the_key_only_after_the_holders_writer_closed_its_permit() {
+    let clock = ManualClock::new();
+    let etcd = MemoryEtcd::with_clock(Arc::new({
+        let c = clock.clone();
+        move || Clock::now(&c)
+    }));
+    let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::FallBack);
+    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
+    a.lead(true, false);
+    b.lead(true, false);
+    pump_all(&mut [&mut a, &mut b]);
+    assert!(a.acts());
+    b.task.step(Some(Inbox::Claim(pk())));
+    b.pump();
+    // The holder sees the claim and asks its writer to stop acting; it
+    // does not move the key before the confirmation.
+    let key = format!("/nip-le/{}/leader", pk());
+    let changes = etcd.changes_since("/nip-le/", a.cursor.start()).unwrap();
+    for i in a.cursor.message(changes) {
+        a.task.step(Some(i));
+    }
+    let news = std::mem::take(&mut *a.news.lock().unwrap());
+    let asked = news.iter().find(|n| n.confirm).expect("asked to confirm");
+    assert_eq!(asked.permit.state, global_state::NOT_HELD);
+    assert_eq!(asked.reason, Some(ChangeReason::StoodDown));
+    assert!(holder_of(&etcd.get(&key).unwrap().unwrap()).host_id == "a");
+    a.cell.set_global(asked.permit.state, asked.permit.until);
+    a.task.step(Some(Inbox::Withdrawn(pk())));
+    assert!(holder_of(&etcd.get(&key).unwrap().unwrap()).host_id == "b");
+    pump_all(&mut [&mut a, &mut b]);
+    assert!(!a.acts() && b.acts());
 }
 
 #[test]
 fn a_live_holder_is_not_displaced_and_its_shutdown_hands_the_agent_on() {
+    let clock = ManualClock::new();
+    let etcd = MemoryEtcd::with_clock(Arc::new({
+        let c = clock.clone();
+        move || Clock::now(&c)
+    }));
+    let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::FallBack);
+    a.lead(true, false);
+    assert!(a.acts());
+    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
+    b.lead(true, false);
+    assert!(!b.acts(), "a live holder is not displaced");
+    a.cell.set_leader(false);
+    a.task.give_up_all();
+    b.pump();
+    assert!(b.acts(), "the revoked lease freed the key at once");
+}
+
+/// The thread shell: the same contender on its own thread, its news
+/// applied as the writer would.
+#[test]
+fn the_thread_shell_runs_the_task_and_stops() {
     let etcd = MemoryEtcd::default();
-    let (mut a, ca) = host(&etcd, "a");
-    a.host_leader(pk(), &ca, true, false);
-    assert!(wait_until(Duration::from_secs(2), || ca.is_leader()));
-    let lease = etcd
+    let cell = Arc::new(KeyCell::new(false, Published::initial(pk())));
+    cell.set_global(global_state::NOT_HELD, 0);
+    cell.set_leader(true);
+    let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
+    cfg.ttl = TTL;
+    let apply = Arc::clone(&cell);
+    let gw: Arc<dyn Etcd> = Arc::new(etcd.clone());
+    let mut c = Contender::start_on(
+        cfg,
+        "a-window",
+        TTL,
+        Box::new(move |_, n| apply.set_global(n.permit.state, n.permit.until)),
+        Arc::clone(&gw),
+        gw,
+    )
+    .unwrap();
+    c.host_leader(pk(), true, false, 1);
+    let end = Instant::now() + Duration::from_secs(5);
+    while !cell.is_leader() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(cell.is_leader(), "the shell's task took the free key");
+    c.shutdown();
+    assert!(etcd
         .get(&format!("/nip-le/{}/leader", pk()))
         .unwrap()
-        .expect("the key is held")
-        .lease;
-    assert!(lease != 0);
-    let (mut b, cb) = host(&etcd, "b");
-    b.host_leader(pk(), &cb, true, false);
-    assert!(!cb.is_leader(), "a live holder is not displaced");
-    a.shutdown();
-    assert!(!ca.is_leader(), "gave up on shutdown");
-    assert!(wait_until(Duration::from_secs(3), || cb.is_leader()));
-    b.shutdown();
+        .is_none());
 }

@@ -1,0 +1,328 @@
+//! The contender's machine: per key, what we hold in etcd, what we know
+//! of the holder, and what we told the writer. Its inputs are the
+//! writer's messages, the watch's changes and the passing of time on an
+//! injected [`Clock`]; its outputs are calls on an [`Etcd`] and news for
+//! the writer, each carrying the permit the writer is to apply. It owns
+//! no thread and reads no real clock: the app's shell runs it on a thread
+//! ([`super::Contender`]), the simulator in virtual time.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::elector::cache::{self, global_state};
+use crate::elector::upper::{Permit, Tell, UpperNews};
+use crate::elector::{ChangeReason, GlobalHolder, GlobalStatus};
+use crate::pubkey::AgentPubkey;
+
+use super::super::etcd::{Etcd, GatewayError};
+use super::super::EtcdConfig;
+use super::{Inbox, Value};
+
+/// The clocks the task reads.
+pub(crate) trait Clock: Send {
+    /// The monotonic clock (timers).
+    fn now(&self) -> Instant;
+    /// The clock permits are counted on ([`cache::boot_nanos`]: it keeps
+    /// running through suspend, as etcd's lease clock does).
+    fn boot_nanos(&self) -> u64;
+    /// Wall time, unix ms (stamps for the writer's news).
+    fn unix_ms(&self) -> u64;
+}
+
+/// The process's clocks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+    fn boot_nanos(&self) -> u64 {
+        cache::boot_nanos()
+    }
+    fn unix_ms(&self) -> u64 {
+        crate::elector::writer_unix_ms(std::time::SystemTime::now())
+    }
+}
+
+/// Our hold on a key.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    pub lease: i64,
+    /// The revision we last wrote the key at.
+    pub revision: u64,
+    pub renew_at: Instant,
+    /// The permit's deadline ([`cache::boot_nanos`]).
+    pub until: u64,
+}
+
+pub(super) struct Entry {
+    /// We lead our host for this key.
+    pub leads: bool,
+    /// The host leadership we were last told of.
+    pub tenure: u64,
+    pub held: Option<Held>,
+    pub holder: Option<GlobalHolder>,
+    pub fallback: bool,
+    /// A claim of ours, until it expires.
+    pub claim_until: Option<Instant>,
+    /// The lease our posted claim is bound to.
+    pub claim_lease: Option<i64>,
+    /// Don't call etcd for this key before (after a failure).
+    pub retry_at: Option<Instant>,
+    /// Look again even if we hold (after the watch lost track).
+    pub verify: bool,
+    /// The latest revision at which we know the leader key's state.
+    pub seen: u64,
+    /// The host of the last holder we saw (kept across deletions).
+    pub last_holder_host: Option<String>,
+    pub last_error: Option<String>,
+    /// The permit we grant the writer now, and the last one we told it.
+    pub permit: Permit,
+    pub told: Permit,
+    /// A hand-over waiting for the writer to confirm that it stopped
+    /// acting: our lease and revision, and the claim.
+    pub handing: Option<(Held, super::Kv)>,
+}
+
+/// The machine.
+pub(crate) struct Task {
+    pub(super) cfg: EtcdConfig,
+    pub(super) our_id: String,
+    pub(super) stand_down: Duration,
+    pub(super) gw: Arc<dyn Etcd>,
+    tell: Tell,
+    pub(super) clock: Box<dyn Clock>,
+    pub(super) entries: BTreeMap<AgentPubkey, Entry>,
+    /// The last time etcd answered anything.
+    pub(super) last_contact: Instant,
+}
+
+impl Task {
+    /// A task for `cfg` (validated), speaking for window `our_id`.
+    pub(crate) fn new(
+        cfg: EtcdConfig,
+        our_id: &str,
+        stand_down: Duration,
+        gw: Arc<dyn Etcd>,
+        tell: Tell,
+        clock: Box<dyn Clock>,
+    ) -> Self {
+        Self {
+            last_contact: clock.now(),
+            cfg,
+            our_id: our_id.to_owned(),
+            stand_down,
+            gw,
+            tell,
+            clock,
+            entries: BTreeMap::new(),
+        }
+    }
+
+    /// One input (or none: time passed), then whatever every key needs
+    /// now, then news of every permit that changed without a word.
+    pub(crate) fn step(&mut self, input: Option<Inbox>) {
+        if let Some(i) = input {
+            self.handle(i);
+        }
+        let keys: Vec<AgentPubkey> = self.entries.keys().copied().collect();
+        for pk in keys {
+            self.settle(pk);
+        }
+        let quiet: Vec<AgentPubkey> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.permit != e.told)
+            .map(|(pk, _)| *pk)
+            .collect();
+        for pk in quiet {
+            self.tell(pk, None);
+        }
+    }
+
+    /// How long the task may wait for its next input.
+    pub(crate) fn wait(&self) -> Duration {
+        let now = self.clock.now();
+        self.next_due().saturating_duration_since(now)
+    }
+
+    /// When the task must look again at the latest.
+    pub(crate) fn next_due(&self) -> Instant {
+        let now = self.clock.now();
+        let mut due = now + Duration::from_secs(1);
+        for e in self.entries.values().filter(|e| e.leads) {
+            let times = [
+                e.held.map(|h| h.renew_at),
+                e.retry_at,
+                e.claim_until,
+                (!e.fallback && e.held.is_none()).then(|| self.last_contact + self.cfg.ttl),
+            ];
+            for t in times.into_iter().flatten().filter(|t| *t > now) {
+                due = due.min(t);
+            }
+        }
+        due.max(now)
+    }
+
+    fn handle(&mut self, msg: Inbox) {
+        let now = self.clock.now();
+        match msg {
+            Inbox::Lead {
+                pk,
+                leads,
+                revoke,
+                tenure,
+            } => {
+                let e = self.entries.entry(pk).or_insert_with(Entry::new);
+                e.leads = leads;
+                e.tenure = tenure;
+                if !leads {
+                    self.step_back(pk, revoke);
+                } else if now.saturating_duration_since(self.last_contact) >= self.cfg.ttl {
+                    // A window that did not lead its host asked etcd
+                    // nothing: the silence that decides a fallback counts
+                    // from now, when we need etcd.
+                    self.last_contact = now;
+                }
+            }
+            Inbox::Claim(pk) => {
+                let e = self.entries.entry(pk).or_insert_with(Entry::new);
+                e.claim_until = Some(now + self.stand_down);
+            }
+            Inbox::Withdrawn(pk) => self.hand_over_confirmed(pk),
+            Inbox::Synced => {
+                for e in self.entries.values_mut() {
+                    e.verify = true;
+                    e.retry_at = None;
+                }
+            }
+            Inbox::Change(c) => {
+                self.last_contact = now;
+                self.changed(c)
+            }
+        }
+    }
+
+    /// How long etcd has been silent.
+    pub(super) fn silence(&self) -> Duration {
+        self.clock
+            .now()
+            .saturating_duration_since(self.last_contact)
+    }
+
+    fn status(&self, e: &Entry) -> GlobalStatus {
+        GlobalStatus {
+            host_id: self.cfg.host_id.clone(),
+            holder: e.holder.clone(),
+            fallback: e.fallback,
+            last_error: e.last_error.clone(),
+        }
+    }
+
+    pub(super) fn tell(&mut self, pk: AgentPubkey, reason: Option<ChangeReason>) {
+        self.tell_with(pk, reason, false, false);
+    }
+
+    /// [`Task::tell`], saying whether a gain came from another host and
+    /// whether the writer must confirm that it closed the permit.
+    pub(super) fn tell_with(
+        &mut self,
+        pk: AgentPubkey,
+        reason: Option<ChangeReason>,
+        from_other_host: bool,
+        confirm: bool,
+    ) {
+        let at_ms = self.clock.unix_ms();
+        let Some(e) = self.entries.get(&pk) else {
+            return;
+        };
+        let news = UpperNews {
+            reason,
+            from_other_host,
+            status: self.status(e),
+            permit: e.permit,
+            tenure: e.tenure,
+            confirm,
+            at_ms,
+        };
+        (self.tell)(pk, news);
+        if let Some(e) = self.entries.get_mut(&pk) {
+            e.told = e.permit;
+        }
+    }
+
+    /// Records a call's outcome for `pk`: contact on success, a retry
+    /// delay and the error on failure.
+    pub(super) fn noted<T>(&mut self, pk: AgentPubkey, r: Result<T, GatewayError>) -> Option<T> {
+        let now = self.clock.now();
+        let e = self.entries.get_mut(&pk)?;
+        match r {
+            Ok(v) => {
+                self.last_contact = now;
+                e.last_error = None;
+                Some(v)
+            }
+            Err(err) => {
+                tracing::debug!(pubkey = %pk, "etcd: {err}");
+                e.last_error = Some(err.to_string());
+                e.retry_at = Some(now + (self.cfg.ttl / 20).max(Duration::from_millis(50)));
+                None
+            }
+        }
+    }
+
+    pub(super) fn value(&self) -> Vec<u8> {
+        serde_json::to_vec(&Value {
+            host_id: self.cfg.host_id.clone(),
+            instance_id: self.our_id.clone(),
+        })
+        .unwrap_or_default()
+    }
+
+    /// The permit's deadline for a lease renewed (or granted) by a request
+    /// sent at `sent` (a [`cache::boot_nanos`] instant) for `ttl`.
+    pub(super) fn deadline(sent: u64, ttl: Duration) -> u64 {
+        let safe = ttl - ttl / 10;
+        sent.saturating_add(u64::try_from(safe.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+impl Entry {
+    /// Sets the permit the writer is to apply (told with the next news).
+    pub(super) fn grant(&mut self, state: u8, until: u64) {
+        self.permit = Permit { state, until };
+    }
+
+    /// Records the holder the key names now (`None`: deleted).
+    pub(super) fn see(&mut self, holder: Option<GlobalHolder>) {
+        if let Some(h) = holder.as_ref().filter(|h| !h.host_id.is_empty()) {
+            self.last_holder_host = Some(h.host_id.clone());
+        }
+        self.holder = holder;
+    }
+
+    fn new() -> Self {
+        Self {
+            leads: false,
+            tenure: 0,
+            held: None,
+            holder: None,
+            fallback: false,
+            claim_until: None,
+            claim_lease: None,
+            retry_at: None,
+            verify: false,
+            seen: 0,
+            last_holder_host: None,
+            last_error: None,
+            permit: Permit::NOT_HELD,
+            told: Permit::NOT_HELD,
+            handing: None,
+        }
+    }
+}
+
+/// The permit states, for the moves.
+pub(super) use global_state::{FALLBACK, HELD, NOT_HELD};
