@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The simulator's teeth (docs/simulator.md): puts back, one at a time, a
 # defect that an earlier change fixed, in a scratch worktree of HEAD, and
-# counts the seeds of the CI budget (300 extended + 250 mixed, 120 s each,
-# without file and clock faults) that find it. Not part of the test
+# counts the seeds of the CI budget that find it: a defect of one host's
+# election against the one-host runs (300 extended + 250 mixed), a defect
+# of the etcd contender against the runs across hosts (100 fall-back + 60
+# stay-silent); 120 s each, without file and clock faults. Not part of the test
 # command: it builds the CLI once per defect (a few minutes in all).
 #
 #   bash scripts/sim-teeth.sh                 # every defect
@@ -17,6 +19,7 @@ cd "$work/tree"
 # Warnings of the mutated code are expected noise.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$top/target/teeth}" NIP_LE_LOG=off RUSTFLAGS="-A warnings"
 E=crates/nip-le/src/elector
+G=crates/nip-le/src/global/contender
 
 # name → file and a perl substitution (-0: the whole file at once).
 declare -A FILE SUB
@@ -28,9 +31,18 @@ FILE[handoff]=$E/machine/conclude.rs;    SUB[handoff]='s/(\} else if !self.held_
 FILE[busy_renew]=$E/machine/conclude.rs; SUB[busy_renew]='s/(\} else if busy && self.held_before && self.wrote_last\(&content\) \{.*?)Validity::Keep/$1Validity::Renew/s'
 FILE[hot_loop]=$E/machine/conclude.rs;   SUB[hot_loop]='s/let judged = self.record_judged\(\);/let judged = false;/'
 FILE[spec_ticks]=$E/writer/key.rs;       SUB[spec_ticks]='s/if ctx.rules.profile.read_first && \(wrote \|\| !self.m.holds_lock\(\)\) \{/if wrote || !self.m.holds_lock() {/'
+# Across hosts: a permit that outlives its lease; the fall-back whatever
+# the policy; a host leader that continues another host's live lease; a
+# hand-over that moves the key before the holder's writer stopped acting.
+FILE[no_fence]=$G/task.rs;               SUB[no_fence]='s/let safe = ttl - ttl \/ 10;/let safe = ttl * 4;/'
+FILE[fallback_always]=$G/moves.rs;       SUB[fallback_always]='s/let fall_back = silent && e.leads && policy == WhenUnreachable::FallBack;/let fall_back = silent && e.leads;/'
+FILE[steal]=$G/moves.rs;                 SUB[steal]='s/if foreign_host && kv.lease != 0 \{/if false \&\& foreign_host \&\& kv.lease != 0 {/'
+FILE[early_handover]=$G/moves.rs;        SUB[early_handover]='s/self.tell_with\(pk, Some\(ChangeReason::StoodDown\), false, true\);/self.hand_over_confirmed(pk); self.tell_with(pk, Some(ChangeReason::StoodDown), false, false);/'
+declare -A RUNS
+for d in no_fence fallback_always steal early_handover; do RUNS[$d]="hosts:fall-back:100 hosts:stay-silent:60"; done
 
 defects=("$@")
-[ ${#defects[@]} -gt 0 ] || defects=(regained lost hang leave handoff busy_renew hot_loop spec_ticks)
+[ ${#defects[@]} -gt 0 ] || defects=(regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover)
 for d in "${defects[@]}"; do
   git checkout -q -- .
   perl -0pi -e "${SUB[$d]}" "${FILE[$d]}"
@@ -39,12 +51,14 @@ for d in "${defects[@]}"; do
     exit 1
   fi
   cargo build -q -p nip-le-cli
-  for run in "extended 300" "mixed 250"; do
-    read -r cluster seeds <<<"$run"
-    out=$("$CARGO_TARGET_DIR/debug/nip-le" sim --cluster "$cluster" --seeds "$seeds" --seconds 120 \
-      --without files,clocks || true)
+  for run in ${RUNS[$d]:-extended::300 mixed::250}; do
+    IFS=: read -r cluster policy seeds <<<"$run"
+    flags=(--cluster "$cluster")
+    [ -z "$policy" ] || flags+=(--policy "$policy")
+    out=$("$CARGO_TARGET_DIR/debug/nip-le" sim "${flags[@]}" --seeds "$seeds" --seconds 120 \
+      --without files,clocks 2>/dev/null || true)
     n=$(grep -c 'failed:' <<<"$out" || true)
     first=$(grep -m1 'failed:' <<<"$out" || true)
-    echo "$d, $cluster: $n of $seeds seeds fail; first: ${first:-none}"
+    echo "$d, $cluster${policy:+ $policy}: $n of $seeds seeds fail; first: ${first:-none}"
   done
 done

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use nip_le::sim::{self, Options};
+use nip_le::global::WhenUnreachable;
+use nip_le::sim::{self, HostsOptions, Options};
 
 /// Which cluster a seed runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -15,6 +16,21 @@ pub enum Cluster {
     Extended,
     /// Extended and spec windows beside a harness peer: leadership only.
     Mixed,
+    /// Hosts of two extended windows each on one simulated etcd (`--hosts`,
+    /// `--policy`): the real contenders, link faults between hosts and
+    /// etcd, never two holders of the key, no silence, every mention
+    /// answered.
+    Hosts,
+}
+
+/// What a host leader does while etcd is out of reach (see
+/// `nip_le::WhenUnreachable`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Policy {
+    /// Every host leader acts for its host.
+    FallBack,
+    /// Nobody acts until etcd answers.
+    StaySilent,
 }
 
 /// A kind of fault (see `nip_le::sim::Mix`).
@@ -59,6 +75,17 @@ pub struct SimArgs {
     /// files, starvation, pids (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub without: Vec<FaultKind>,
+    /// Hosts of a `--cluster hosts` run.
+    #[arg(long, default_value_t = 3)]
+    pub hosts: usize,
+    /// The etcd policy of a `--cluster hosts` run.
+    #[arg(long, value_enum, default_value_t = Policy::FallBack)]
+    pub policy: Policy,
+    /// In a `--cluster hosts` run, fail a seed on a mention answered twice
+    /// or never (counted otherwise: the ledger does not follow the agent
+    /// across hosts yet).
+    #[arg(long)]
+    pub strict_once: bool,
 }
 
 impl SimArgs {
@@ -67,6 +94,7 @@ impl SimArgs {
         let mut o = match self.cluster {
             Cluster::Extended => Options::extended(self.seconds),
             Cluster::Mixed => Options::mixed(self.seconds),
+            Cluster::Hosts => HostsOptions::new(self.seconds).per_host,
         };
         for k in &self.without {
             match k {
@@ -78,6 +106,19 @@ impl SimArgs {
                 FaultKind::Pids => o.mix.pids = false,
             }
         }
+        o
+    }
+
+    /// The options of one seed of a run across hosts.
+    pub fn hosts_options(&self) -> HostsOptions {
+        let mut o = HostsOptions::new(self.seconds);
+        o.per_host.mix = self.options().mix;
+        o.hosts = self.hosts.clamp(1, 26);
+        o.strict_once = self.strict_once;
+        o.policy = match self.policy {
+            Policy::FallBack => WhenUnreachable::FallBack,
+            Policy::StaySilent => WhenUnreachable::StaySilent,
+        };
         o
     }
 
@@ -102,6 +143,13 @@ impl SimArgs {
                 .collect();
             f += &format!(" --without {}", kinds.join(","));
         }
+        if self.cluster == Cluster::Hosts {
+            let policy = self.policy.to_possible_value().expect("no skipped values");
+            f += &format!(" --hosts {} --policy {}", self.hosts, policy.get_name());
+            if self.strict_once {
+                f += " --strict-once";
+            }
+        }
         f
     }
 }
@@ -121,6 +169,22 @@ pub struct Summary {
     pub faults: u64,
     /// Mentions answered.
     pub answered: u64,
+    /// Across hosts: see [`Across`].
+    pub across: Option<Across>,
+}
+
+/// What runs across hosts counted (exactly once is not promised there
+/// yet).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Across {
+    /// Mentions answered by windows of two hosts.
+    pub twice_across_hosts: u64,
+    /// Mentions answered twice within one host.
+    pub twice_within_a_host: u64,
+    /// Mentions never answered.
+    pub unanswered: u64,
+    /// Time windows of two hosts acted at once (the fall-back), ms.
+    pub overlap_ms: u64,
 }
 
 /// Runs `args.seeds` seeds from `args.seed`.
@@ -128,6 +192,9 @@ pub fn run_seeds(args: &SimArgs) -> Summary {
     let options = args.options();
     let start = Instant::now();
     let mut sum = Summary::default();
+    if args.cluster == Cluster::Hosts {
+        return run_host_seeds(args);
+    }
     for seed in args.seed..args.seed.saturating_add(args.seeds) {
         let out = sim::run_traced(seed, &options, args.trace);
         sum.seeds += 1;
@@ -154,6 +221,46 @@ pub fn run_seeds(args: &SimArgs) -> Summary {
     sum
 }
 
+/// [`run_seeds`] of a run across hosts.
+fn run_host_seeds(args: &SimArgs) -> Summary {
+    let options = args.hosts_options();
+    let start = Instant::now();
+    let mut sum = Summary::default();
+    let mut across = Across::default();
+    for seed in args.seed..args.seed.saturating_add(args.seeds) {
+        let out = sim::run_hosts(seed, &options, args.trace);
+        sum.seeds += 1;
+        sum.faults += out.faults;
+        sum.answered += out.answered;
+        sum.simulated += Duration::from_secs(args.seconds);
+        across.twice_across_hosts += out.twice_across_hosts;
+        across.twice_within_a_host += out.twice_within_a_host;
+        across.unanswered += out.unanswered;
+        across.overlap_ms += out.fallback_overlap_ns / 1_000_000;
+        if args.verbose {
+            println!(
+                "seed {seed}: {} faults, {}/{} answered ({} on two hosts, {} twice on one), {} ms on two hosts, {}/{} etcd calls failed, longest silence {} ms{}",
+                out.faults,
+                out.answered,
+                out.mentions,
+                out.twice_across_hosts,
+                out.twice_within_a_host,
+                out.fallback_overlap_ns / 1_000_000,
+                out.etcd_failed,
+                out.etcd_calls,
+                out.longest_silence_ns / 1_000_000,
+                out.violation.as_ref().map_or(String::new(), |v| format!(": {v}")),
+            );
+        }
+        if let Some(v) = out.violation {
+            sum.failed.push((seed, v));
+        }
+    }
+    sum.across = Some(across);
+    sum.wall = start.elapsed();
+    sum
+}
+
 /// The `sim` command.
 pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
     let sum = run_seeds(&args);
@@ -176,6 +283,12 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
         sum.failed.len(),
         speed
     );
+    if let Some(a) = sum.across {
+        println!(
+            "across hosts: {} mentions answered on two hosts, {} twice on one host, {} never, {} ms with two hosts acting (fall-back)",
+            a.twice_across_hosts, a.twice_within_a_host, a.unanswered, a.overlap_ms
+        );
+    }
     Ok(if sum.failed.is_empty() {
         ExitCode::SUCCESS
     } else {

@@ -14,7 +14,9 @@
 //! * `app`: a window's app working its queue through the ledger;
 //! * `plan`: the cluster, the timings and the random fault plan;
 //! * `check`: the invariants;
-//! * `cluster`: the driver.
+//! * `etcd`: the etcd the hosts of a run share, and each host's link;
+//! * `cluster`: the driver of one host;
+//! * `hosts`: runs across hosts, on a simulated etcd.
 //!
 //! The `nip-le sim` command runs seeds and prints the replay command of a
 //! failing one; `cargo test` runs a seed budget.
@@ -22,7 +24,9 @@
 mod app;
 mod check;
 mod cluster;
+mod etcd;
 mod harness;
+mod hosts;
 mod plan;
 mod rng;
 mod state;
@@ -30,6 +34,7 @@ mod world;
 
 pub use check::Violation;
 pub use cluster::Outcome;
+pub use hosts::{run as run_hosts, HostsOptions, HostsOutcome};
 pub use plan::{Fault, Mix, Options};
 
 /// Runs one seed.

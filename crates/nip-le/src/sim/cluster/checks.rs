@@ -76,7 +76,9 @@ impl Sim {
             &self.pk,
             &file,
             &acting,
-            able,
+            // Across hosts a host that does not hold etcd's key is silent
+            // by design: the driver checks silence for the agent.
+            able && self.host.is_none(),
             self.quiet_from.max(known_since),
             bound,
         );

@@ -214,6 +214,7 @@ impl Sim {
         self.windows[w].writer = None;
         self.windows[w].app.turn = None;
         self.rounds.remove(&proc);
+        self.contender_killed(proc);
     }
 
     pub(super) fn restart(&mut self, w: usize, at: u64) {

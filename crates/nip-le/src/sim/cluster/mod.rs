@@ -20,9 +20,13 @@ use super::rng::Rng;
 use super::state::{Kind, ProcId, State};
 use super::world::{lock, Machine, SimWorld};
 
+mod above;
+mod across;
 mod apps;
 mod checks;
 mod faults;
+
+pub(crate) use above::HostLink;
 
 const MS: u64 = 1_000_000;
 
@@ -48,6 +52,8 @@ enum Ev {
     Start(String, bool),
     /// A window that left joins again.
     Rejoin(ProcId),
+    /// A window's etcd contender runs a step (if this is still its latest).
+    Contender(ProcId, u64),
 }
 
 /// One window.
@@ -91,6 +97,12 @@ pub struct Sim {
     pub panics: u64,
     /// The first violation, which ends the run.
     pub violation: Option<Violation>,
+    /// In a run across hosts: this host's link to etcd.
+    host: Option<HostLink>,
+    /// Writer rounds run.
+    rounds_run: u64,
+    /// The same instant's rounds in a row, and that instant.
+    same_instant: (u32, u64),
 }
 
 /// What one run found.
@@ -119,11 +131,19 @@ pub struct Outcome {
 impl Sim {
     /// A run of `seed` with `opts`.
     pub fn new(seed: u64, opts: Options) -> Self {
+        Self::on_host(seed, opts, None)
+    }
+
+    /// A run of `seed` with `opts`, as one host of a run across hosts when
+    /// `host` is given (its windows' ids then begin with the host's name;
+    /// the run's driver publishes the mentions and checks the agent).
+    pub(crate) fn on_host(seed: u64, opts: Options, host: Option<HostLink>) -> Self {
         let mut rng = Rng::new(seed);
         let pk = AgentPubkey::parse(&format!("{:064x}", u128::from(rng.next_u64()) | 1))
             .expect("64 hex digits");
         let m: Machine = Arc::new(std::sync::Mutex::new(State::new(opts.lock_wait)));
         let end = opts.seconds * 1000 * MS;
+        let pk = host.as_ref().map_or(pk, |h| h.pk);
         let mut sim = Self {
             m,
             rng,
@@ -148,6 +168,9 @@ impl Sim {
             trace: false,
             panics: 0,
             violation: None,
+            host,
+            rounds_run: 0,
+            same_instant: (0, u64::MAX),
         };
         sim.setup();
         sim
@@ -164,9 +187,10 @@ impl Sim {
 
     fn setup(&mut self) {
         let o = self.opts.clone();
+        let prefix = self.host.as_ref().map_or(String::new(), |h| h.name.clone());
         for i in 0..o.extended + o.spec {
             let at = self.rng.range(0, 50 * MS);
-            self.push(at, Ev::Start(format!("w{i}"), i < o.extended));
+            self.push(at, Ev::Start(format!("{prefix}w{i}"), i < o.extended));
         }
         for i in 0..o.harnesses {
             self.start_harness(format!("h{i}"));
@@ -214,12 +238,13 @@ impl Sim {
         });
         let rx = shared.events.subscribe();
         let world = SimWorld::new(Arc::clone(&self.m), proc, self.rng.fork());
+        let upper = self.upper_for(proc, &id);
         let writer = Writer::new(
             self.config(extended),
             Arc::from(id.as_str()),
             Arc::clone(&shared),
             Box::new(world),
-            None,
+            upper,
         );
         let mut app = App::default();
         for &(n, at) in &self.published {
@@ -309,6 +334,7 @@ impl Sim {
         self.panics += panic_count() - before;
         let next = writer.next_tick();
         let proc = self.windows[w].proc;
+        self.after_round(proc, !go);
         if !go {
             self.windows[w].writer = None;
             lock(&self.m).procs[proc].alive = false;
@@ -339,38 +365,54 @@ impl Sim {
 
     /// Runs to the end; returns what it found.
     pub fn run(mut self) -> Outcome {
-        let mut rounds = 0;
-        let (mut same_instant, mut last_at) = (0u32, u64::MAX);
-        while let Some(((at, _), ev)) = self.queue.pop_first() {
-            // The quiet tail lasts until every mention is answered (a
-            // backlog drains one turn at a time), or until two minutes
-            // pass without an answer.
-            let tail = self.end + self.settle();
-            let drained = self.answers.len() == self.published.len();
-            let stuck = at > tail.max(self.last_answer) + 120_000 * MS;
-            if self.violation.is_some() || (at > tail && (drained || stuck)) {
-                break;
-            }
-            lock(&self.m).advance(at);
-            if let Ev::Round(proc, _) = ev {
-                rounds += 1;
-                same_instant = if at == last_at { same_instant + 1 } else { 0 };
-                last_at = at;
-                if same_instant > 10_000 {
-                    let id = lock(&self.m).procs[proc].instance_id.clone();
-                    self.violation = Some(Violation::new(
-                        at,
-                        "hot loop",
-                        format!("{id}'s writer wakes again at once, forever"),
-                    ));
-                    break;
-                }
-            }
-            self.handle(ev);
-            self.drain_wakeups();
-            self.check();
+        while self.next_at().is_some() {
+            self.step();
         }
-        if self.violation.is_none() {
+        self.finish()
+    }
+
+    /// When the next event happens; `None` once the run is over (the plan
+    /// and its quiet tail done, or a violation found).
+    pub(crate) fn next_at(&self) -> Option<u64> {
+        let (&(at, _), _) = self.queue.first_key_value()?;
+        // The quiet tail lasts until every mention is answered (a backlog
+        // drains one turn at a time), or until two minutes pass without an
+        // answer.
+        let tail = self.end + self.settle();
+        let drained = self.answers.len() == self.published.len();
+        let stuck = at > tail.max(self.last_answer) + 120_000 * MS;
+        let over = self.violation.is_some() || (at > tail && (drained || stuck));
+        (!over).then_some(at)
+    }
+
+    /// Runs the next event and the checks after it.
+    pub(crate) fn step(&mut self) {
+        let Some(((at, _), ev)) = self.queue.pop_first() else {
+            return;
+        };
+        lock(&self.m).advance(at);
+        if let Ev::Round(proc, _) = ev {
+            self.rounds_run += 1;
+            let (same, last_at) = self.same_instant;
+            self.same_instant = (if at == last_at { same + 1 } else { 0 }, at);
+            if self.same_instant.0 > 10_000 {
+                let id = lock(&self.m).procs[proc].instance_id.clone();
+                self.violation = Some(Violation::new(
+                    at,
+                    "hot loop",
+                    format!("{id}'s writer wakes again at once, forever"),
+                ));
+                return;
+            }
+        }
+        self.handle(ev);
+        self.drain_wakeups();
+        self.check();
+    }
+
+    /// The run's end: the last checks and what it found.
+    pub(crate) fn finish(mut self) -> Outcome {
+        if self.violation.is_none() && self.host.is_none() {
             self.check_all_answered();
         }
         let s = lock(&self.m);
@@ -386,7 +428,7 @@ impl Sim {
             fail_safe_ns: self.checker.tally.fail_safe_ns,
             stale_cache_ns: self.checker.tally.stale_cache_ns,
             longest_silence_ns: self.checker.tally.longest_silence_ns,
-            rounds,
+            rounds: self.rounds_run,
         }
     }
 
@@ -431,12 +473,7 @@ impl Sim {
             }
             Ev::Publish(n) => {
                 let t = self.now();
-                self.published.push((n, t));
-                let procs: Vec<ProcId> = self.windows.iter().map(|w| w.proc).collect();
-                for p in procs {
-                    let d = self.rng.range(0, 300) * MS;
-                    self.push(t + d, Ev::Deliver(p, n));
-                }
+                self.publish(n, t);
             }
             Ev::Deliver(proc, n) => {
                 let published = self.published.iter().find(|p| p.0 == n).map_or(0, |p| p.1);
@@ -473,6 +510,7 @@ impl Sim {
             }
             Ev::Start(id, extended) => self.start_window(id, extended),
             Ev::Rejoin(proc) => self.rejoin(proc),
+            Ev::Contender(proc, gen) => self.contender_due(proc, gen),
         }
     }
 

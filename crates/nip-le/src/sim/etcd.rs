@@ -1,0 +1,180 @@
+//! The simulated etcd every host of a run shares: the in-memory etcd of the
+//! contender's unit tests on the run's virtual clock, and per host the
+//! faults of its link: cut off (every call fails, the watch is silent), or
+//! flaky (a call fails by chance, and half of those failures happen after
+//! etcd applied it: the answer was lost, as with a client timeout).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::global::etcd::{Etcd, GatewayError, Kv, Result, Txn, Watch, WatchMessage};
+use crate::global::memory::MemoryEtcd;
+
+use super::rng::Rng;
+
+/// One host's link.
+#[derive(Debug, Default, Clone, Copy)]
+struct Link {
+    cut_until: u64,
+    flaky_until: u64,
+    /// Chance a call fails while flaky.
+    flaky: f64,
+}
+
+/// The shared etcd and the links.
+pub struct SimEtcd {
+    etcd: MemoryEtcd,
+    t: Arc<AtomicU64>,
+    links: Mutex<Vec<Link>>,
+    rng: Mutex<Rng>,
+    /// Calls answered, failed, and applied but answered with an error.
+    pub calls: AtomicU64,
+    /// See [`SimEtcd::calls`].
+    pub failed: AtomicU64,
+    /// See [`SimEtcd::calls`].
+    pub lost_answers: AtomicU64,
+}
+
+impl SimEtcd {
+    /// An empty etcd for `hosts` hosts, on the virtual clock `t` (ns).
+    pub fn new(hosts: usize, t: Arc<AtomicU64>, rng: Rng) -> Arc<Self> {
+        let base = Instant::now();
+        let clock = Arc::clone(&t);
+        Arc::new(Self {
+            etcd: MemoryEtcd::with_clock(Arc::new(move || {
+                base + Duration::from_nanos(clock.load(Ordering::Relaxed))
+            })),
+            t,
+            links: Mutex::new(vec![Link::default(); hosts]),
+            rng: Mutex::new(rng),
+            calls: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            lost_answers: AtomicU64::new(0),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.t.load(Ordering::Relaxed)
+    }
+
+    fn link(&self, host: usize) -> Link {
+        self.links.lock().unwrap_or_else(|e| e.into_inner())[host]
+    }
+
+    /// Host `host` cannot reach etcd until `until`.
+    pub fn cut(&self, host: usize, until: u64) {
+        let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        l[host].cut_until = l[host].cut_until.max(until);
+    }
+
+    /// Host `host`'s calls fail with chance `p` until `until`.
+    pub fn flaky(&self, host: usize, until: u64, p: f64) {
+        let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        l[host].flaky_until = l[host].flaky_until.max(until);
+        l[host].flaky = p;
+    }
+
+    /// Whether host `host` reaches etcd now.
+    pub fn reachable(&self, host: usize) -> bool {
+        self.link(host).cut_until <= self.now()
+    }
+
+    /// What a watch of host `host` on `prefix` from `next` sees now (0: a
+    /// watch created now).
+    pub fn watch_message(&self, host: usize, prefix: &str, next: u64) -> Option<WatchMessage> {
+        if !self.reachable(host) {
+            return None;
+        }
+        if next == 0 {
+            return Some(WatchMessage {
+                revision: self.etcd.revision(),
+                created: true,
+                ..WatchMessage::default()
+            });
+        }
+        self.etcd.changes_since(prefix, next)
+    }
+
+    /// The store's revision (expiring leases on the way).
+    pub fn revision(&self) -> u64 {
+        self.etcd.revision()
+    }
+
+    /// The client of host `host`.
+    pub fn client(self: &Arc<Self>, host: usize) -> Arc<dyn Etcd> {
+        Arc::new(Client {
+            etcd: Arc::clone(self),
+            host,
+        })
+    }
+
+    /// Runs a call of host `host` through its link.
+    fn call<T>(&self, host: usize, f: impl FnOnce(&MemoryEtcd) -> Result<T>) -> Result<T> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let link = self.link(host);
+        let t = self.now();
+        if link.cut_until > t {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(GatewayError("simulated: etcd unreachable".into()));
+        }
+        if link.flaky_until > t {
+            let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+            if rng.chance(link.flaky) {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                if rng.chance(0.5) {
+                    drop(rng);
+                    self.lost_answers.fetch_add(1, Ordering::Relaxed);
+                    let _ = f(&self.etcd);
+                    return Err(GatewayError("simulated: the answer was lost".into()));
+                }
+                return Err(GatewayError("simulated: the request was lost".into()));
+            }
+        }
+        f(&self.etcd)
+    }
+}
+
+/// A host's client.
+struct Client {
+    etcd: Arc<SimEtcd>,
+    host: usize,
+}
+
+impl Etcd for Client {
+    fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
+        self.etcd.call(self.host, |e| e.get_at(key))
+    }
+    fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn> {
+        self.etcd.call(self.host, |e| e.create(key, value, lease))
+    }
+    fn swap(
+        &self,
+        key: &str,
+        mod_revision: u64,
+        value: &[u8],
+        lease: i64,
+        also_delete: Option<&str>,
+    ) -> Result<Txn> {
+        self.etcd.call(self.host, |e| {
+            e.swap(key, mod_revision, value, lease, also_delete)
+        })
+    }
+    fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()> {
+        self.etcd.call(self.host, |e| e.put(key, value, lease))
+    }
+    fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
+        self.etcd.call(self.host, |e| e.grant(ttl))
+    }
+    fn keep_alive(&self, lease: i64) -> Result<Duration> {
+        self.etcd.call(self.host, |e| e.keep_alive(lease))
+    }
+    fn revoke(&self, lease: i64) -> Result<()> {
+        self.etcd.call(self.host, |e| e.revoke(lease))
+    }
+    fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> Result<Box<dyn Watch>> {
+        // The simulator feeds each contender's watch cursor itself
+        // ([`SimEtcd::watch_message`]).
+        Err(GatewayError("simulated: no watch stream".into()))
+    }
+}

@@ -1,0 +1,461 @@
+//! Runs across hosts: several hosts, each a one-host run of its own (its
+//! windows' real writers on its own simulated machine, its own fault
+//! plan), sharing one simulated etcd that each window's real contender
+//! machine calls through its host's link. The driver keeps every host at
+//! the run's time, publishes the relay's mentions to every window of every
+//! host, draws the faults between hosts and etcd (a host cut off, a flaky
+//! link that loses requests and answers, watches that lose their place,
+//! etcd out of reach for everyone, claims from another host), and checks
+//! the agent across hosts after every step.
+//!
+//! Checked: never two windows that hold etcd's key at once; acting on two
+//! hosts at once only under the fall-back policy (counted apart); no
+//! silence past the bound of the faults in force; every mention answered
+//! and each host's own invariants (two acting windows over a host's
+//! record, epochs, panics, hot loops). Exactly once is counted, not failed
+//! (unless [`HostsOptions::strict_once`]): the work ledger does not follow
+//! the agent across hosts yet, so a host that gains the key from another
+//! skips what was published before (the NIP's backlog rule) and answers
+//! again what the other answered while both acted under the fall-back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::global::WhenUnreachable;
+use crate::pubkey::AgentPubkey;
+
+use super::check::Violation;
+use super::cluster::{HostLink, Outcome, Sim};
+use super::plan::{Mix, Options};
+use super::rng::Rng;
+
+use super::etcd::SimEtcd;
+
+const MS: u64 = 1_000_000;
+
+/// A run across hosts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostsOptions {
+    /// How many hosts.
+    pub hosts: usize,
+    /// Each host's run: its windows, timings and fault mix (its own
+    /// mentions are off: the driver publishes).
+    pub per_host: Options,
+    /// The etcd lease's TTL.
+    pub ttl: Duration,
+    /// What a host leader does while etcd is out of reach.
+    pub policy: WhenUnreachable,
+    /// Mean interval of faults between hosts and etcd, ms (0: none).
+    pub etcd_fault_every_ms: u64,
+    /// Mean mention interval, ms.
+    pub mention_every_ms: u64,
+    /// Fail a seed on a mention answered twice or never.
+    pub strict_once: bool,
+}
+
+impl HostsOptions {
+    /// Three hosts of two extended windows, the NIP's timings, etcd's
+    /// default TTL, process faults on every host and link faults between.
+    pub fn new(seconds: u64) -> Self {
+        let mut per_host = Options::extended(seconds);
+        per_host.extended = 2;
+        per_host.mention_every_ms = 0;
+        per_host.fault_every_ms = 8000;
+        per_host.mix = Mix {
+            files: false,
+            clocks: false,
+            ..Mix::ALL
+        };
+        Self {
+            hosts: 3,
+            per_host,
+            ttl: crate::global::DEFAULT_TTL,
+            policy: WhenUnreachable::FallBack,
+            etcd_fault_every_ms: 6000,
+            mention_every_ms: 2000,
+            strict_once: false,
+        }
+    }
+}
+
+/// A fault between the hosts and etcd.
+#[derive(Debug, Clone, PartialEq)]
+enum LinkFault {
+    /// A host cannot reach etcd for `d` ns.
+    Cut { host: usize, d: u64 },
+    /// No host reaches etcd for `d` ns.
+    CutAll { d: u64 },
+    /// A host's calls fail with chance `p` for `d` ns.
+    Flaky { host: usize, d: u64, p: f64 },
+    /// A host's watches lose their place.
+    WatchReset { host: usize },
+    /// A user on a host claims the agent.
+    Claim { host: usize },
+}
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Publish(u64),
+    Fault(LinkFault),
+}
+
+/// What a run across hosts found.
+#[derive(Debug, Clone, Default)]
+pub struct HostsOutcome {
+    /// The first broken invariant, if any (prefixed with its host).
+    pub violation: Option<Violation>,
+    /// Faults injected: on the hosts and between hosts and etcd.
+    pub faults: u64,
+    /// Mentions published.
+    pub mentions: u64,
+    /// Of which answered at least once.
+    pub answered: u64,
+    /// Mentions never answered.
+    pub unanswered: u64,
+    /// Mentions answered by windows of two hosts.
+    pub twice_across_hosts: u64,
+    /// Mentions answered twice within one host.
+    pub twice_within_a_host: u64,
+    /// Time windows of two hosts acted at once under the fall-back, ns.
+    pub fallback_overlap_ns: u64,
+    /// Longest silence, ns.
+    pub longest_silence_ns: u64,
+    /// Etcd calls, and those that failed.
+    pub etcd_calls: u64,
+    /// See [`HostsOutcome::etcd_calls`].
+    pub etcd_failed: u64,
+}
+
+/// The driver.
+struct Hosts {
+    sims: Vec<Sim>,
+    etcd: Arc<SimEtcd>,
+    t: Arc<AtomicU64>,
+    rng: Rng,
+    o: HostsOptions,
+    queue: BTreeMap<(u64, u64), Ev>,
+    seq: u64,
+    published: Vec<(u64, u64)>,
+    end: u64,
+    revision: u64,
+    quiet_from: u64,
+    silent_since: Option<u64>,
+    overlap_since: Option<u64>,
+    out: HostsOutcome,
+    trace: bool,
+}
+
+/// Runs one seed across hosts; `trace` prints every fault and change.
+pub fn run(seed: u64, o: &HostsOptions, trace: bool) -> HostsOutcome {
+    super::cluster::install_panic_counter();
+    let mut rng = Rng::new(seed);
+    let pk = AgentPubkey::parse(&format!("{:064x}", u128::from(rng.next_u64()) | 1))
+        .expect("64 hex digits");
+    let t = Arc::new(AtomicU64::new(0));
+    let etcd = SimEtcd::new(o.hosts, Arc::clone(&t), rng.fork());
+    let sims = (0..o.hosts)
+        .map(|i| {
+            let name = format!("{}", (b'a' + i as u8) as char);
+            let link = HostLink::new(i, name, Arc::clone(&etcd), o.ttl, o.policy, pk);
+            let mut sim = Sim::on_host(rng.next_u64(), o.per_host.clone(), Some(link));
+            sim.trace = trace;
+            sim
+        })
+        .collect();
+    let mut h = Hosts {
+        sims,
+        etcd,
+        t,
+        rng,
+        end: o.per_host.seconds * 1000 * MS,
+        o: o.clone(),
+        queue: BTreeMap::new(),
+        seq: 0,
+        published: Vec::new(),
+        revision: 0,
+        quiet_from: 0,
+        silent_since: None,
+        overlap_since: None,
+        out: HostsOutcome::default(),
+        trace,
+    };
+    h.plan();
+    h.run()
+}
+
+impl Hosts {
+    fn push(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.insert((at, self.seq), ev);
+    }
+
+    fn plan(&mut self) {
+        let mut n = 0;
+        let mut at = 500 * MS;
+        let every = self.o.mention_every_ms;
+        while every > 0 && at < self.end {
+            self.push(at, Ev::Publish(n));
+            n += 1;
+            at += self.rng.range(every / 2, every * 3 / 2) * MS;
+        }
+        let every = self.o.etcd_fault_every_ms;
+        let ttl = self.o.ttl.as_nanos() as u64;
+        let mut at = 2000 * MS;
+        while every > 0 && at < self.end {
+            let host = self.rng.pick(self.o.hosts).unwrap_or(0);
+            let d = self.rng.range(MS, 3 * ttl);
+            let f = match self.rng.range(0, 10) {
+                0..=2 => LinkFault::Cut { host, d },
+                3 => LinkFault::CutAll { d: d / 2 },
+                4..=5 => LinkFault::Flaky {
+                    host,
+                    d,
+                    p: self.rng.range(10, 60) as f64 / 100.0,
+                },
+                6 => LinkFault::WatchReset { host },
+                _ => LinkFault::Claim { host },
+            };
+            self.push(at, Ev::Fault(f));
+            at += self.rng.range(every / 2, every * 3 / 2) * MS;
+        }
+    }
+
+    /// The quiet tail after the plans.
+    fn tail(&self) -> u64 {
+        let p = &self.o.per_host;
+        let ns = |d: Duration| d.as_nanos() as u64;
+        ns(2 * p.stale + p.stand_down + 2 * p.refresh + 3 * self.o.ttl)
+            + (2 * p.turn_ms + 1000) * MS
+    }
+
+    fn run(mut self) -> HostsOutcome {
+        loop {
+            let host_next = (0..self.sims.len())
+                .filter_map(|i| self.sims[i].next_event().map(|t| (t, i)))
+                .min();
+            let own_next = self.queue.first_key_value().map(|(&(t, _), _)| t);
+            let at = match (host_next, own_next) {
+                (None, None) => break,
+                (Some((a, _)), Some(b)) => a.min(b),
+                (Some((a, _)), None) => a,
+                (None, Some(b)) => b,
+            };
+            let tail = self.end + self.tail();
+            if self.out.violation.is_some() || (at > tail && self.over(at, tail)) {
+                break;
+            }
+            self.t.store(at, Ordering::Relaxed);
+            for s in &mut self.sims {
+                s.advance_to(at);
+            }
+            if own_next == Some(at) {
+                let (_, ev) = self.queue.pop_first().expect("peeked");
+                self.handle(at, ev);
+            } else if let Some((_, i)) = host_next {
+                self.sims[i].step();
+            }
+            let revision = self.etcd.revision();
+            if revision != self.revision {
+                self.revision = revision;
+                for s in &mut self.sims {
+                    s.etcd_changed(at);
+                }
+            }
+            self.check(at);
+        }
+        self.finish()
+    }
+
+    fn handle(&mut self, t: u64, ev: Ev) {
+        match ev {
+            Ev::Publish(n) => {
+                self.published.push((n, t));
+                for s in &mut self.sims {
+                    s.publish(n, t);
+                }
+            }
+            Ev::Fault(f) => {
+                if t > self.end {
+                    return;
+                }
+                self.out.faults += 1;
+                if self.trace {
+                    println!("{:>10.3} s  link fault {f:?}", t as f64 / 1e9);
+                }
+                match f {
+                    LinkFault::Cut { host, d } => {
+                        self.etcd.cut(host, t + d);
+                        self.quiet_from = self.quiet_from.max(t + d);
+                    }
+                    LinkFault::CutAll { d } => {
+                        for host in 0..self.sims.len() {
+                            self.etcd.cut(host, t + d);
+                        }
+                        self.quiet_from = self.quiet_from.max(t + d);
+                    }
+                    LinkFault::Flaky { host, d, p } => {
+                        self.etcd.flaky(host, t + d, p);
+                        self.quiet_from = self.quiet_from.max(t + d);
+                    }
+                    LinkFault::WatchReset { host } => self.sims[host].watches_reset(),
+                    LinkFault::Claim { host } => {
+                        if let Some(target) = self.sims[host].claim_here() {
+                            for (i, s) in self.sims.iter_mut().enumerate() {
+                                if i != host {
+                                    s.frame_from_afar(&target);
+                                }
+                            }
+                            self.quiet_from = self.quiet_from.max(t);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// In the quiet tail: every mention answered, or two minutes without
+    /// an answer.
+    fn over(&self, at: u64, tail: u64) -> bool {
+        let last_answer = self.sims.iter().map(Sim::last_answer).max().unwrap_or(0);
+        at > tail.max(last_answer) + 120_000 * MS || self.answered().len() == self.published.len()
+    }
+
+    /// Every mention answered, and by whom: (host, window).
+    fn answered(&self) -> BTreeMap<u64, Vec<(usize, String)>> {
+        let mut all: BTreeMap<u64, Vec<(usize, String)>> = BTreeMap::new();
+        for (i, s) in self.sims.iter().enumerate() {
+            for (n, by) in s.answers() {
+                for (id, _) in by {
+                    all.entry(*n).or_default().push((i, id.clone()));
+                }
+            }
+        }
+        all
+    }
+
+    fn check(&mut self, t: u64) {
+        if self.out.violation.is_some() {
+            return;
+        }
+        for (i, s) in self.sims.iter().enumerate() {
+            if let Some(v) = s.host_violation() {
+                self.out.violation = Some(Violation::new(
+                    v.at,
+                    v.what,
+                    format!("host {}: {}", (b'a' + i as u8) as char, v.detail),
+                ));
+                return;
+            }
+        }
+        let mut acting = Vec::new();
+        for (i, s) in self.sims.iter().enumerate() {
+            s.acting(&mut |a| acting.push((i, a)));
+        }
+        if acting.iter().filter(|(_, a)| a.global).count() >= 2 {
+            let global: Vec<String> = acting
+                .iter()
+                .filter(|(_, a)| a.global)
+                .map(|(i, a)| self.sims[*i].window_id(a.window))
+                .collect();
+            self.out.violation = Some(Violation::new(
+                t,
+                "two holders of etcd's key",
+                format!("{global:?} act, each holding the key"),
+            ));
+            return;
+        }
+        let two_hosts = acting.iter().any(|(i, _)| *i != acting[0].0);
+        if two_hosts {
+            self.overlap_since.get_or_insert(t);
+        } else if let Some(since) = self.overlap_since.take() {
+            self.out.fallback_overlap_ns += t - since;
+        }
+        if two_hosts && self.o.policy == WhenUnreachable::StaySilent {
+            let ids: Vec<String> = acting
+                .iter()
+                .map(|(i, a)| self.sims[*i].window_id(a.window))
+                .collect();
+            self.out.violation = Some(Violation::new(
+                t,
+                "two acting hosts",
+                format!("{ids:?} act under the stay-silent policy"),
+            ));
+            return;
+        }
+        let able = self.sims.iter().any(Sim::able);
+        if !acting.is_empty() || !able {
+            self.silent_since = None;
+            return;
+        }
+        let quiet_from = self
+            .sims
+            .iter()
+            .map(Sim::quiet_from)
+            .fold(self.quiet_from, u64::max);
+        let began = *self.silent_since.get_or_insert(t);
+        let silence = t.saturating_sub(began.max(quiet_from));
+        self.out.longest_silence_ns = self.out.longest_silence_ns.max(silence);
+        let host_bound = self.sims.iter().map(|s| s.bound_at(t)).max().unwrap_or(0);
+        let bound = host_bound + 2 * self.o.ttl.as_nanos() as u64 + 1000 * MS;
+        if silence > bound {
+            self.out.violation = Some(Violation::new(
+                t,
+                "silence",
+                format!(
+                    "nobody acted on any host for {} ms (bound {} ms)",
+                    silence / MS,
+                    bound / MS
+                ),
+            ));
+        }
+    }
+
+    fn finish(mut self) -> HostsOutcome {
+        let answered = self.answered();
+        let t = self.t.load(Ordering::Relaxed);
+        let mut first_twice = None;
+        for (n, by) in &answered {
+            let hosts: BTreeSet<usize> = by.iter().map(|(h, _)| *h).collect();
+            if hosts.len() > 1 {
+                self.out.twice_across_hosts += 1;
+            } else if by.len() > 1 {
+                self.out.twice_within_a_host += 1;
+            }
+            if by.len() > 1 && first_twice.is_none() {
+                first_twice = Some(format!("mention {n} by {by:?}"));
+            }
+        }
+        self.out.mentions = self.published.len() as u64;
+        self.out.answered = answered.len() as u64;
+        let never = self
+            .published
+            .iter()
+            .filter(|(n, _)| !answered.contains_key(n))
+            .count();
+        self.out.unanswered = never as u64;
+        if self.o.strict_once && self.out.violation.is_none() {
+            if let Some(twice) = first_twice {
+                self.out.violation = Some(Violation::new(t, "answered twice", twice));
+            } else if let Some(&(n, at)) = self
+                .published
+                .iter()
+                .find(|(n, _)| !answered.contains_key(n))
+            {
+                self.out.violation = Some(Violation::new(
+                    t,
+                    "never answered",
+                    format!("mention {n} published at {} ms", at / MS),
+                ));
+            }
+        }
+        self.out.etcd_calls = self.etcd.calls.load(Ordering::Relaxed);
+        self.out.etcd_failed = self.etcd.failed.load(Ordering::Relaxed);
+        for s in self.sims {
+            let o: Outcome = s.outcome();
+            self.out.faults += o.faults;
+        }
+        self.out
+    }
+}
