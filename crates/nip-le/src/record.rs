@@ -234,6 +234,18 @@ pub fn encode_record(
     claimed_at: SystemTime,
     ext: Option<RecordExt<'_>>,
 ) -> Vec<u8> {
+    encode_record_at(instance_id, pid, claimed_at, ext, crate::host::here())
+}
+
+/// [`encode_record`] for a process on `here` (the host and boot its
+/// extended records name).
+pub fn encode_record_at(
+    instance_id: &str,
+    pid: u32,
+    claimed_at: SystemTime,
+    ext: Option<RecordExt<'_>>,
+    here: &crate::host::Here,
+) -> Vec<u8> {
     #[derive(Serialize)]
     struct Wire<'a> {
         instance_id: &'a str,
@@ -248,7 +260,7 @@ pub fn encode_record(
         #[serde(skip_serializing_if = "Option::is_none")]
         boot: Option<&'a str>,
     }
-    let here = ext.map(|_| crate::host::here());
+    let here = ext.map(|_| here);
     serde_json::to_vec(&Wire {
         instance_id,
         pid,

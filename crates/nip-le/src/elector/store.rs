@@ -92,8 +92,8 @@ impl LockStore for FileStore {
                 content,
                 wrote: false,
             },
-            Write::Put(bytes) => {
-                let issued = LockContent::parse(&bytes).record().and_then(|r| r.epoch);
+            Write::Put(bytes, record) => {
+                let issued = record.epoch;
                 let known = current.unwrap_or(0).max(floor);
                 if let (Some(path), Some(e)) = (&self.floor, issued.filter(|e| *e > known)) {
                     // First the mark, then the record: a crash in between
@@ -105,7 +105,7 @@ impl LockStore for FileStore {
                 }
                 f.write(&bytes)?;
                 Updated {
-                    content: LockContent::parse(&bytes),
+                    content: LockContent::Record(record),
                     wrote: true,
                 }
             }

@@ -6,11 +6,13 @@
 //! virtual time, with faults. No rule lives here: only I/O and time.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
 use crate::control::{self, LeadRequest};
 use crate::error::Result;
+use crate::host::{self, Here};
 use crate::ledger::{self, FileLedger, LedgerStorage};
 use crate::liveness::{self, Liveness};
 use crate::lockfile;
@@ -49,6 +51,8 @@ pub(crate) trait World: Send {
     fn clocks(&self) -> &dyn Clocks;
     /// Our process id.
     fn pid(&self) -> u32;
+    /// Our host and boot.
+    fn here(&self) -> Arc<Here>;
     /// A fresh random number (nonces, tokens).
     fn random(&mut self) -> u128;
 
@@ -126,6 +130,9 @@ impl World for SystemWorld {
     }
     fn pid(&self) -> u32 {
         self.pid
+    }
+    fn here(&self) -> Arc<Here> {
+        Arc::new(host::here().clone())
     }
     fn random(&mut self) -> u128 {
         uuid::Uuid::new_v4().as_u128()

@@ -160,6 +160,8 @@ impl crate::elector::cache::Clocks for SimClocks {
 
 /// The machine.
 pub struct State {
+    /// The machine's host name.
+    pub host: String,
     /// Virtual nanoseconds since the run began.
     pub t: u64,
     /// What the monotonic clock lost to suspends.
@@ -203,6 +205,7 @@ impl State {
     /// A new machine at time 0.
     pub fn new(lock_wait: Duration) -> Self {
         Self {
+            host: "sim".into(),
             t: 0,
             mono_lag: 0,
             wall_offset: 0,

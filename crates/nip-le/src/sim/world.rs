@@ -83,6 +83,13 @@ impl World for SimWorld {
     fn pid(&self) -> u32 {
         lock(&self.m).procs[self.me].pid
     }
+    fn here(&self) -> Arc<crate::host::Here> {
+        // One simulated host per machine (its name, a fixed boot).
+        Arc::new(crate::host::Here {
+            host: Some(lock(&self.m).host.clone()),
+            boot: Some("sim-boot".into()),
+        })
+    }
     fn random(&mut self) -> u128 {
         (u128::from(self.rng.next_u64()) << 64) | u128::from(self.rng.next_u64())
     }
@@ -292,15 +299,14 @@ impl LockStore for SimStore {
                 content,
                 wrote: false,
             },
-            Write::Put(bytes) => {
-                let parsed = LockContent::parse(&bytes);
-                if let Some(e) = parsed.record().and_then(|r| r.epoch) {
+            Write::Put(bytes, record) => {
+                if let Some(e) = record.epoch {
                     f.mark = f.mark.max(e);
                 }
                 f.bytes = bytes;
                 f.exists = true;
                 Updated {
-                    content: parsed,
+                    content: LockContent::Record(record),
                     wrote: true,
                 }
             }

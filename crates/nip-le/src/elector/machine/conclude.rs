@@ -1,10 +1,10 @@
-//! Phase 4 of an evaluation (the new view from what the look saw) and the
+//! The end of an evaluation (the new view from what the look saw) and the
 //! one step-down path, with the claims that end a stand-down.
 
 use crate::election::{self, TakeReason};
-use crate::host::{self, Origin};
+use crate::host::Origin;
 use crate::presence::Sibling;
-use crate::record::{encode_record, LockContent, RecordExt};
+use crate::record::{encode_record_at, LockContent, RecordExt};
 
 use super::super::types::ChangeReason;
 use super::{
@@ -12,8 +12,8 @@ use super::{
 };
 
 impl KeyMachine {
-    /// Phase 4: the new view from what the look saw.
-    pub(crate) fn conclude(
+    /// The new view from what the look saw.
+    pub(super) fn conclude(
         &mut self,
         cause: Cause,
         begin: &Begin,
@@ -89,7 +89,7 @@ impl KeyMachine {
             Ok(c) if self.rules.profile.watch && !judged => c
                 .record()
                 .filter(|r| r.instance_id != *self.our_id)
-                .filter(|r| r.origin(host::here()) == Origin::HereOrUnknown)
+                .filter(|r| r.origin(&self.here) == Origin::HereOrUnknown)
                 .and_then(|r| r.live.clone()),
             _ => None,
         };
@@ -142,14 +142,14 @@ impl KeyMachine {
     /// the flag before it touches the file, so no moment exists where a
     /// successor and we both lead) and suppress acquiring until the
     /// stand-down timeout.
-    pub(crate) fn step_down(&mut self, now: Now) {
+    pub(super) fn step_down(&mut self, now: Now) {
         self.stand_down_until = Some(now.mono + self.rules.stand_down);
         self.stood_down_for = None;
         self.pending = None;
     }
 
     /// Records which local lead request the current stand-down serves.
-    pub(crate) fn serve_request(&mut self, nonce: Option<String>) {
+    pub(super) fn serve_request(&mut self, nonce: Option<String>) {
         self.stood_down_for = nonce;
     }
 
@@ -158,7 +158,7 @@ impl KeyMachine {
     /// file is never empty while a sibling lives; otherwise truncate as the
     /// NIP says. Returns what to write and whether a record of ours was
     /// given up.
-    pub(crate) fn decide_release(
+    pub(super) fn decide_release(
         &mut self,
         content: &LockContent,
         now: Now,
@@ -173,23 +173,25 @@ impl KeyMachine {
         match heir {
             Some(h) => {
                 let epoch = self.next_epoch(content);
-                let bytes = encode_record(
-                    &h.instance_id,
-                    h.pid,
-                    now.wall,
-                    Some(RecordExt {
-                        epoch,
-                        live: &h.token,
-                    }),
-                );
-                (Write::Put(bytes), true)
+                let ext = RecordExt {
+                    epoch,
+                    live: &h.token,
+                };
+                let bytes =
+                    encode_record_at(&h.instance_id, h.pid, now.wall, Some(ext), &self.here);
+                match LockContent::parse(&bytes) {
+                    LockContent::Record(r) => (Write::Put(bytes, r), true),
+                    // A sibling's record that does not parse (an id no
+                    // reader accepts): release as the NIP says instead.
+                    _ => (Write::Clear, true),
+                }
             }
             None => (Write::Clear, true),
         }
     }
 
     /// Ends the step-down path with what the store holds now.
-    pub(crate) fn released(&mut self, result: Result<LockContent, String>) {
+    pub(super) fn released(&mut self, result: Result<LockContent, String>) {
         self.holds_lock = false;
         match result {
             Ok(c) => self.observed = Observed::Content(c),
@@ -198,13 +200,13 @@ impl KeyMachine {
     }
 
     /// The user's claim, first step: it ends any stand-down of ours.
-    pub(crate) fn claim_started(&mut self) {
+    pub(super) fn claim_started(&mut self) {
         self.stand_down_until = None;
     }
 
     /// The user's claim: from now on, acquiring completes it (reported as
     /// [`ChangeReason::Claimed`]) until the stand-down timeout.
-    pub(crate) fn claim_pending_from(&mut self, now: Now, nonce: Option<String>) {
+    pub(super) fn claim_pending_from(&mut self, now: Now, nonce: Option<String>) {
         let until = match &self.pending {
             Some(p) if p.nonce.is_none() => p.until,
             _ => now.mono + self.rules.stand_down,
@@ -213,7 +215,7 @@ impl KeyMachine {
     }
 
     /// `resume()`: ends a stand-down.
-    pub(crate) fn resume(&mut self) {
+    pub(super) fn resume(&mut self) {
         self.stand_down_until = None;
     }
 }

@@ -2,24 +2,9 @@
 //! takes the time as an argument, so every timing rule is unit-tested with
 //! an injected clock.
 //!
-//! One evaluation of a key (on join, on a refresh tick, or on a wake-up from
-//! a file event or a holder's death) is four calls, and the writer does the
-//! I/O between them:
-//!
-//! 1. [`KeyMachine::begin`]: expire the stand-down and our pending claim;
-//!    decide whether a fresh local lead request aimed at someone else makes
-//!    us stand down (once per request);
-//! 2. [`KeyMachine::look`]: how to look at the lock: acquire under the
-//!    store's exclusion, or only read (while standing down);
-//! 3. [`KeyMachine::decide`], called by the store under its exclusion: take
-//!    the lock, refresh it, or leave it alone (the NIP's acquire rules, plus
-//!    the extended presence and monotonic-age rules);
-//! 4. [`KeyMachine::conclude`]: the new view (leader or not, and why), the
-//!    self-fencing validity, the holder to watch and the request to remove.
-//!
-//! Stepping down (release, stand-down, leave, shutdown) is one path with a
-//! reason: [`KeyMachine::step_down`], then [`KeyMachine::decide_release`]
-//! under the exclusion, then [`KeyMachine::released`].
+//! Its one entry point is [`KeyMachine::step`] (input and time in, the
+//! decision as data out; see [`step`] for the inputs of one evaluation).
+//! It knows its host (`here`) from the writer, not from a global.
 //!
 //! Two deliberate refinements of the letter of the NIP, documented in the
 //! README:
@@ -37,16 +22,19 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::control::LeadRequest;
 use crate::election::{self, TakeReason, Takeable};
-use crate::host::{self, Origin};
+use crate::host::{Here, Origin};
 use crate::liveness::Liveness;
 use crate::presence::PeerPresence;
-use crate::record::{encode_record, LockContent, LockRecord, RecordExt};
+use crate::record::{encode_record_at, LockContent, LockRecord, RecordExt};
 
 use super::profile::Profile;
 use super::types::ChangeReason;
 
 pub(crate) mod announce;
 mod conclude;
+mod step;
+
+pub(crate) use step::Input;
 
 /// The time, as the machine sees it: a monotonic instant for every interval
 /// we measure ourselves, and the wall clock for `claimed_at`.
@@ -192,8 +180,8 @@ pub(crate) enum Look {
 pub(crate) enum Write {
     /// Leave the file as it is.
     Keep,
-    /// Replace the content with these bytes.
-    Put(Vec<u8>),
+    /// Replace the content with these bytes, which encode `record`.
+    Put(Vec<u8>, LockRecord),
     /// Truncate to zero bytes (the NIP's release).
     Clear,
 }
@@ -270,10 +258,14 @@ pub(crate) struct KeyMachine {
     last_error: Option<String>,
     /// `holds_lock` when the current evaluation began.
     held_before: bool,
+    /// The evaluation in progress (see [`step`]).
+    evaluation: Option<step::Evaluation>,
+    /// Our host and boot: a pid or a presence means something only there.
+    here: Arc<Here>,
 }
 
 impl KeyMachine {
-    pub(crate) fn new(rules: Rules, our_id: Arc<str>, our_pid: u32) -> Self {
+    pub(crate) fn new(rules: Rules, our_id: Arc<str>, our_pid: u32, here: Arc<Here>) -> Self {
         Self {
             rules,
             our_id,
@@ -290,6 +282,8 @@ impl KeyMachine {
             observed: Observed::Nothing,
             last_error: None,
             held_before: false,
+            evaluation: None,
+            here,
         }
     }
 
@@ -298,10 +292,6 @@ impl KeyMachine {
     }
     pub(crate) fn observed(&self) -> &Observed {
         &self.observed
-    }
-    /// Records an error for the status, until the next look replaces it.
-    pub(crate) fn note_error(&mut self, e: String) {
-        self.last_error = Some(e);
     }
     pub(crate) fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
@@ -319,7 +309,7 @@ impl KeyMachine {
     }
 
     /// Phase 1. `request` is the local lead request on file, if any.
-    pub(crate) fn begin(&mut self, now: Now, request: Option<&LeadRequest>) -> Begin {
+    fn begin(&mut self, now: Now, request: Option<&LeadRequest>) -> Begin {
         self.held_before = self.holds_lock;
         if self.stand_down_until.is_some_and(|u| now.mono >= u) {
             self.stand_down_until = None;
@@ -353,7 +343,7 @@ impl KeyMachine {
     /// handoff is over and the acquire rules protect any new claim: end the
     /// stand-down, so we can take over from a departed successor without
     /// waiting out the timeout.
-    pub(crate) fn look(
+    fn look(
         &mut self,
         now: Now,
         cause: Cause,
@@ -382,7 +372,7 @@ impl KeyMachine {
     }
 
     /// Phase 3, under the store's exclusion: what to write, and why.
-    pub(crate) fn decide(
+    fn decide(
         &mut self,
         content: &LockContent,
         now: Now,
@@ -411,9 +401,16 @@ impl KeyMachine {
                     }
                     _ => None,
                 };
-                let bytes = encode_record(&self.our_id, self.our_pid, now.wall, ext);
-                self.written = LockContent::parse(&bytes).record().cloned();
-                (Write::Put(bytes), Some(reason))
+                let bytes = encode_record_at(&self.our_id, self.our_pid, now.wall, ext, &self.here);
+                match LockContent::parse(&bytes) {
+                    LockContent::Record(r) => {
+                        self.written = Some(r.clone());
+                        (Write::Put(bytes, r), Some(reason))
+                    }
+                    // Our own record always parses; if it did not, writing
+                    // it would only confuse every reader.
+                    _ => (Write::Keep, None),
+                }
             }
             None => (Write::Keep, None),
         }
@@ -422,7 +419,7 @@ impl KeyMachine {
     /// Whether [`KeyMachine::decide`] would write on `content`: the writer
     /// asks this on an unguarded read to skip the exclusion when it would
     /// only read.
-    pub(crate) fn would_write(
+    fn would_write(
         &mut self,
         content: &LockContent,
         now: Now,
@@ -476,7 +473,7 @@ impl KeyMachine {
         // that wrote it (see `crate::host`).
         let origin = content
             .record()
-            .map_or(Origin::HereOrUnknown, |r| r.origin(host::here()));
+            .map_or(Origin::HereOrUnknown, |r| r.origin(&self.here));
         let verdict = election::takeable_extended(
             content,
             &self.our_id,
@@ -558,7 +555,7 @@ impl KeyMachine {
     /// holder may have been paused with us), or a peer held the store's
     /// exclusion when we tried (the holder could not have written either).
     /// A holder that stays silent is still replaced, one window later.
-    pub(crate) fn restart_hang_timer(&mut self, now: Instant) {
+    fn restart_hang_timer(&mut self, now: Instant) {
         if let Some((_, since)) = self.seen.as_mut() {
             *since = now;
         }
@@ -567,7 +564,7 @@ impl KeyMachine {
     /// The store's high-water mark of issued epochs (extension): a new
     /// holder's epoch is above it even when the record that carried the
     /// last one was emptied or overwritten by a writer without epochs.
-    pub(crate) fn raise_epoch_floor(&mut self, floor: u64) {
+    fn raise_epoch_floor(&mut self, floor: u64) {
         self.epoch = self.epoch.max(floor);
     }
 

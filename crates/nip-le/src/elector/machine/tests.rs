@@ -1,5 +1,6 @@
 //! The key machine's unit tests, on an injected clock and an in-memory file.
 
+use super::step::Decision;
 use super::*;
 use crate::presence::Sibling;
 use crate::record::ClaimedAt;
@@ -56,7 +57,31 @@ impl Clock {
 }
 
 fn machine(extended: bool, id: &str) -> KeyMachine {
-    KeyMachine::new(rules(extended), Arc::from(id), 42)
+    let here = Here {
+        host: Some("test-host".into()),
+        boot: Some("test-boot".into()),
+    };
+    KeyMachine::new(rules(extended), Arc::from(id), 42, Arc::new(here))
+}
+
+const TOKEN: &str = "42-0123456789abcdef";
+
+/// Begins an evaluation through the machine's one entry point; returns
+/// the look (this helper does not step down).
+fn begin_look(m: &mut KeyMachine, now: Now, cause: Cause, request: Option<&LeadRequest>) -> Look {
+    let begun = m.step(Input::Evaluate { cause, request }, now);
+    assert!(
+        begun.step_down().is_none(),
+        "this helper does not step down"
+    );
+    m.step(Input::Look, now).look()
+}
+
+/// Ends it with what the look saw.
+fn conclude_with(m: &mut KeyMachine, now: Now, seen: Seen) -> Conclusion {
+    m.step(Input::Seen(seen), now)
+        .conclusion()
+        .expect("an evaluation was in progress")
 }
 
 fn other(wall: SystemTime, live: Option<&str>) -> LockContent {
@@ -81,12 +106,19 @@ fn evaluate(
     request: Option<&LeadRequest>,
     probes: &dyn Probes,
 ) -> Conclusion {
-    let begin = m.begin(now, request);
-    assert!(begin.step_down.is_none(), "this helper does not step down");
-    let look = m.look(now, cause, request, &begin);
-    let (write, took) = m.decide(file, now, look, Some("42-0123456789abcdef"), probes);
+    let look = begin_look(m, now, cause, request);
+    let locked = Input::Locked {
+        content: file,
+        floor: 0,
+        token: Some(TOKEN),
+        probes,
+    };
+    let (write, took) = m.step(locked, now).write();
     match write {
-        Write::Put(b) => *file = LockContent::parse(&b),
+        Write::Put(b, r) => {
+            assert_eq!(LockContent::parse(&b), LockContent::Record(r));
+            *file = LockContent::parse(&b)
+        }
         Write::Clear => *file = LockContent::Empty,
         Write::Keep => {}
     }
@@ -97,7 +129,7 @@ fn evaluate(
         busy: false,
         error: None,
     };
-    m.conclude(cause, &begin, look, seen)
+    conclude_with(m, now, seen)
 }
 
 #[test]
@@ -163,8 +195,7 @@ fn failed_look(content: Result<LockContent, String>, error: &str) -> Seen {
 
 /// A locked look that timed out because a peer held the exclusion.
 fn busy_look(m: &mut KeyMachine, file: &LockContent, now: Now) -> Conclusion {
-    let begin = m.begin(now, None);
-    let look = m.look(now, Cause::Tick, None, &begin);
+    begin_look(m, now, Cause::Tick, None);
     let seen = Seen {
         content: Ok(file.clone()),
         took: None,
@@ -172,7 +203,7 @@ fn busy_look(m: &mut KeyMachine, file: &LockContent, now: Now) -> Conclusion {
         busy: true,
         error: Some("exclusive lock not obtained".into()),
     };
-    m.conclude(Cause::Tick, &begin, look, seen)
+    conclude_with(m, now, seen)
 }
 
 #[test]
@@ -206,7 +237,7 @@ fn an_observer_that_finds_the_exclusion_held_gives_the_holder_a_fresh_window() {
     let first = m.hang_deadline().unwrap();
     c.advance(STALE - Duration::from_millis(100));
     busy_look(&mut m, &f, c.now());
-    m.restart_hang_timer(c.now().mono);
+    m.step(Input::RestartHangTimer, c.now());
     assert_eq!(
         m.hang_deadline().unwrap(),
         first + STALE - Duration::from_millis(100)
@@ -229,15 +260,20 @@ fn a_takeover_that_could_not_be_written_leaves_no_hang_deadline_behind() {
     evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
     c.advance(STALE * 2);
     let gone = Fixed(Liveness::Dead, PeerPresence::Gone);
-    let begin = m.begin(c.now(), None);
-    let look = m.look(c.now(), Cause::Wake, None, &begin);
-    let (w, took) = m.decide(&f, c.now(), look, Some("42-0123456789abcdef"), &gone);
+    begin_look(&mut m, c.now(), Cause::Wake, None);
+    let locked = Input::Locked {
+        content: &f,
+        floor: 0,
+        token: Some(TOKEN),
+        probes: &gone,
+    };
+    let (w, took) = m.step(locked, c.now()).write();
     assert!(
-        matches!(w, Write::Put(_)) && took.is_some(),
+        matches!(w, Write::Put(..)) && took.is_some(),
         "it would take over"
     );
     let seen = failed_look(Ok(f.clone()), "ENOSPC");
-    let out = m.conclude(Cause::Wake, &begin, look, seen);
+    let out = conclude_with(&mut m, c.now(), seen);
     assert!(!out.leader);
     assert_eq!(
         m.hang_deadline(),
@@ -255,10 +291,9 @@ fn an_unreadable_file_leaves_no_hang_deadline_behind() {
     evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
     assert!(m.hang_deadline().is_some());
     c.advance(STALE * 2);
-    let begin = m.begin(c.now(), None);
-    let look = m.look(c.now(), Cause::Wake, None, &begin);
+    begin_look(&mut m, c.now(), Cause::Wake, None);
     let seen = failed_look(Err("EIO".into()), "EIO");
-    let out = m.conclude(Cause::Wake, &begin, look, seen);
+    let out = conclude_with(&mut m, c.now(), seen);
     assert_eq!((out.leader, out.reason), (true, ChangeReason::FailSafe));
     assert_eq!(m.hang_deadline(), None, "no past deadline to wake for");
 }
@@ -379,7 +414,7 @@ fn release_hands_over_to_a_live_heir_with_the_next_epoch() {
     m.step_down(c.now());
     let (w, released) = m.decide_release(&f, c.now(), Some(&heir));
     assert!(released);
-    let Write::Put(b) = w else { panic!("{w:?}") };
+    let Write::Put(b, _) = w else { panic!("{w:?}") };
     let r = LockContent::parse(&b).record().cloned().unwrap();
     assert_eq!(
         (r.instance_id.as_str(), r.epoch, r.live.as_deref()),
@@ -401,7 +436,7 @@ fn a_handed_over_record_we_could_not_confirm_is_fenced() {
     evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
     // The holder handed the lock to us; our confirming write timed out
     // and the fallback read shows our record.
-    let ours = LockContent::parse(&encode_record(
+    let ours = LockContent::parse(&crate::record::encode_record(
         "me",
         42,
         c.now().wall,
@@ -410,10 +445,9 @@ fn a_handed_over_record_we_could_not_confirm_is_fenced() {
             live: "42-0123456789abcdef",
         }),
     ));
-    let begin = m.begin(c.now(), None);
-    let look = m.look(c.now(), Cause::Wake, None, &begin);
+    begin_look(&mut m, c.now(), Cause::Wake, None);
     let seen = failed_look(Ok(ours), "exclusive lock not obtained");
-    let out = m.conclude(Cause::Wake, &begin, look, seen);
+    let out = conclude_with(&mut m, c.now(), seen);
     assert!(out.leader);
     assert_eq!(out.validity, Validity::Fenced);
 }
@@ -422,10 +456,9 @@ fn a_handed_over_record_we_could_not_confirm_is_fenced() {
 fn unreadable_file_fails_safe_to_leader_without_fencing() {
     let c = Clock::new();
     let mut m = machine(true, "me");
-    let begin = m.begin(c.now(), None);
-    let look = m.look(c.now(), Cause::Join, None, &begin);
+    begin_look(&mut m, c.now(), Cause::Join, None);
     let seen = failed_look(Err("permission denied".into()), "permission denied");
-    let out = m.conclude(Cause::Join, &begin, look, seen);
+    let out = conclude_with(&mut m, c.now(), seen);
     assert_eq!((out.leader, out.reason), (true, ChangeReason::FailSafe));
     assert_eq!(out.validity, Validity::Always);
     assert_eq!(m.last_error(), Some("permission denied"));
@@ -438,7 +471,7 @@ fn a_record_handed_to_us_is_confirmed_by_a_write_on_the_next_look() {
     let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
     evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
     // The holder wrote our record (a handoff); a wake-up looks.
-    f = LockContent::parse(&encode_record(
+    f = LockContent::parse(&crate::record::encode_record(
         "me",
         42,
         c.now().wall,
@@ -472,4 +505,59 @@ fn a_round_late_by_more_than_half_the_margin_is_a_pause_in_extended_mode_only() 
         r.busy_retry(Duration::from_millis(250)),
         Duration::from_millis(300)
     );
+}
+
+#[test]
+fn an_input_out_of_its_order_decides_nothing_and_writes_nothing() {
+    let c = Clock::new();
+    let mut m = machine(true, "me");
+    let f = LockContent::Absent;
+    assert_eq!(m.step(Input::Look, c.now()), Decision::Nothing);
+    let locked = Input::Locked {
+        content: &f,
+        floor: 0,
+        token: Some(TOKEN),
+        probes: &ALIVE,
+    };
+    assert_eq!(m.step(locked, c.now()).write(), (Write::Keep, None));
+    let seen = failed_look(Ok(f.clone()), "none");
+    assert_eq!(m.step(Input::Seen(seen), c.now()).conclusion(), None);
+    // Begun but not looked: still nothing to write.
+    m.step(
+        Input::Evaluate {
+            cause: Cause::Tick,
+            request: None,
+        },
+        c.now(),
+    );
+    let locked = Input::Locked {
+        content: &f,
+        floor: 0,
+        token: Some(TOKEN),
+        probes: &ALIVE,
+    };
+    assert_eq!(m.step(locked, c.now()).write(), (Write::Keep, None));
+    assert!(!m.holds_lock());
+}
+
+#[test]
+fn the_host_a_record_names_is_judged_against_the_machines_own_not_a_global() {
+    // A record from another boot of our host: its pid means nothing, so a
+    // dead-looking holder there is taken at once, as the writer's `here`
+    // says (not the test process's real host).
+    let c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = LockContent::Record(LockRecord {
+        instance_id: "other".into(),
+        pid: 7,
+        claimed_at: ClaimedAt::At(c.now().wall),
+        epoch: Some(3),
+        live: Some("7-0123456789abcdef".into()),
+        host: Some("test-host".into()),
+        boot: Some("an-earlier-boot".into()),
+    });
+    let out = evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    assert!(out.leader, "a record of an earlier boot is taken over");
+    assert_eq!(f.record().unwrap().host.as_deref(), Some("test-host"));
+    assert_eq!(f.record().unwrap().boot.as_deref(), Some("test-boot"));
 }

@@ -14,7 +14,7 @@ use crate::record::{LockContent, LockRecord};
 
 use super::super::cache::{KeyCell, Published};
 use super::super::machine::announce::{Announcement, Announcer};
-use super::super::machine::{Cause, Conclusion, KeyMachine, Look, Observed, Seen, Validity};
+use super::super::machine::{Cause, Conclusion, Input, KeyMachine, Look, Observed, Seen, Validity};
 use super::super::store::LockStore;
 use super::super::types::{
     ChangeReason, ClaimOutcome, ElectionStatus, GlobalStatus, HolderStatus, LeadershipChange,
@@ -94,8 +94,8 @@ impl Key {
         if let Err(panic) = run {
             let what = panic_message(&panic);
             tracing::error!(pubkey = %self.pubkey, "evaluation panicked: {what}");
-            self.m
-                .note_error(format!("internal error while evaluating: {what}"));
+            let e = format!("internal error while evaluating: {what}");
+            self.m.step(Input::Error(e), ctx.world.now());
             self.publish();
         }
     }
@@ -112,16 +112,19 @@ impl Key {
             .lead_requests
             .then(|| ctx.world.read_request(&self.pubkey))
             .flatten();
-        let begin = self.m.begin(now, request.as_ref());
-        if let Some(sd) = begin.step_down.clone() {
+        let request = request.as_ref();
+        let begun = self.m.step(Input::Evaluate { cause, request }, now);
+        if let Some(sd) = begun.step_down() {
             tracing::info!(pubkey = %self.pubkey, target = ?sd.target, "standing down for a local claim");
             self.step_down(ctx, sd.reason, sd.target.as_deref(), false);
-            self.m.serve_request(sd.nonce);
+            self.m.step(Input::Serve(sd.nonce), ctx.world.now());
         }
-        let look = self.m.look(now, cause, request.as_ref(), &begin);
+        let look = self.m.step(Input::Look, ctx.world.now()).look();
         let (seen, locked_at) = self.look(ctx, look, cause);
         let (wrote, busy) = (seen.took.is_some(), seen.busy);
-        let c = self.m.conclude(cause, &begin, look, seen);
+        let Some(c) = self.m.step(Input::Seen(seen), ctx.world.now()).conclusion() else {
+            return;
+        };
         tracing::debug!(pubkey = %self.pubkey, ?cause, ?c, "evaluated");
         self.apply(ctx, c, locked_at);
         if busy && ctx.rules.profile.monotonic_hang {
@@ -150,7 +153,7 @@ impl Key {
             let retry = ctx.rules.busy_retry(ctx.config.lock_wait);
             self.next_tick = self.next_tick.min(now + retry);
         } else {
-            self.m.restart_hang_timer(now);
+            self.m.step(Input::RestartHangTimer, ctx.world.now());
         }
     }
 
@@ -175,7 +178,11 @@ impl Key {
         if ctx.rules.profile.read_first && (cause == Cause::Wake || !self.m.holds_lock()) {
             if let Ok(content) = guarded(|| self.store.read()) {
                 let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
-                if !self.m.would_write(&content, ctx.world.now(), look, &probes) {
+                let peek = Input::Peek {
+                    content: &content,
+                    probes: &probes,
+                };
+                if !self.m.step(peek, ctx.world.now()).would_write() {
                     let seen = Seen {
                         content: Ok(content),
                         took: None,
@@ -197,8 +204,13 @@ impl Key {
         let result = guarded(|| {
             store.update(&mut |content, floor| {
                 locked_at = Some(ctx.world.clocks().mono_nanos());
-                m.raise_epoch_floor(floor);
-                let (w, t) = m.decide(content, ctx.world.now(), look, token.as_deref(), &probes);
+                let locked = Input::Locked {
+                    content,
+                    floor,
+                    token: token.as_deref(),
+                    probes: &probes,
+                };
+                let (w, t) = m.step(locked, ctx.world.now()).write();
                 if t.is_some() {
                     before = Some(content.clone());
                 }
@@ -280,7 +292,7 @@ impl Key {
         target: Option<&str>,
         always: bool,
     ) -> bool {
-        self.m.step_down(ctx.world.now());
+        self.m.step(Input::StepDown, ctx.world.now());
         self.cell.set_leader(false);
         self.end_takes(unix_ms(ctx.world.now().wall));
         self.track_work(ctx, false);
@@ -289,8 +301,12 @@ impl Key {
         let (m, store, world) = (&mut self.m, &mut self.store, &ctx.world);
         let result = guarded(|| {
             store.update(&mut |content, floor| {
-                m.raise_epoch_floor(floor);
-                let (w, r) = m.decide_release(content, world.now(), heir.as_ref());
+                let release = Input::Release {
+                    content,
+                    floor,
+                    heir: heir.as_ref(),
+                };
+                let (w, r) = m.step(release, world.now()).release();
                 released = r;
                 w
             })
@@ -308,7 +324,7 @@ impl Key {
                 None => tracing::info!(pubkey = %self.pubkey, "released the lock"),
             }
         }
-        self.m.released(result);
+        self.m.step(Input::Released(result), ctx.world.now());
         // A sibling of this host that took the lock from us continues the
         // upper level's hold; otherwise it is given up at once.
         self.tell_upper(ctx, false, !(released && heir.is_some()));
@@ -338,7 +354,7 @@ impl Key {
     /// its next look and we take the lock on ours. In spec mode only the
     /// relay frame carries it. Never evicts a live leader.
     pub(super) fn claim(&mut self, ctx: &mut Ctx) -> Result<ClaimOutcome> {
-        self.m.claim_started();
+        self.m.step(Input::ClaimStarted, ctx.world.now());
         if self.m.holds_lock() {
             self.evaluate(ctx, Cause::Tick);
             if self.m.holds_lock() {
@@ -346,7 +362,7 @@ impl Key {
             }
         }
         // The lock may be free already (the holder stood down first).
-        self.m.claim_pending_from(ctx.world.now(), None);
+        self.m.step(Input::ClaimPending(None), ctx.world.now());
         self.evaluate(ctx, Cause::Tick);
         if self.m.holds_lock() {
             return Ok(ClaimOutcome::Claimed);
@@ -361,7 +377,7 @@ impl Key {
         let nonce = ctx.world.random();
         let req = LeadRequest::at(&ctx.our_id, now.wall, nonce, ctx.world.pid());
         ctx.world.write_request(&self.pubkey, &req)?;
-        self.m.claim_pending_from(now, Some(req.nonce));
+        self.m.step(Input::ClaimPending(Some(req.nonce)), now);
         self.evaluate(ctx, Cause::Tick);
         Ok(if self.m.holds_lock() {
             ClaimOutcome::Claimed

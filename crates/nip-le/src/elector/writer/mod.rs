@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::pubkey::AgentPubkey;
 
 use super::cache::{self, KeyCell, Published, Snapshot};
-use super::machine::{Cause, KeyMachine, Rules};
+use super::machine::{Cause, Input, KeyMachine, Rules};
 use super::profile::Profile;
 use super::types::ChangeReason;
 use super::types::{ClaimOutcome, GlobalStatus, LeadershipChange};
@@ -142,7 +142,7 @@ impl Writer {
                 "the election task was paused: hang timers start again"
             );
             for key in self.keys.values_mut() {
-                key.m.restart_hang_timer(now);
+                key.m.step(Input::RestartHangTimer, self.ctx.world.now());
             }
         }
     }
@@ -229,7 +229,7 @@ impl Writer {
             Command::Resume(pk, r) => {
                 let ctx = &mut self.ctx;
                 let out = self.keys.get_mut(&pk).ok_or(Error::NotJoined(pk)).map(|k| {
-                    k.m.resume();
+                    k.m.step(Input::Resume, ctx.world.now());
                     k.evaluate(ctx, Cause::Tick);
                     k.cell.is_leader_on(ctx.world.clocks())
                 });
@@ -290,7 +290,12 @@ impl Writer {
         let pid = self.ctx.world.pid();
         let mut key = Key {
             pubkey: pk,
-            m: KeyMachine::new(self.ctx.rules, Arc::clone(&self.ctx.our_id), pid),
+            m: KeyMachine::new(
+                self.ctx.rules,
+                Arc::clone(&self.ctx.our_id),
+                pid,
+                self.ctx.world.here(),
+            ),
             cell: Arc::new(KeyCell::new(
                 self.ctx.rules.profile.self_fencing,
                 Published::initial(pk),

@@ -144,6 +144,9 @@ impl Sim {
         let m: Machine = Arc::new(std::sync::Mutex::new(State::new(opts.lock_wait)));
         let end = opts.seconds * 1000 * MS;
         let pk = host.as_ref().map_or(pk, |h| h.pk);
+        if let Some(h) = &host {
+            lock(&m).host = h.name.clone();
+        }
         let mut sim = Self {
             m,
             rng,
