@@ -16,6 +16,7 @@ fn args(cluster: Cluster, seeds: u64, first: u64, without: Vec<FaultKind>) -> Si
         hosts: 3,
         policy: Policy::FallBack,
         strict_once: false,
+        with: Vec::new(),
     }
 }
 
@@ -88,10 +89,13 @@ fn hosts(policy: Policy, seeds: u64) -> SimArgs {
 /// past the bound, every host's own invariants. Exactly once across hosts
 /// is counted, not failed (the ledger does not follow the agent across
 /// hosts yet).
+///
+/// Seeds 131 and 157 found two holders (a granted claim's lease revoked by
+/// its poster; a lease revoked under a sibling that continued it).
 #[test]
-fn three_hosts_on_one_etcd_never_have_two_holders_across_100_seeds() {
-    let sum = assert_clean(&hosts(Policy::FallBack, 100));
-    assert!(sum.answered > 100 * 20, "answered: {}", sum.answered);
+fn three_hosts_on_one_etcd_never_have_two_holders_across_200_seeds() {
+    let sum = assert_clean(&hosts(Policy::FallBack, 200));
+    assert!(sum.answered > 200 * 20, "answered: {}", sum.answered);
     let across = sum.across.expect("a run across hosts");
     assert!(across.overlap_ms > 0, "the fall-back was exercised");
 }

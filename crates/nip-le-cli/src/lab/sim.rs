@@ -50,6 +50,15 @@ pub enum FaultKind {
     Pids,
 }
 
+/// A fault across hosts drawn only on request (its findings are open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExtraKind {
+    /// Etcd loses every key, lease and revision.
+    DataLoss,
+    /// A host's etcd answers are forged (TTLs, revisions near u64::MAX).
+    Hostile,
+}
+
 /// Flags of `nip-le sim`.
 #[derive(Args, Debug, Clone)]
 pub struct SimArgs {
@@ -86,6 +95,10 @@ pub struct SimArgs {
     /// across hosts yet).
     #[arg(long)]
     pub strict_once: bool,
+    /// In a `--cluster hosts` run, faults drawn besides the default ones:
+    /// data-loss, hostile (comma-separated).
+    #[arg(long = "with", value_delimiter = ',')]
+    pub with: Vec<ExtraKind>,
 }
 
 impl SimArgs {
@@ -115,6 +128,8 @@ impl SimArgs {
         o.per_host.mix = self.options().mix;
         o.hosts = self.hosts.clamp(1, 26);
         o.strict_once = self.strict_once;
+        o.data_loss = self.with.contains(&ExtraKind::DataLoss);
+        o.hostile = self.with.contains(&ExtraKind::Hostile);
         o.policy = match self.policy {
             Policy::FallBack => WhenUnreachable::FallBack,
             Policy::StaySilent => WhenUnreachable::StaySilent,
@@ -148,6 +163,19 @@ impl SimArgs {
             f += &format!(" --hosts {} --policy {}", self.hosts, policy.get_name());
             if self.strict_once {
                 f += " --strict-once";
+            }
+            if !self.with.is_empty() {
+                let kinds: Vec<String> = self
+                    .with
+                    .iter()
+                    .map(|k| {
+                        k.to_possible_value()
+                            .expect("no skipped values")
+                            .get_name()
+                            .to_owned()
+                    })
+                    .collect();
+                f += &format!(" --with {}", kinds.join(","));
             }
         }
         f

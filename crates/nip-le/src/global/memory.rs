@@ -4,7 +4,7 @@
 //! a revision. Enough of etcd's semantics to drive the contender in unit
 //! tests and in the simulator without a server.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -14,8 +14,9 @@ use super::etcd::{Change, Etcd, GatewayError, Kv, Result, Txn, Watch, WatchMessa
 struct Store {
     revision: u64,
     kvs: BTreeMap<String, Kv>,
-    /// Lease id → (TTL, expiry).
-    leases: HashMap<i64, (Duration, Instant)>,
+    /// Lease id → (TTL, expiry). Ordered: leases that expire together go
+    /// in one order on every run (the simulator replays seeds).
+    leases: BTreeMap<i64, (Duration, Instant)>,
     next_lease: i64,
     history: Vec<Change>,
 }
@@ -140,6 +141,26 @@ impl MemoryEtcd {
     /// The store's revision now.
     pub(crate) fn revision(&self) -> u64 {
         self.lock().revision
+    }
+
+    /// A restart that took `d`: nobody expired leases meanwhile, so every
+    /// lease has `d` more.
+    pub(crate) fn extend_leases(&self, d: Duration) {
+        let mut s = self.lock();
+        for (_, until) in s.leases.values_mut() {
+            *until += d;
+        }
+    }
+
+    /// Data loss (a member restored empty): every key, lease and revision
+    /// gone; revisions start again from zero.
+    pub(crate) fn lose_everything(&self) {
+        let mut s = self.lock();
+        let next_lease = s.next_lease;
+        *s = Store {
+            next_lease,
+            ..Store::default()
+        };
     }
 
     fn changed(&self) {

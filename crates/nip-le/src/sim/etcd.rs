@@ -1,8 +1,12 @@
 //! The simulated etcd every host of a run shares: the in-memory etcd of the
 //! contender's unit tests on the run's virtual clock, and per host the
-//! faults of its link: cut off (every call fails, the watch is silent), or
+//! faults of its link: cut off (every call fails, the watch is silent),
 //! flaky (a call fails by chance, and half of those failures happen after
-//! etcd applied it: the answer was lost, as with a client timeout).
+//! etcd applied it: the answer was lost, as with a client timeout), or
+//! hostile (every answer forged: TTLs and revisions near `u64::MAX`). And
+//! etcd's own: a restart (out of reach meanwhile, leases kept), data loss
+//! (every key, lease and revision gone). Calls take no virtual time: a
+//! slow answer is one that times out (flaky), not one that arrives late.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +24,7 @@ struct Link {
     flaky_until: u64,
     /// Chance a call fails while flaky.
     flaky: f64,
+    hostile_until: u64,
 }
 
 /// The shared etcd and the links.
@@ -75,6 +80,33 @@ impl SimEtcd {
         l[host].flaky = p;
     }
 
+    /// Host `host`'s answers are forged until `until`.
+    pub fn hostile(&self, host: usize, until: u64) {
+        let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        l[host].hostile_until = l[host].hostile_until.max(until);
+    }
+
+    /// Etcd restarts for `d` from now: out of everyone's reach, and no
+    /// lease expires meanwhile.
+    pub fn restart(&self, d: u64) {
+        let until = self.now() + d;
+        let hosts = self.links.lock().unwrap_or_else(|e| e.into_inner()).len();
+        for h in 0..hosts {
+            self.cut(h, until);
+        }
+        self.etcd.extend_leases(Duration::from_nanos(d));
+    }
+
+    /// Etcd loses everything (revisions start again).
+    pub fn lose_everything(&self) {
+        self.etcd.lose_everything();
+    }
+
+    /// Whether host `host`'s answers are forged now.
+    fn forged(&self, host: usize) -> bool {
+        self.link(host).hostile_until > self.now()
+    }
+
     /// Whether host `host` reaches etcd now.
     pub fn reachable(&self, host: usize) -> bool {
         self.link(host).cut_until <= self.now()
@@ -94,6 +126,30 @@ impl SimEtcd {
             });
         }
         self.etcd.changes_since(prefix, next)
+    }
+
+    /// Every change from revision `from`, as trace lines.
+    pub fn describe_since(&self, from: u64) -> Vec<String> {
+        let Some(m) = self.etcd.changes_since("", from) else {
+            return Vec::new();
+        };
+        m.changes
+            .iter()
+            .map(|c| match &c.kv {
+                Some(kv) => format!(
+                    "etcd rev {}: put {} = {} (lease {})",
+                    c.revision,
+                    c.key.rsplit('/').next().unwrap_or(""),
+                    String::from_utf8_lossy(&kv.value),
+                    kv.lease
+                ),
+                None => format!(
+                    "etcd rev {}: delete {}",
+                    c.revision,
+                    c.key.rsplit('/').next().unwrap_or("")
+                ),
+            })
+            .collect()
     }
 
     /// The store's revision (expiring leases on the way).
@@ -135,6 +191,10 @@ impl SimEtcd {
     }
 }
 
+/// The TTL a hostile answer claims (etcd's JSON carries it as an int64 of
+/// seconds).
+const FORGED_TTL: Duration = Duration::from_secs(i64::MAX as u64);
+
 /// A host's client.
 struct Client {
     etcd: Arc<SimEtcd>,
@@ -143,7 +203,17 @@ struct Client {
 
 impl Etcd for Client {
     fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
-        self.etcd.call(self.host, |e| e.get_at(key))
+        let r = self.etcd.call(self.host, |e| e.get_at(key));
+        if self.etcd.forged(self.host) {
+            return r.map(|(kv, _)| {
+                let kv = kv.map(|kv| Kv {
+                    mod_revision: u64::MAX - 1,
+                    ..kv
+                });
+                (kv, u64::MAX - 1)
+            });
+        }
+        r
     }
     fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn> {
         self.etcd.call(self.host, |e| e.create(key, value, lease))
@@ -164,10 +234,18 @@ impl Etcd for Client {
         self.etcd.call(self.host, |e| e.put(key, value, lease))
     }
     fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
-        self.etcd.call(self.host, |e| e.grant(ttl))
+        let r = self.etcd.call(self.host, |e| e.grant(ttl));
+        match r {
+            Ok((id, _)) if self.etcd.forged(self.host) => Ok((id, FORGED_TTL)),
+            r => r,
+        }
     }
     fn keep_alive(&self, lease: i64) -> Result<Duration> {
-        self.etcd.call(self.host, |e| e.keep_alive(lease))
+        let r = self.etcd.call(self.host, |e| e.keep_alive(lease));
+        match r {
+            Ok(_) if self.etcd.forged(self.host) => Ok(FORGED_TTL),
+            r => r,
+        }
     }
     fn revoke(&self, lease: i64) -> Result<()> {
         self.etcd.call(self.host, |e| e.revoke(lease))

@@ -5,8 +5,9 @@
 //! the run's time, publishes the relay's mentions to every window of every
 //! host, draws the faults between hosts and etcd (a host cut off, a flaky
 //! link that loses requests and answers, watches that lose their place,
-//! etcd out of reach for everyone, claims from another host), and checks
-//! the agent across hosts after every step.
+//! etcd out of reach for everyone, etcd restarts, claims from another
+//! host; on request, data loss and forged answers), and checks the agent
+//! across hosts after every step.
 //!
 //! Checked: never two windows that hold etcd's key at once; acting on two
 //! hosts at once only under the fall-back policy (counted apart); no
@@ -53,6 +54,11 @@ pub struct HostsOptions {
     pub mention_every_ms: u64,
     /// Fail a seed on a mention answered twice or never.
     pub strict_once: bool,
+    /// Also draw etcd losing every key, lease and revision.
+    pub data_loss: bool,
+    /// Also draw links whose answers are forged (TTLs and revisions near
+    /// `u64::MAX`).
+    pub hostile: bool,
 }
 
 impl HostsOptions {
@@ -76,6 +82,8 @@ impl HostsOptions {
             etcd_fault_every_ms: 6000,
             mention_every_ms: 2000,
             strict_once: false,
+            data_loss: false,
+            hostile: false,
         }
     }
 }
@@ -91,6 +99,12 @@ enum LinkFault {
     Flaky { host: usize, d: u64, p: f64 },
     /// A host's watches lose their place.
     WatchReset { host: usize },
+    /// Etcd restarts for `d` ns (out of reach, leases kept).
+    Restart { d: u64 },
+    /// Etcd loses every key, lease and revision.
+    DataLoss,
+    /// A host's answers are forged for `d` ns.
+    Hostile { host: usize, d: u64 },
     /// A user on a host claims the agent.
     Claim { host: usize },
 }
@@ -206,7 +220,7 @@ impl Hosts {
         while every > 0 && at < self.end {
             let host = self.rng.pick(self.o.hosts).unwrap_or(0);
             let d = self.rng.range(MS, 3 * ttl);
-            let f = match self.rng.range(0, 10) {
+            let f = match self.rng.range(0, 12) {
                 0..=2 => LinkFault::Cut { host, d },
                 3 => LinkFault::CutAll { d: d / 2 },
                 4..=5 => LinkFault::Flaky {
@@ -215,6 +229,11 @@ impl Hosts {
                     p: self.rng.range(10, 60) as f64 / 100.0,
                 },
                 6 => LinkFault::WatchReset { host },
+                7 => LinkFault::Restart {
+                    d: self.rng.range(MS, ttl),
+                },
+                8 if self.o.data_loss => LinkFault::DataLoss,
+                9 if self.o.hostile => LinkFault::Hostile { host, d },
                 _ => LinkFault::Claim { host },
             };
             self.push(at, Ev::Fault(f));
@@ -257,6 +276,11 @@ impl Hosts {
                 self.sims[i].step();
             }
             let revision = self.etcd.revision();
+            if revision != self.revision && self.trace {
+                for line in self.etcd.describe_since(self.revision.min(revision) + 1) {
+                    println!("{:>10.3} s  {line}", at as f64 / 1e9);
+                }
+            }
             if revision != self.revision {
                 self.revision = revision;
                 for s in &mut self.sims {
@@ -300,6 +324,18 @@ impl Hosts {
                         self.quiet_from = self.quiet_from.max(t + d);
                     }
                     LinkFault::WatchReset { host } => self.sims[host].watches_reset(),
+                    LinkFault::Restart { d } => {
+                        self.etcd.restart(d);
+                        self.quiet_from = self.quiet_from.max(t + d);
+                    }
+                    LinkFault::DataLoss => {
+                        self.etcd.lose_everything();
+                        self.quiet_from = self.quiet_from.max(t);
+                    }
+                    LinkFault::Hostile { host, d } => {
+                        self.etcd.hostile(host, t + d);
+                        self.quiet_from = self.quiet_from.max(t + d);
+                    }
                     LinkFault::Claim { host } => {
                         if let Some(target) = self.sims[host].claim_here() {
                             for (i, s) in self.sims.iter_mut().enumerate() {

@@ -117,6 +117,7 @@ impl Task {
                 if self.claim_granted(pk, &kv) {
                     return;
                 }
+                self.claim_lease_taken(pk, &kv);
                 let foreign_host = !h.host_id.is_empty() && h.host_id != self.cfg.host_id;
                 if foreign_host && kv.lease != 0 {
                     self.post_claim(pk);
@@ -256,11 +257,29 @@ impl Task {
         e.fallback = false;
         if let Some(h) = e.held.take() {
             if revoke {
-                let r = self.gw.revoke(h.lease);
-                self.noted(pk, r);
+                self.give_up_lease(pk, h.lease);
             }
         }
         self.tell(pk, None);
+    }
+
+    /// Revokes the lease we held the key with, unless the key names a
+    /// sibling of ours now: siblings continue one lease, so one of two
+    /// windows that both led the host (the NIP's fail-safe) would delete
+    /// the key under the other (found by the simulator, seed 157 of
+    /// `--cluster hosts`). Unknown (etcd did not answer): the lease runs
+    /// out on its own.
+    pub(super) fn give_up_lease(&mut self, pk: AgentPubkey, lease: i64) {
+        let key = self.cfg.leader_key(&pk);
+        let r = self.gw.get(&key);
+        match self.noted(pk, r) {
+            Some(Some(kv)) if kv.lease == lease && holder_of(&kv).instance_id != self.our_id => {}
+            Some(_) => {
+                let r = self.gw.revoke(lease);
+                self.noted(pk, r);
+            }
+            None => {}
+        }
     }
 
     /// Posts our claim when another host holds the key.
@@ -287,8 +306,35 @@ impl Task {
         let e = self.entries.get_mut(&pk).expect("caller checked");
         e.claim_until = None;
         if let Some(lease) = e.claim_lease.take() {
-            // Revoking the claim's lease deletes the claim key with it.
-            let _ = self.gw.revoke(lease);
+            self.withdraw_claim(pk, lease);
+        }
+    }
+
+    /// Revokes our claim's lease (which deletes the claim key with it),
+    /// unless the holder granted the claim: the leader key is then bound to
+    /// that lease, and whoever continues it (we, or a sibling that took our
+    /// host's lock since) acts on it. Revoking it then would delete the key
+    /// under a window that still acts (found by the simulator, seed 131 of
+    /// `--cluster hosts`).
+    pub(super) fn withdraw_claim(&mut self, pk: AgentPubkey, lease: i64) {
+        let key = self.cfg.leader_key(&pk);
+        match self.gw.get(&key) {
+            Ok(Some(kv)) if kv.lease == lease => {}
+            Ok(_) => {
+                let _ = self.gw.revoke(lease);
+            }
+            // Unknown: let the lease run out on its own (one TTL).
+            Err(_) => {}
+        }
+    }
+
+    /// The leader key is bound to the lease of our claim: the claim was
+    /// granted, and the lease is no longer ours to withdraw.
+    pub(super) fn claim_lease_taken(&mut self, pk: AgentPubkey, kv: &Kv) {
+        if let Some(e) = self.entries.get_mut(&pk) {
+            if e.claim_lease == Some(kv.lease) {
+                e.claim_lease = None;
+            }
         }
     }
 
@@ -302,8 +348,11 @@ impl Task {
         let Some(h) = e.held else {
             return;
         };
+        // A claim from our own host is the host's file election's to serve
+        // (the claimant takes the host lock and continues our lease).
         if claimant.instance_id.is_empty()
             || claimant.instance_id == self.our_id
+            || claimant.host_id == self.cfg.host_id
             || claim.lease == 0
         {
             return;
@@ -330,8 +379,12 @@ impl Task {
             claim.lease,
             Some(&claim_key),
         );
+        // Our old lease, unless the claimant's key is bound to it now (we
+        // had continued a lease of the claimant's host).
         if let Some(Txn::Done(_)) = self.noted(pk, r) {
-            let _ = self.gw.revoke(h.lease);
+            if h.lease != claim.lease {
+                self.give_up_lease(pk, h.lease);
+            }
         }
     }
 
@@ -375,6 +428,9 @@ impl Task {
     }
 
     pub(super) fn leader_written(&mut self, pk: AgentPubkey, kv: &Kv) {
+        if !self.claim_granted(pk, kv) {
+            self.claim_lease_taken(pk, kv);
+        }
         let h = holder_of(kv);
         let our_id = self.our_id.clone();
         let e = self.entries.get_mut(&pk).expect("checked");
@@ -388,11 +444,7 @@ impl Task {
                 });
             }
             Some(_) => self.lost(pk),
-            None => {
-                if !self.claim_granted(pk, kv) {
-                    self.tell(pk, None);
-                }
-            }
+            None => self.tell(pk, None),
         }
     }
 
@@ -469,18 +521,21 @@ impl Task {
         for pk in handing {
             self.hand_over_confirmed(pk);
         }
-        let held: Vec<i64> = self
+        let held: Vec<(AgentPubkey, i64)> = self
             .entries
-            .values()
-            .filter_map(|e| Some(e.held?.lease))
+            .iter()
+            .filter_map(|(pk, e)| Some((*pk, e.held?.lease)))
             .collect();
-        for lease in held {
-            let _ = self.gw.revoke(lease);
+        for (pk, lease) in held {
+            self.give_up_lease(pk, lease);
         }
-        for e in self.entries.values() {
-            if let Some(lease) = e.claim_lease {
-                let _ = self.gw.revoke(lease);
-            }
+        let claims: Vec<(AgentPubkey, i64)> = self
+            .entries
+            .iter()
+            .filter_map(|(pk, e)| Some((*pk, e.claim_lease?)))
+            .collect();
+        for (pk, lease) in claims {
+            self.withdraw_claim(pk, lease);
         }
     }
 }

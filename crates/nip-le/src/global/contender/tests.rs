@@ -132,6 +132,17 @@ struct Host {
 
 impl Host {
     fn new(etcd: &MemoryEtcd, clock: &ManualClock, name: &str, policy: WhenUnreachable) -> Self {
+        Self::window(etcd, clock, name, &format!("{name}-window"), policy)
+    }
+
+    /// A window `id` of host `name`.
+    fn window(
+        etcd: &MemoryEtcd,
+        clock: &ManualClock,
+        name: &str,
+        id: &str,
+        policy: WhenUnreachable,
+    ) -> Self {
         let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], name);
         cfg.ttl = TTL;
         cfg.when_unreachable = policy;
@@ -144,7 +155,7 @@ impl Host {
         });
         let task = Task::new(
             cfg,
-            &format!("{name}-window"),
+            id,
             TTL,
             gw,
             Box::new(move |_, n| sink.lock().unwrap().push(n)),
@@ -377,4 +388,94 @@ fn the_thread_shell_runs_the_task_and_stops() {
         .get(&format!("/nip-le/{}/leader", pk()))
         .unwrap()
         .is_none());
+}
+
+/// Found by the simulator (`nip-le sim --cluster hosts --seed 131`): a
+/// claimant that stops leading its host before its claim is granted; the
+/// holder rewrites the key for it, bound to the claim's lease; its sibling
+/// continues that lease. When the claim then expired, the claimant revoked
+/// its claim's lease, deleting the key under the sibling that still acted
+/// on it, and another host took the key: two holders.
+#[test]
+fn a_granted_claims_lease_is_never_revoked_by_its_poster_once_it_backs_the_key() {
+    let clock = ManualClock::new();
+    let etcd = MemoryEtcd::with_clock(Arc::new({
+        let c = clock.clone();
+        move || Clock::now(&c)
+    }));
+    let policy = WhenUnreachable::FallBack;
+    let mut b = Host::new(&etcd, &clock, "b", policy);
+    let mut a1 = Host::window(&etcd, &clock, "a", "aw1", policy);
+    let mut a0 = Host::window(&etcd, &clock, "a", "aw0", policy);
+    let mut c = Host::new(&etcd, &clock, "c", policy);
+    b.lead(true, false);
+    a1.lead(true, false);
+    c.lead(true, false);
+    pump_all(&mut [&mut b, &mut a1, &mut c]);
+    assert!(b.acts());
+    // aw1 claims across hosts, then its sibling aw0 takes host a's lock.
+    a1.task.step(Some(Inbox::Claim(pk())));
+    a1.pump();
+    a1.lead(false, false);
+    a0.lead(true, false);
+    pump_all(&mut [&mut b, &mut a1, &mut a0, &mut c]);
+    let key = format!("/nip-le/{}/leader", pk());
+    let holder = holder_of(&etcd.get(&key).unwrap().expect("held"));
+    assert_eq!(holder.host_id, "a", "the claim moved the key to host a");
+    assert!(a0.acts() && !b.acts());
+    // Long past aw1's claim: the key stays, and only aw0 acts.
+    for _ in 0..40 {
+        clock.advance(TTL / 4);
+        pump_all(&mut [&mut b, &mut a1, &mut a0, &mut c]);
+        let acting = [a0.acts(), a1.acts(), b.acts(), c.acts()];
+        assert_eq!(acting.iter().filter(|x| **x).count(), 1, "{acting:?}");
+        assert!(a0.acts(), "{acting:?}");
+    }
+    // The key was never deleted under aw0 (here aw0 took it back at once;
+    // in the simulator another host was faster).
+    let history = etcd.changes_since("/nip-le/", 1).unwrap().changes;
+    let deleted: Vec<u64> = history
+        .iter()
+        .filter(|c| c.key == key && c.kv.is_none())
+        .map(|c| c.revision)
+        .collect();
+    assert_eq!(deleted, Vec::<u64>::new(), "the key was deleted");
+}
+
+/// Found by the simulator (`nip-le sim --cluster hosts --seed 157`): two
+/// windows of one host that both believe they lead it (the NIP's
+/// fail-safe) both continue the same lease; the one that steps back gave
+/// the agent up by revoking that lease, deleting the key under its
+/// sibling, which still acted on it while another host took the key.
+#[test]
+fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
+    let clock = ManualClock::new();
+    let etcd = MemoryEtcd::with_clock(Arc::new({
+        let c = clock.clone();
+        move || Clock::now(&c)
+    }));
+    let policy = WhenUnreachable::FallBack;
+    let mut a0 = Host::window(&etcd, &clock, "a", "aw0", policy);
+    let mut a1 = Host::window(&etcd, &clock, "a", "aw1", policy);
+    a0.lead(true, false);
+    assert!(a0.acts());
+    // aw1 leads host a too (fail-safe) and continues the lease; aw0's
+    // watch has not brought that rewrite yet.
+    a1.lead(true, false);
+    let key = format!("/nip-le/{}/leader", pk());
+    let kv = etcd.get(&key).unwrap().expect("held");
+    assert_eq!(
+        holder_of(&kv).instance_id,
+        "aw1",
+        "the sibling continued it"
+    );
+    // aw0 steps back and gives the agent up, before its watch says.
+    a0.lead(false, true);
+    pump_all(&mut [&mut a0, &mut a1]);
+    let history = etcd.changes_since("/nip-le/", 1).unwrap().changes;
+    assert!(
+        history.iter().all(|c| c.kv.is_some()),
+        "the key was deleted under aw1"
+    );
+    assert!(a1.acts() && !a0.acts());
 }

@@ -257,11 +257,37 @@ impl Sim {
         } else {
             told.into_iter().chain(seen).collect()
         };
-        for i in inputs {
-            c.task.step(Some(i));
+        if self.trace && !inputs.is_empty() {
+            let (id, t) = {
+                let s = lock(&self.m);
+                (s.procs[proc].instance_id.clone(), s.t)
+            };
+            for i in &inputs {
+                println!("{:>10.3} s  {id}: contender input {i:?}", t as f64 / 1e9);
+            }
         }
-        c.task.step(None);
-        let next = c.task.next_due();
+        // A panic in the contender (content no check foresaw) is a
+        // violation; the task is dropped with it, as its thread would be.
+        super::IN_WRITER.with(|s| s.set(true));
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for i in inputs {
+                c.task.step(Some(i));
+            }
+            c.task.step(None);
+            c.task.next_due()
+        }));
+        super::IN_WRITER.with(|s| s.set(false));
+        let Ok(next) = run else {
+            h.contenders.remove(&proc);
+            let t = self.now();
+            let id = lock(&self.m).procs[proc].instance_id.clone();
+            self.violation.get_or_insert(Violation::new(
+                t,
+                "panic",
+                format!("{id}'s etcd contender panicked"),
+            ));
+            return;
+        };
         let at = lock(&self.m).t_of(next);
         self.schedule_contender(proc, at);
     }
