@@ -48,6 +48,9 @@ pub enum FaultKind {
     Starvation,
     /// Pid reuse.
     Pids,
+    /// Agent harness children sharing their window's id, exiting and
+    /// restarting.
+    Children,
 }
 
 /// A fault across hosts drawn only on request (its findings are open).
@@ -81,7 +84,7 @@ pub struct SimArgs {
     #[arg(long)]
     pub trace: bool,
     /// Kinds of fault left out of the plans: processes, holds, clocks,
-    /// files, starvation, pids (comma-separated).
+    /// files, starvation, pids, children (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub without: Vec<FaultKind>,
     /// Hosts of a `--cluster hosts` run.
@@ -117,6 +120,7 @@ impl SimArgs {
                 FaultKind::Files => o.mix.files = false,
                 FaultKind::Starvation => o.mix.starvation = false,
                 FaultKind::Pids => o.mix.pids = false,
+                FaultKind::Children => o.mix.children = false,
             }
         }
         o

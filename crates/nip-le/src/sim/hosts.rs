@@ -72,6 +72,7 @@ impl HostsOptions {
         per_host.mix = Mix {
             files: false,
             clocks: false,
+            children: false,
             ..Mix::ALL
         };
         Self {

@@ -89,6 +89,15 @@ pub enum Fault {
         /// Delay of the join.
         rejoin_after: u64,
     },
+    /// A window's agent harness child (sharing the window's id) exits,
+    /// gracefully (it truncates the record that names the id) or by
+    /// SIGKILL, and the window starts a new one after `restart_after`.
+    ChildExit {
+        /// Whether it exits gracefully.
+        graceful: bool,
+        /// Delay of the new child.
+        restart_after: u64,
+    },
     /// A relay `claim_leadership` frame for a window, lost or duplicated
     /// per recipient with these chances.
     ClaimFrame {
@@ -144,6 +153,9 @@ pub struct Mix {
     pub starvation: bool,
     /// Pid reuse.
     pub pids: bool,
+    /// Every extended window runs an agent harness child with its id (the
+    /// NIP's injected-id path), which exits and restarts.
+    pub children: bool,
 }
 
 impl Mix {
@@ -155,6 +167,7 @@ impl Mix {
         files: true,
         starvation: true,
         pids: true,
+        children: true,
     };
 }
 
@@ -226,6 +239,13 @@ impl Plan {
 }
 
 fn draw(rng: &mut Rng, mix: Mix, stale: u64) -> Option<Fault> {
+    // Drawn apart, so that the plans without children stay as they were.
+    if mix.children && rng.chance(0.15) {
+        return Some(Fault::ChildExit {
+            graceful: rng.chance(0.5),
+            restart_after: rng.range(0, stale / 2),
+        });
+    }
     let restart_after = rng.range(0, 2 * stale);
     let d = rng.range(MS, 3 * stale);
     Some(match rng.range(0, 16) {

@@ -58,6 +58,7 @@ impl Sim {
             }
             Fault::Quit { restart_after } => {
                 if let Some(w) = pick(self) {
+                    self.end_child(w, true);
                     let _ = self.call(w, Command::Shutdown);
                     self.windows[w].writer = None;
                     lock(&self.m).procs[self.windows[w].proc].alive = false;
@@ -138,6 +139,22 @@ impl Sim {
                     self.broadcast_frame(w, 0.0, 0.0);
                 }
             }
+            Fault::ChildExit {
+                graceful,
+                restart_after,
+            } => {
+                let with_child: Vec<usize> = live
+                    .iter()
+                    .copied()
+                    .filter(|&w| self.windows[w].child.is_some())
+                    .collect();
+                if let Some(i) = self.rng.pick(with_child.len()) {
+                    let w = with_child[i];
+                    self.end_child(w, graceful);
+                    let proc = self.windows[w].proc;
+                    self.push(t + restart_after, Ev::StartChild(proc));
+                }
+            }
             Fault::ClaimFrame { lose, dup } => {
                 if let Some(w) = pick(self) {
                     self.last_claim = t;
@@ -207,7 +224,27 @@ impl Sim {
         self.join_when_running(proc);
     }
 
+    /// Window `w`'s child exits (gracefully: it truncates the record that
+    /// names the id, as the harness does on exit).
+    pub(super) fn end_child(&mut self, w: usize, graceful: bool) {
+        let Some(h) = self.windows[w].child.take() else {
+            return;
+        };
+        let mut s = lock(&self.m);
+        let proc = self.harnesses[h].proc;
+        if !s.procs[proc].alive {
+            return;
+        }
+        if graceful && s.procs[proc].running(s.t) {
+            self.harnesses[h].release(&mut s);
+        }
+        s.procs[proc].alive = false;
+        self.harnesses[h].leader = false;
+    }
+
     pub(super) fn kill(&mut self, w: usize) {
+        // The desktop's children go with it (its process group).
+        self.end_child(w, false);
         let proc = self.windows[w].proc;
         lock(&self.m).procs[proc].alive = false;
         // Dropped without a shutdown: the kernel releases its locks.

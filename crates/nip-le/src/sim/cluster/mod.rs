@@ -54,6 +54,8 @@ enum Ev {
     Rejoin(ProcId),
     /// A window's etcd contender runs a step (if this is still its latest).
     Contender(ProcId, u64),
+    /// A window (its process) starts an agent harness child with its id.
+    StartChild(ProcId),
 }
 
 /// One window.
@@ -64,6 +66,8 @@ struct Window {
     rx: broadcast::Receiver<LeadershipChange>,
     app: App,
     extended: bool,
+    /// Its agent harness child, if any (index in [`Sim::harnesses`]).
+    child: Option<usize>,
 }
 
 /// One run.
@@ -260,7 +264,12 @@ impl Sim {
             rx,
             app,
             extended,
+            child: None,
         });
+        if extended && self.opts.mix.children {
+            let t = self.now().max(self.suspended_until);
+            self.push(t, Ev::StartChild(proc));
+        }
         // A window that starts learns the holder's record only now: its
         // hang timer starts here.
         let t = self.now();
@@ -278,6 +287,24 @@ impl Sim {
             s.t.max(s.procs[proc].stopped_until)
         };
         self.schedule(proc, at);
+    }
+
+    /// Window `proc` starts an agent harness child with its id (if the
+    /// window still runs and has none).
+    fn start_child(&mut self, proc: ProcId) {
+        let Some(w) = self.window_of(proc) else {
+            return;
+        };
+        let alive = lock(&self.m).procs[proc].alive;
+        let has = self.windows[w]
+            .child
+            .is_some_and(|h| lock(&self.m).procs[self.harnesses[h].proc].alive);
+        if !alive || self.windows[w].writer.is_none() || has {
+            return;
+        }
+        let id = lock(&self.m).procs[proc].instance_id.clone();
+        self.start_harness(id);
+        self.windows[w].child = Some(self.harnesses.len() - 1);
     }
 
     fn start_harness(&mut self, id: String) {
@@ -514,6 +541,7 @@ impl Sim {
             Ev::Start(id, extended) => self.start_window(id, extended),
             Ev::Rejoin(proc) => self.rejoin(proc),
             Ev::Contender(proc, gen) => self.contender_due(proc, gen),
+            Ev::StartChild(proc) => self.start_child(proc),
         }
     }
 
