@@ -4,7 +4,7 @@
 # counts the seeds of the CI budget that find it: a defect of one host's
 # election against the one-host runs (300 extended + 250 mixed), a defect
 # of the etcd contender against the runs across hosts (100 fall-back + 60
-# stay-silent); 120 s each, without file and clock faults. Not part of the test
+# stay-silent); 120 s each, without file, clock and child faults. Not part of the test
 # command: it builds the CLI once per defect (a few minutes in all).
 #
 #   bash scripts/sim-teeth.sh                 # every defect
@@ -56,7 +56,7 @@ for d in "${defects[@]}"; do
     flags=(--cluster "$cluster")
     [ -z "$policy" ] || flags+=(--policy "$policy")
     out=$("$CARGO_TARGET_DIR/debug/nip-le" sim "${flags[@]}" --seeds "$seeds" --seconds 120 \
-      --without files,clocks 2>/dev/null || true)
+      --without files,clocks,children 2>/dev/null || true)
     n=$(grep -c 'failed:' <<<"$out" || true)
     first=$(grep -m1 'failed:' <<<"$out" || true)
     echo "$d, $cluster${policy:+ $policy}: $n of $seeds seeds fail; first: ${first:-none}"

@@ -16,6 +16,8 @@ pub enum Cluster {
     Extended,
     /// Extended and spec windows beside a harness peer: leadership only.
     Mixed,
+    /// Spec-mode windows only: leadership, and how often claims win.
+    Spec,
     /// Hosts of two extended windows each on one simulated etcd (`--hosts`,
     /// `--policy`): the real contenders, link faults between hosts and
     /// etcd, never two holders of the key, no silence, every mention
@@ -110,6 +112,7 @@ impl SimArgs {
         let mut o = match self.cluster {
             Cluster::Extended => Options::extended(self.seconds),
             Cluster::Mixed => Options::mixed(self.seconds),
+            Cluster::Spec => Options::spec(self.seconds),
             Cluster::Hosts => HostsOptions::new(self.seconds).per_host,
         };
         for k in &self.without {
@@ -201,6 +204,9 @@ pub struct Summary {
     pub faults: u64,
     /// Mentions answered.
     pub answered: u64,
+    /// Claims made, and honoured (the claimant acted within the
+    /// stand-down).
+    pub claims: (u64, u64),
     /// Across hosts: see [`Across`].
     pub across: Option<Across>,
 }
@@ -232,6 +238,8 @@ pub fn run_seeds(args: &SimArgs) -> Summary {
         sum.seeds += 1;
         sum.faults += out.faults;
         sum.answered += out.answered;
+        sum.claims.0 += out.claims;
+        sum.claims.1 += out.claims_honoured;
         sum.simulated += Duration::from_secs(args.seconds);
         if args.verbose {
             println!(
@@ -315,6 +323,12 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
         sum.failed.len(),
         speed
     );
+    if sum.claims.0 > 0 {
+        println!(
+            "claims: {} made, {} honoured (the claimant acted within the stand-down)",
+            sum.claims.0, sum.claims.1
+        );
+    }
     if let Some(a) = sum.across {
         println!(
             "across hosts: {} mentions answered on two hosts, {} twice on one host, {} never, {} ms with two hosts acting (fall-back)",

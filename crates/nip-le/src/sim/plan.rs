@@ -204,6 +204,18 @@ impl Options {
         }
     }
 
+    /// Spec-mode windows only (the NIP's letter): leadership invariants,
+    /// and how often a claimant wins the lock its holder released.
+    pub fn spec(seconds: u64) -> Self {
+        Self {
+            extended: 0,
+            spec: 3,
+            harnesses: 0,
+            mention_every_ms: 0,
+            ..Self::extended(seconds)
+        }
+    }
+
     /// Whether every mention must be answered exactly once: only extended
     /// windows take part.
     pub fn exactly_once(&self) -> bool {

@@ -7,6 +7,7 @@ impl Sim {
         if self.violation.is_some() {
             return;
         }
+        self.check_claims();
         let mut acting = Vec::new();
         let mut able = false;
         // The earliest an able window can have known the record it would
@@ -82,6 +83,33 @@ impl Sim {
             self.quiet_from.max(known_since),
             bound,
         );
+    }
+
+    /// A claim is honoured when its claimant holds the lock and acts within
+    /// the stand-down
+    /// (no invariant: under the plain NIP a bystander may win the released
+    /// lock; the rate is what the budget checks).
+    fn check_claims(&mut self) {
+        if self.claims_open.is_empty() {
+            return;
+        }
+        let t = self.now();
+        let stand_down = self.opts.stand_down.as_nanos() as u64;
+        let open = std::mem::take(&mut self.claims_open);
+        let holder = lock(&self.m)
+            .files
+            .get(&self.pk)
+            .and_then(|f| f.content().record().map(|r| r.instance_id.clone()));
+        for (w, at) in open {
+            let id = lock(&self.m).procs[self.windows[w].proc]
+                .instance_id
+                .clone();
+            if self.acting_window(w) && holder.as_deref() == Some(id.as_str()) {
+                self.claims.1 += 1;
+            } else if t <= at + stand_down {
+                self.claims_open.push((w, at));
+            }
+        }
     }
 
     pub(super) fn silence_bound(&self, t: u64) -> u64 {

@@ -134,6 +134,12 @@ impl Sim {
             Fault::Claim => {
                 if let Some(w) = pick(self) {
                     self.last_claim = t;
+                    // A claim by the window that acts already proves
+                    // nothing.
+                    if !acting.contains(&w) {
+                        self.claims.0 += 1;
+                        self.claims_open.push((w, t));
+                    }
                     let pk = self.pk;
                     let _ = self.call(w, |r| Command::Claim(pk, r));
                     self.broadcast_frame(w, 0.0, 0.0);

@@ -107,6 +107,10 @@ pub struct Sim {
     rounds_run: u64,
     /// The same instant's rounds in a row, and that instant.
     same_instant: (u32, u64),
+    /// Claims not yet honoured: the claimant's window and when.
+    claims_open: Vec<(usize, u64)>,
+    /// Claims made and honoured.
+    claims: (u64, u64),
 }
 
 /// What one run found.
@@ -130,6 +134,10 @@ pub struct Outcome {
     pub longest_silence_ns: u64,
     /// Writer rounds run.
     pub rounds: u64,
+    /// Claims made (a window's user claimed the agent).
+    pub claims: u64,
+    /// Of which the claimant acted within the stand-down.
+    pub claims_honoured: u64,
 }
 
 impl Sim {
@@ -178,6 +186,8 @@ impl Sim {
             host,
             rounds_run: 0,
             same_instant: (0, u64::MAX),
+            claims_open: Vec::new(),
+            claims: (0, 0),
         };
         sim.setup();
         sim
@@ -459,6 +469,8 @@ impl Sim {
             stale_cache_ns: self.checker.tally.stale_cache_ns,
             longest_silence_ns: self.checker.tally.longest_silence_ns,
             rounds: self.rounds_run,
+            claims: self.claims.0,
+            claims_honoured: self.claims.1,
         }
     }
 
