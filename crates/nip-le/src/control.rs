@@ -97,7 +97,7 @@ impl ControlResult {
 }
 
 /// A local lead request, read from `<pubkey>.claim`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LeadRequest {
     /// Always `claim_leadership`.

@@ -22,7 +22,7 @@ use crate::liveness::Liveness;
 use crate::record::{ClaimedAt, LockContent};
 
 /// Why a claim may be taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TakeReason {
     /// No file, empty file (released), or unreadable content.
     Free,

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 pub const MAX_FIELD_BYTES: usize = 255;
 
 /// This process's host and boot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Here {
     /// The host name, when it can be read.
     pub host: Option<String>,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_RECORD_BYTES: usize = 4096;
 
 /// When the current holder claimed the lock, as far as the record says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ClaimedAt {
     /// A parseable instant.
     At(SystemTime),
@@ -84,7 +84,7 @@ fn truncate_for_display(s: &str) -> String {
 }
 
 /// A well-formed lock record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LockRecord {
     /// Election id of the holder; the only field the read side uses.
     pub instance_id: String,
@@ -108,7 +108,7 @@ pub struct LockRecord {
 }
 
 /// What a lock file holds, classified.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LockContent {
     /// No file at the path.
     Absent,

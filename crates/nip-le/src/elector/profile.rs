@@ -5,7 +5,7 @@
 use crate::config::Mode;
 
 /// The components of the election a mode turns on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Profile {
     /// Our presence lock, named by our records, and the presence rules for
     /// the records of others (a live holder is never evicted for a slept

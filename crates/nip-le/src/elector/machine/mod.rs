@@ -32,20 +32,22 @@ use super::types::ChangeReason;
 
 pub(crate) mod announce;
 mod conclude;
+#[cfg(test)]
+mod model;
 mod step;
 
 pub(crate) use step::Input;
 
 /// The time, as the machine sees it: a monotonic instant for every interval
 /// we measure ourselves, and the wall clock for `claimed_at`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Now {
     pub mono: Instant,
     pub wall: SystemTime,
 }
 
 /// The timings and the components the rules follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Rules {
     /// Which extensions are on (see [`Profile`]).
     pub profile: Profile,
@@ -92,7 +94,7 @@ impl Rules {
 }
 
 /// What started an evaluation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Cause {
     /// The first look after joining: always reported.
     Join,
@@ -113,7 +115,7 @@ pub(crate) trait Probes {
 }
 
 /// Our outstanding claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct PendingClaim {
     until: Instant,
     /// The nonce of our local lead request, once written.
@@ -121,7 +123,7 @@ struct PendingClaim {
 }
 
 /// What the last look saw.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub(crate) enum Observed {
     /// No look yet.
     #[default]
@@ -142,7 +144,7 @@ impl Observed {
 }
 
 /// A step-down that `begin` decided on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct StepDown {
     pub reason: ChangeReason,
     /// The instance the lock should go to, when one asked for it.
@@ -152,7 +154,7 @@ pub(crate) struct StepDown {
 }
 
 /// The outcome of [`KeyMachine::begin`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Begin {
     /// A fresh local lead request names another instance.
     pub other_wants_it: bool,
@@ -161,7 +163,7 @@ pub(crate) struct Begin {
 }
 
 /// How to look at the lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Look {
     /// Read-decide-write under the store's exclusion.
     Acquire {
@@ -176,7 +178,7 @@ pub(crate) enum Look {
 }
 
 /// What the store did under its exclusion, for `decide`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Write {
     /// Leave the file as it is.
     Keep,
@@ -187,7 +189,7 @@ pub(crate) enum Write {
 }
 
 /// What a look found, for `conclude`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Seen {
     /// The content after the look, or why it could not be read.
     pub content: Result<LockContent, String>,
@@ -203,7 +205,7 @@ pub(crate) struct Seen {
 }
 
 /// How the self-fencing deadline changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Validity {
     /// Unchanged.
     Keep,
@@ -217,7 +219,7 @@ pub(crate) enum Validity {
 }
 
 /// The outcome of an evaluation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Conclusion {
     pub leader: bool,
     pub reason: ChangeReason,
@@ -230,8 +232,9 @@ pub(crate) struct Conclusion {
     pub remove_request: Option<String>,
 }
 
-/// One key's election state, owned by the writer.
-#[derive(Debug)]
+/// One key's election state, owned by the writer. (Clone, Eq and Hash
+/// for the model check: its states are sets of machines.)
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct KeyMachine {
     rules: Rules,
     our_id: Arc<str>,

@@ -148,7 +148,7 @@ impl Decision {
 }
 
 /// An evaluation in progress.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct Evaluation {
     cause: Cause,
     request: Option<LeadRequest>,
