@@ -106,6 +106,20 @@ pub struct SimArgs {
     pub with: Vec<ExtraKind>,
 }
 
+/// The flag values of `kinds`, comma-separated.
+fn names<T: ValueEnum>(kinds: &[T]) -> String {
+    let names: Vec<String> = kinds
+        .iter()
+        .map(|k| {
+            k.to_possible_value()
+                .expect("no skipped values")
+                .get_name()
+                .to_owned()
+        })
+        .collect();
+    names.join(",")
+}
+
 impl SimArgs {
     /// The options of one seed.
     pub fn options(&self) -> Options {
@@ -153,17 +167,7 @@ impl SimArgs {
             self.seconds
         );
         if !self.without.is_empty() {
-            let kinds: Vec<String> = self
-                .without
-                .iter()
-                .map(|k| {
-                    k.to_possible_value()
-                        .expect("no skipped values")
-                        .get_name()
-                        .to_owned()
-                })
-                .collect();
-            f += &format!(" --without {}", kinds.join(","));
+            f += &format!(" --without {}", names(&self.without));
         }
         if self.cluster == Cluster::Hosts {
             let policy = self.policy.to_possible_value().expect("no skipped values");
@@ -172,17 +176,7 @@ impl SimArgs {
                 f += " --strict-once";
             }
             if !self.with.is_empty() {
-                let kinds: Vec<String> = self
-                    .with
-                    .iter()
-                    .map(|k| {
-                        k.to_possible_value()
-                            .expect("no skipped values")
-                            .get_name()
-                            .to_owned()
-                    })
-                    .collect();
-                f += &format!(" --with {}", kinds.join(","));
+                f += &format!(" --with {}", names(&self.with));
             }
         }
         f

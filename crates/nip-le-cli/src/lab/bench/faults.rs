@@ -104,15 +104,17 @@ impl Bench {
         if twice > 0 {
             row.shortfall(v, format!("{twice} answered twice during the hold"));
         }
+        // Expected in extended mode too: the holder cannot renew during
+        // the hold, so it fences itself at its last write's deadline and
+        // this row's instances (which answer on arrival, without a queue)
+        // miss what arrives after it. A window working its queue through
+        // the ledger answers those once the hold ends (`lock_holds.rs`).
         if answered < ids.len() {
-            row.shortfall(
-                v,
-                format!(
-                    "{} of {} missed during the hold",
-                    ids.len() - answered,
-                    ids.len()
-                ),
-            );
+            row.notes.push(format!(
+                "{} of {} missed during the hold (fenced)",
+                ids.len() - answered,
+                ids.len()
+            ));
         }
         wait_until(self.cfg.stale, || others_led(&insts, &cursors, leader) > 0);
         if others_led(&insts, &cursors, leader) > 0 {

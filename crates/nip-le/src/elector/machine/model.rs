@@ -112,6 +112,18 @@ struct World {
     handed: bool,
 }
 
+/// What the store does with a write: the file, and the epoch mark.
+fn store(file: &mut LockContent, floor: &mut u64, write: Write) {
+    match write {
+        Write::Put(_, r) => {
+            *floor = (*floor).max(r.epoch.unwrap_or(0));
+            *file = LockContent::Record(r);
+        }
+        Write::Clear => *file = LockContent::Empty,
+        Write::Keep => {}
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Action {
     Look(usize),
@@ -203,14 +215,7 @@ impl Elections {
             probes: &probes,
         };
         let (write, took) = win.m.step(locked, at).write();
-        match write {
-            Write::Put(_, r) => {
-                w.floor = w.floor.max(r.epoch.unwrap_or(0));
-                w.file = LockContent::Record(r);
-            }
-            Write::Clear => w.file = LockContent::Empty,
-            Write::Keep => {}
-        }
+        store(&mut w.file, &mut w.floor, write);
         let seen = Seen {
             content: Ok(w.file.clone()),
             took,
@@ -256,14 +261,7 @@ impl Elections {
             heir: heir.as_ref(),
         };
         let (write, _) = win.m.step(release, at).release();
-        match write {
-            Write::Put(_, r) => {
-                w.floor = w.floor.max(r.epoch.unwrap_or(0));
-                w.file = LockContent::Record(r);
-            }
-            Write::Clear => w.file = LockContent::Empty,
-            Write::Keep => {}
-        }
+        store(&mut w.file, &mut w.floor, write);
         let content = Ok(w.file.clone());
         w.windows[i].m.step(Input::Released(content), at);
     }

@@ -507,19 +507,23 @@ fn a_round_late_by_more_than_half_the_margin_is_a_pause_in_extended_mode_only() 
     );
 }
 
+/// A locked look at `f` with live probes.
+fn locked(f: &LockContent) -> Input<'_> {
+    Input::Locked {
+        content: f,
+        floor: 0,
+        token: Some(TOKEN),
+        probes: &ALIVE,
+    }
+}
+
 #[test]
 fn an_input_out_of_its_order_decides_nothing_and_writes_nothing() {
     let c = Clock::new();
     let mut m = machine(true, "me");
     let f = LockContent::Absent;
     assert_eq!(m.step(Input::Look, c.now()), Decision::Nothing);
-    let locked = Input::Locked {
-        content: &f,
-        floor: 0,
-        token: Some(TOKEN),
-        probes: &ALIVE,
-    };
-    assert_eq!(m.step(locked, c.now()).write(), (Write::Keep, None));
+    assert_eq!(m.step(locked(&f), c.now()).write(), (Write::Keep, None));
     let seen = failed_look(Ok(f.clone()), "none");
     assert_eq!(m.step(Input::Seen(seen), c.now()).conclusion(), None);
     // Begun but not looked: still nothing to write.
@@ -530,13 +534,7 @@ fn an_input_out_of_its_order_decides_nothing_and_writes_nothing() {
         },
         c.now(),
     );
-    let locked = Input::Locked {
-        content: &f,
-        floor: 0,
-        token: Some(TOKEN),
-        probes: &ALIVE,
-    };
-    assert_eq!(m.step(locked, c.now()).write(), (Write::Keep, None));
+    assert_eq!(m.step(locked(&f), c.now()).write(), (Write::Keep, None));
     assert!(!m.holds_lock());
 }
 

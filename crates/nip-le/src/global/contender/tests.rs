@@ -66,6 +66,14 @@ impl Clocks for ManualClock {
     }
 }
 
+/// A manual clock and an etcd whose leases expire on it.
+fn rig() -> (ManualClock, MemoryEtcd) {
+    let clock = ManualClock::new();
+    let c = clock.clone();
+    let etcd = MemoryEtcd::with_clock(Arc::new(move || Clock::now(&c)));
+    (clock, etcd)
+}
+
 /// An etcd a host can be cut off from.
 struct Cut {
     etcd: MemoryEtcd,
@@ -238,11 +246,7 @@ fn pump_all(hosts: &mut [&mut Host]) {
 
 #[test]
 fn of_two_host_leaders_one_acts_and_the_other_takes_over_at_once_when_it_steps_back() {
-    let clock = ManualClock::new();
-    let etcd = MemoryEtcd::with_clock(Arc::new({
-        let c = clock.clone();
-        move || Clock::now(&c)
-    }));
+    let (clock, etcd) = rig();
     let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::FallBack);
     let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
     a.lead(true, false);
@@ -265,11 +269,7 @@ fn of_two_host_leaders_one_acts_and_the_other_takes_over_at_once_when_it_steps_b
 
 #[test]
 fn a_cut_off_holder_stops_acting_before_its_lease_ends_and_only_then_another_host_takes_over() {
-    let clock = ManualClock::new();
-    let etcd = MemoryEtcd::with_clock(Arc::new({
-        let c = clock.clone();
-        move || Clock::now(&c)
-    }));
+    let (clock, etcd) = rig();
     let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::StaySilent);
     let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::StaySilent);
     a.lead(true, false);
@@ -305,11 +305,7 @@ fn a_cut_off_holder_stops_acting_before_its_lease_ends_and_only_then_another_hos
 
 #[test]
 fn a_cross_host_claim_moves_the_key_only_after_the_holders_writer_closed_its_permit() {
-    let clock = ManualClock::new();
-    let etcd = MemoryEtcd::with_clock(Arc::new({
-        let c = clock.clone();
-        move || Clock::now(&c)
-    }));
+    let (clock, etcd) = rig();
     let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::FallBack);
     let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
     a.lead(true, false);
@@ -339,11 +335,7 @@ fn a_cross_host_claim_moves_the_key_only_after_the_holders_writer_closed_its_per
 
 #[test]
 fn a_live_holder_is_not_displaced_and_its_shutdown_hands_the_agent_on() {
-    let clock = ManualClock::new();
-    let etcd = MemoryEtcd::with_clock(Arc::new({
-        let c = clock.clone();
-        move || Clock::now(&c)
-    }));
+    let (clock, etcd) = rig();
     let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::FallBack);
     a.lead(true, false);
     assert!(a.acts());
@@ -398,11 +390,7 @@ fn the_thread_shell_runs_the_task_and_stops() {
 /// on it, and another host took the key: two holders.
 #[test]
 fn a_granted_claims_lease_is_never_revoked_by_its_poster_once_it_backs_the_key() {
-    let clock = ManualClock::new();
-    let etcd = MemoryEtcd::with_clock(Arc::new({
-        let c = clock.clone();
-        move || Clock::now(&c)
-    }));
+    let (clock, etcd) = rig();
     let policy = WhenUnreachable::FallBack;
     let mut b = Host::new(&etcd, &clock, "b", policy);
     let mut a1 = Host::window(&etcd, &clock, "a", "aw1", policy);
@@ -449,11 +437,7 @@ fn a_granted_claims_lease_is_never_revoked_by_its_poster_once_it_backs_the_key()
 /// sibling, which still acted on it while another host took the key.
 #[test]
 fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
-    let clock = ManualClock::new();
-    let etcd = MemoryEtcd::with_clock(Arc::new({
-        let c = clock.clone();
-        move || Clock::now(&c)
-    }));
+    let (clock, etcd) = rig();
     let policy = WhenUnreachable::FallBack;
     let mut a0 = Host::window(&etcd, &clock, "a", "aw0", policy);
     let mut a1 = Host::window(&etcd, &clock, "a", "aw1", policy);
