@@ -39,13 +39,18 @@ FILE[no_fence]=$G/task.rs;               SUB[no_fence]='s/let safe = ttl - ttl \
 FILE[fallback_always]=$G/moves.rs;       SUB[fallback_always]='s/let fall_back = silent && e.leads && policy == WhenUnreachable::FallBack;/let fall_back = silent && e.leads;/'
 FILE[steal]=$G/moves.rs;                 SUB[steal]='s/if foreign_host && kv.lease != 0 \{/if false \&\& foreign_host \&\& kv.lease != 0 {/'
 FILE[early_handover]=$G/moves.rs;        SUB[early_handover]='s/self.tell_with\(pk, Some\(ChangeReason::StoodDown\), false, true\);/self.hand_over_confirmed(pk); self.tell_with(pk, Some(ChangeReason::StoodDown), false, false);/'
+# Found by the simulator across hosts (seeds 131 and 157): a granted
+# claim's lease revoked by its poster; a lease revoked under a sibling that
+# continued it, and a same-host claim handed over onto it.
+FILE[revoke_claim]=$G/moves.rs;          SUB[revoke_claim]='s/if e.claim_lease == Some\(kv.lease\) \{/if false {/; s/Ok\(Some\(kv\)\) if kv.lease == lease => \{\}/Ok(Some(kv)) if false \&\& kv.lease == lease => {}/'
+FILE[revoke_sibling]=$G/moves.rs;        SUB[revoke_sibling]='s/Some\(Some\(kv\)\) if kv.lease == lease && holder_of/Some(Some(kv)) if false \&\& kv.lease == lease \&\& holder_of/; s/\|\| claimant.host_id == self.cfg.host_id\n\s*//; s/if h.lease != claim.lease \{/if true {/'
 declare -A RUNS
-for d in no_fence fallback_always steal early_handover; do RUNS[$d]="hosts:fall-back:200 hosts:stay-silent:60"; done
+for d in no_fence fallback_always steal early_handover revoke_claim revoke_sibling; do RUNS[$d]="hosts:fall-back:200 hosts:stay-silent:60"; done
 # Latency only: no invariant breaks; the spec cluster's claims tell it.
 RUNS[spec_ticks]="extended::300 mixed::250 spec::300"
 
 defects=("$@")
-[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover)
+[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling)
 FILE[none]=; SUB[none]=
 RUNS[none]="extended::300 mixed::250 spec::300 hosts:fall-back:200 hosts:stay-silent:60"
 for d in "${defects[@]}"; do
