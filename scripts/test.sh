@@ -33,7 +33,7 @@ git diff --quiet -- api-iife.js || { echo "api-iife.js is stale: commit the outp
 npm test
 echo "== npm pack: dist-js, types and README, built by prepack"
 pack=$(npm pack --dry-run --json 2>/dev/null)
-for f in dist-js/index.js dist-js/index.cjs dist-js/index.d.ts dist-js/bindings/LeadershipChange.d.ts README.md package.json; do
+for f in dist-js/index.js dist-js/index.cjs dist-js/index.d.ts dist-js/bindings/LeadershipChange.d.ts README.md CHANGELOG.md LICENSE-MIT LICENSE-APACHE package.json; do
   grep -q "\"path\": \"$f\"" <<<"$pack" || { echo "npm pack is missing $f" >&2; exit 1; }
 done
 echo "== example app frontend (installs the API package from this checkout, as the README says)"
@@ -83,6 +83,15 @@ for d in $(grep -l 'registry/src/-' "$target_dir"/debug/deps/nip_le-*.d 2>/dev/n
   rm -rf "$target_dir/debug/.fingerprint/nip-le-${h%.d}"
 done
 cargo publish --dry-run --allow-dirty -p nip-le -p tauri-plugin-leader-election
+echo "== both crates package their license files (and the plugin its changelog)"
+for pkg in nip-le tauri-plugin-leader-election; do
+  list=$(cargo package --list --allow-dirty -p "$pkg")
+  for f in LICENSE-MIT LICENSE-APACHE; do
+    grep -qx "$f" <<<"$list" || { echo "cargo package -p $pkg is missing $f" >&2; exit 1; }
+  done
+done
+cargo package --list --allow-dirty -p tauri-plugin-leader-election | grep -qx CHANGELOG.md \
+  || { echo "cargo package of the plugin is missing CHANGELOG.md" >&2; exit 1; }
 
 echo "== cargo build of the example app"
 cargo build -p leader-election-example
