@@ -142,9 +142,9 @@ struct Elections {
 }
 
 /// What the probes see: pids and presence of live windows.
-struct Seen2<'a>(&'a [bool]);
+struct LiveProbes<'a>(&'a [bool]);
 
-impl Probes for Seen2<'_> {
+impl Probes for LiveProbes<'_> {
     fn pid(&self, p: u32) -> Liveness {
         let i = (p as usize).wrapping_sub(100);
         if self.0.get(i).copied().unwrap_or(false) {
@@ -153,8 +153,8 @@ impl Probes for Seen2<'_> {
             Liveness::Dead
         }
     }
-    fn presence(&self, token: &str) -> PeerPresence {
-        let alive = (0..self.0.len()).any(|i| self.0[i] && super::model::token(i) == token);
+    fn presence(&self, live: &str) -> PeerPresence {
+        let alive = (0..self.0.len()).any(|i| self.0[i] && token(i) == live);
         if alive {
             PeerPresence::Alive
         } else {
@@ -195,7 +195,7 @@ impl Elections {
     fn look(&self, w: &mut World, i: usize) {
         let at = now(w.t);
         let alive: Vec<bool> = w.windows.iter().map(|x| x.alive).collect();
-        let probes = Seen2(&alive);
+        let probes = LiveProbes(&alive);
         let holder_before = w.file.record().map(|r| r.instance_id.clone());
         let win = &mut w.windows[i];
         let request = None;

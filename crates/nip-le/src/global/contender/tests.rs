@@ -236,6 +236,22 @@ impl Host {
     }
 }
 
+/// Hosts `a` and `b`, both leading their host, `a` first: it holds the key.
+fn two_hosts(policy: WhenUnreachable) -> (ManualClock, MemoryEtcd, Host, Host) {
+    let (clock, etcd) = rig();
+    let mut a = Host::new(&etcd, &clock, "a", policy);
+    let mut b = Host::new(&etcd, &clock, "b", policy);
+    a.lead(true, false);
+    b.lead(true, false);
+    pump_all(&mut [&mut a, &mut b]);
+    (clock, etcd, a, b)
+}
+
+/// The agent's leader key under the default prefix.
+fn leader_key() -> String {
+    format!("/nip-le/{}/leader", pk())
+}
+
 fn pump_all(hosts: &mut [&mut Host]) {
     for _ in 0..3 {
         for h in hosts.iter_mut() {
@@ -246,12 +262,7 @@ fn pump_all(hosts: &mut [&mut Host]) {
 
 #[test]
 fn of_two_host_leaders_one_acts_and_the_other_takes_over_at_once_when_it_steps_back() {
-    let (clock, etcd) = rig();
-    let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::FallBack);
-    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
-    a.lead(true, false);
-    b.lead(true, false);
-    pump_all(&mut [&mut a, &mut b]);
+    let (clock, _etcd, mut a, mut b) = two_hosts(WhenUnreachable::FallBack);
     assert!(a.acts() && !b.acts(), "the first host leader holds the key");
     for _ in 0..50 {
         clock.advance(TTL / 10);
@@ -269,12 +280,7 @@ fn of_two_host_leaders_one_acts_and_the_other_takes_over_at_once_when_it_steps_b
 
 #[test]
 fn a_cut_off_holder_stops_acting_before_its_lease_ends_and_only_then_another_host_takes_over() {
-    let (clock, etcd) = rig();
-    let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::StaySilent);
-    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::StaySilent);
-    a.lead(true, false);
-    b.lead(true, false);
-    pump_all(&mut [&mut a, &mut b]);
+    let (clock, _etcd, mut a, mut b) = two_hosts(WhenUnreachable::StaySilent);
     assert!(a.acts());
     a.cut.store(true, Ordering::SeqCst);
     let (mut a_stopped, mut b_started) = (None, None);
@@ -305,18 +311,13 @@ fn a_cut_off_holder_stops_acting_before_its_lease_ends_and_only_then_another_hos
 
 #[test]
 fn a_cross_host_claim_moves_the_key_only_after_the_holders_writer_closed_its_permit() {
-    let (clock, etcd) = rig();
-    let mut a = Host::new(&etcd, &clock, "a", WhenUnreachable::FallBack);
-    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
-    a.lead(true, false);
-    b.lead(true, false);
-    pump_all(&mut [&mut a, &mut b]);
+    let (_clock, etcd, mut a, mut b) = two_hosts(WhenUnreachable::FallBack);
     assert!(a.acts());
     b.task.step(Some(Inbox::Claim(pk())));
     b.pump();
     // The holder sees the claim and asks its writer to stop acting; it
     // does not move the key before the confirmation.
-    let key = format!("/nip-le/{}/leader", pk());
+    let key = leader_key();
     let changes = etcd.changes_since("/nip-le/", a.cursor.start()).unwrap();
     for i in a.cursor.message(changes) {
         a.task.step(Some(i));
@@ -376,10 +377,7 @@ fn the_thread_shell_runs_the_task_and_stops() {
     }
     assert!(cell.is_leader(), "the shell's task took the free key");
     c.shutdown();
-    assert!(etcd
-        .get(&format!("/nip-le/{}/leader", pk()))
-        .unwrap()
-        .is_none());
+    assert!(etcd.get(&leader_key()).unwrap().is_none());
 }
 
 /// Found by the simulator (`nip-le sim --cluster hosts --seed 131`): a
@@ -407,7 +405,7 @@ fn a_granted_claims_lease_is_never_revoked_by_its_poster_once_it_backs_the_key()
     a1.lead(false, false);
     a0.lead(true, false);
     pump_all(&mut [&mut b, &mut a1, &mut a0, &mut c]);
-    let key = format!("/nip-le/{}/leader", pk());
+    let key = leader_key();
     let holder = holder_of(&etcd.get(&key).unwrap().expect("held"));
     assert_eq!(holder.host_id, "a", "the claim moved the key to host a");
     assert!(a0.acts() && !b.acts());
@@ -446,7 +444,7 @@ fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
     // aw1 leads host a too (fail-safe) and continues the lease; aw0's
     // watch has not brought that rewrite yet.
     a1.lead(true, false);
-    let key = format!("/nip-le/{}/leader", pk());
+    let key = leader_key();
     let kv = etcd.get(&key).unwrap().expect("held");
     assert_eq!(
         holder_of(&kv).instance_id,
