@@ -22,7 +22,7 @@ fn args(cluster: Cluster, seeds: u64, first: u64, without: Vec<FaultKind>) -> Si
 
 /// The fault kinds whose findings are still open.
 fn open_findings() -> Vec<FaultKind> {
-    vec![FaultKind::Files, FaultKind::Clocks, FaultKind::Children]
+    vec![FaultKind::Files, FaultKind::Clocks]
 }
 
 fn assert_clean(a: &SimArgs) -> Summary {
@@ -49,7 +49,10 @@ fn assert_clean(a: &SimArgs) -> Summary {
 
 /// Three extended windows working a queue, under process faults (kills,
 /// quits, stops, leaves), claims and relay frames, starvation and pid
-/// reuse, a peer hanging on the `flock`. File faults (ENOSPC and EIO lose
+/// reuse, a peer hanging on the `flock`, and agent harness children that
+/// share their windows' ids (rewriting the record every refresh,
+/// truncating it when they exit; before `same_id` 299 of 300 seeds failed
+/// with them). File faults (ENOSPC and EIO lose
 /// ledger lines today) and clock faults (wall steps, suspends) still find
 /// duplicates or two acting windows: they are the next issue's seeds (see
 /// docs/simulator.md).

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::epoch;
+use crate::epoch::{self, Mark};
 use crate::error::Result;
 use crate::lockfile::{self, LockedFile};
 use crate::pubkey::AgentPubkey;
@@ -35,11 +35,12 @@ pub(crate) trait LockStore: Send {
     fn read(&self) -> Result<LockContent>;
 
     /// Shows the current content to `decide` under the store's exclusion,
-    /// with the highest fencing epoch the store has issued for the key (0
-    /// when it keeps none), and carries out what it returns. The exclusion
+    /// with the store's epoch mark (the highest fencing epoch it has issued
+    /// for the key, 0 when it keeps none, and whether its holder released
+    /// it), and carries out what it returns. The exclusion
     /// is waited for at most the configured lock wait; on timeout nothing
     /// changes.
-    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated>;
+    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, Mark) -> Write) -> Result<Updated>;
 }
 
 /// The NIP's lock file, `<lock dir>/<pubkey>.lock`: the exclusive `flock` is
@@ -74,7 +75,7 @@ impl LockStore for FileStore {
         lockfile::read_unguarded(&self.path)
     }
 
-    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated> {
+    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, Mark) -> Write) -> Result<Updated> {
         lockfile::ensure_dir(&self.dir)?;
         let mut f = LockedFile::open_and_lock(&self.path, self.wait)?;
         let content = f.read()?;
@@ -84,8 +85,11 @@ impl LockStore for FileStore {
         // and a refresh reads no second file.
         let current = content.record().and_then(|r| r.epoch);
         let floor = match current {
-            Some(_) => 0,
-            None => self.floor.as_deref().map_or(0, epoch::read_floor),
+            Some(_) => Mark::default(),
+            None => self
+                .floor
+                .as_deref()
+                .map_or(Mark::default(), epoch::read_mark),
         };
         Ok(match decide(&content, floor) {
             Write::Keep => Updated {
@@ -94,7 +98,7 @@ impl LockStore for FileStore {
             },
             Write::Put(bytes, record) => {
                 let issued = record.epoch;
-                let known = current.unwrap_or(0).max(floor);
+                let known = current.unwrap_or(0).max(floor.epoch);
                 if let (Some(path), Some(e)) = (&self.floor, issued.filter(|e| *e > known)) {
                     // First the mark, then the record: a crash in between
                     // leaves a gap in the epochs, never a repeat. A mark we
@@ -109,7 +113,12 @@ impl LockStore for FileStore {
                     wrote: true,
                 }
             }
-            Write::Clear => {
+            Write::Clear(mark) => {
+                if let (Some(path), Some(e)) = (&self.floor, mark) {
+                    if let Err(err) = epoch::mark_released(path, e) {
+                        tracing::warn!("cannot raise the epoch mark {}: {err}", path.display());
+                    }
+                }
                 f.truncate()?;
                 Updated {
                     content: LockContent::Empty,

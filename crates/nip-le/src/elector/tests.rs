@@ -27,7 +27,10 @@ impl LockStore for Recording {
         self.note();
         self.inner.read()
     }
-    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated> {
+    fn update(
+        &mut self,
+        decide: &mut dyn FnMut(&LockContent, crate::epoch::Mark) -> Write,
+    ) -> Result<Updated> {
         self.note();
         self.inner.update(decide)
     }
@@ -91,7 +94,10 @@ impl LockStore for Failing {
     fn read(&self) -> Result<LockContent> {
         self.inner.read()
     }
-    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated> {
+    fn update(
+        &mut self,
+        decide: &mut dyn FnMut(&LockContent, crate::epoch::Mark) -> Write,
+    ) -> Result<Updated> {
         if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::io("lock", std::io::Error::other("injected EIO")));
         }
@@ -189,7 +195,10 @@ impl LockStore for Panicking {
     fn read(&self) -> Result<LockContent> {
         panic!("a bug in the store");
     }
-    fn update(&mut self, _decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated> {
+    fn update(
+        &mut self,
+        _decide: &mut dyn FnMut(&LockContent, crate::epoch::Mark) -> Write,
+    ) -> Result<Updated> {
         panic!("a bug in the store");
     }
 }

@@ -11,7 +11,13 @@
 //! {"op":"take","id":"<event id>","epoch":7,"by":"<election id>","at_ms":…}
 //! {"op":"done","id":"<event id>","epoch":7,"at_ms":…}
 //! {"op":"give_back","id":"<event id>","epoch":7,"at_ms":…}
+//! {"op":"held","epoch":7,"by":"<election id>","at_ms":…}
 //! ```
+//!
+//! A `held` line says that the holder `by` at `epoch` keeps this ledger:
+//! a successor that finds a record without an epoch naming `by` (its agent
+//! harness child's, see `elector::machine::same_id`) knows the ledger
+//! covers it, not a writer that answered without one.
 //!
 //! Rules ([`Index::verdict`]):
 //! * an event is **done** once a `done` line names it;
@@ -98,6 +104,16 @@ pub enum Op {
         /// When, unix ms.
         at_ms: u64,
     },
+    /// Extension: the holder `by` at `epoch` keeps this ledger (written
+    /// when it first leads at an epoch, and for the heir of a handoff).
+    Held {
+        /// The holder's fencing epoch.
+        epoch: u64,
+        /// The holder's election id.
+        by: String,
+        /// When, unix ms.
+        at_ms: u64,
+    },
     /// The turn was cancelled: the event is owed again.
     GiveBack {
         /// The event id.
@@ -113,11 +129,15 @@ impl Op {
     fn id(&self) -> &str {
         match self {
             Op::Take { id, .. } | Op::Done { id, .. } | Op::GiveBack { id, .. } => id,
+            Op::Held { by, .. } => by,
         }
     }
     fn at_ms(&self) -> u64 {
         match self {
-            Op::Take { at_ms, .. } | Op::Done { at_ms, .. } | Op::GiveBack { at_ms, .. } => *at_ms,
+            Op::Take { at_ms, .. }
+            | Op::Done { at_ms, .. }
+            | Op::GiveBack { at_ms, .. }
+            | Op::Held { at_ms, .. } => *at_ms,
         }
     }
     /// The line written for it.
@@ -164,6 +184,9 @@ pub struct Index {
     lines: usize,
     /// Highest epoch any line names.
     max_epoch: u64,
+    /// The holders that keep this ledger: the highest epoch of their
+    /// `held` lines, and when.
+    keepers: HashMap<String, (u64, u64)>,
 }
 
 impl Index {
@@ -195,9 +218,19 @@ impl Index {
             return;
         }
         let epoch = match op {
-            Op::Take { epoch, .. } | Op::Done { epoch, .. } | Op::GiveBack { epoch, .. } => *epoch,
+            Op::Take { epoch, .. }
+            | Op::Done { epoch, .. }
+            | Op::GiveBack { epoch, .. }
+            | Op::Held { epoch, .. } => *epoch,
         };
         self.max_epoch = self.max_epoch.max(epoch);
+        if let Op::Held { by, .. } = op {
+            if by.len() <= MAX_EVENT_ID_LEN {
+                let e = self.keepers.entry(by.clone()).or_insert((epoch, at_ms));
+                *e = (*e).max((epoch, at_ms));
+            }
+            return;
+        }
         let cur = self.entries.get(id).map(|e| e.state);
         let next = match (op, cur) {
             (_, Some(State::Done)) => None,
@@ -205,7 +238,7 @@ impl Index {
             (Op::Take { .. }, Some(State::Taken(e))) if e > epoch => None,
             (Op::Take { .. }, _) => Some(State::Taken(epoch)),
             (Op::GiveBack { .. }, Some(State::Taken(e))) if e == epoch => Some(State::GivenBack),
-            (Op::GiveBack { .. }, _) => None,
+            (Op::GiveBack { .. } | Op::Held { .. }, _) => None,
         };
         if let Some(state) = next {
             self.entries.insert(id.to_owned(), Entry { state, at_ms });
@@ -217,6 +250,17 @@ impl Index {
         let horizon =
             now_ms.saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
         self.entries.retain(|_, e| e.at_ms >= horizon);
+        self.keepers.retain(|_, (_, at_ms)| *at_ms >= horizon);
+    }
+
+    /// Whether the holder `by` keeps this ledger (a `held` line names it).
+    pub fn kept_by(&self, by: &str) -> bool {
+        self.keepers.contains_key(by)
+    }
+
+    /// Whether a `held` line names `by` at `epoch` or later.
+    pub fn kept_at(&self, by: &str, epoch: u64) -> bool {
+        self.keepers.get(by).is_some_and(|(e, _)| *e >= epoch)
     }
 
     /// The verdict on `id` for the holder at `epoch`.
@@ -287,6 +331,16 @@ impl Index {
                 },
                 // A given-back event is owed: nothing to remember.
                 State::GivenBack => continue,
+            };
+            out.extend(op.to_line());
+        }
+        let mut keepers: Vec<(&String, &(u64, u64))> = self.keepers.iter().collect();
+        keepers.sort();
+        for (by, &(epoch, at_ms)) in keepers {
+            let op = Op::Held {
+                epoch,
+                by: by.clone(),
+                at_ms,
             };
             out.extend(op.to_line());
         }
@@ -443,7 +497,7 @@ impl Ledger {
     pub fn compact(&mut self) -> Result<()> {
         let body = self.index.snapshot();
         self.storage.replace(&body)?;
-        self.index.lines = self.index.entries.len();
+        self.index.lines = self.index.entries.len() + self.index.keepers.len();
         Ok(())
     }
 }

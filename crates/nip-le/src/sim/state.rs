@@ -33,7 +33,7 @@ pub struct LockFile {
     /// write): these bytes land when its `flock` is released.
     pub pending: Option<Vec<u8>>,
     /// The epoch mark (`<pubkey>.epoch`).
-    pub mark: u64,
+    pub mark: crate::epoch::Mark,
 }
 
 impl LockFile {

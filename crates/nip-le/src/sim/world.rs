@@ -254,7 +254,10 @@ impl LockStore for SimStore {
             .map_or(LockContent::Absent, |f| f.content()))
     }
 
-    fn update(&mut self, decide: &mut dyn FnMut(&LockContent, u64) -> Write) -> Result<Updated> {
+    fn update(
+        &mut self,
+        decide: &mut dyn FnMut(&LockContent, crate::epoch::Mark) -> Write,
+    ) -> Result<Updated> {
         let (content, floor) = {
             let mut s = lock(&self.m);
             if s.faults.eio_until > s.t {
@@ -275,7 +278,7 @@ impl LockStore for SimStore {
             f.held_until = 0;
             let content = f.content();
             let floor = match content.record().and_then(|r| r.epoch) {
-                Some(_) => 0,
+                Some(_) => crate::epoch::Mark::default(),
                 None => f.mark,
             };
             (content, floor)
@@ -301,7 +304,7 @@ impl LockStore for SimStore {
             },
             Write::Put(bytes, record) => {
                 if let Some(e) = record.epoch {
-                    f.mark = f.mark.max(e);
+                    f.mark = f.mark.raised(e);
                 }
                 f.bytes = bytes;
                 f.exists = true;
@@ -310,7 +313,10 @@ impl LockStore for SimStore {
                     wrote: true,
                 }
             }
-            Write::Clear => {
+            Write::Clear(mark) => {
+                if let Some(e) = mark {
+                    f.mark = f.mark.released_at(e);
+                }
                 f.bytes.clear();
                 f.exists = true;
                 Updated {

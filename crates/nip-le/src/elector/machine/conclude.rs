@@ -19,6 +19,7 @@ impl KeyMachine {
         begin: &Begin,
         look: Look,
         seen: Seen,
+        now: std::time::Instant,
     ) -> Conclusion {
         let Seen {
             content,
@@ -38,14 +39,28 @@ impl KeyMachine {
                 }
             }
         }
-        self.holds_lock =
-            matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == *self.our_id);
+        // Extension: a file our harness child emptied (or is rewriting) is
+        // still ours (see [`super::same_id`]): the retry takes it back.
+        let vacated_ours = matches!(&content, Ok(c) if self.ours_vacated(c));
+        // A record our child took (from a holder that may still act, or
+        // from anyone) is ours only once we wrote ours over it, under the
+        // rules that protect that holder.
+        let childs_take = matches!(&content, Ok(c) if self.childs_record(c))
+            && !self.held_before
+            && took.is_none();
+        self.holds_lock = !self.same_id.vacated
+            && !childs_take
+            && (vacated_ours
+                || matches!(&content, Ok(LockContent::Record(r)) if r.instance_id == *self.our_id));
+        if let Ok(c) = &content {
+            self.remember_holders(c, now);
+        }
         // No record seen (unreadable, empty, malformed): no hang to time.
         // A past deadline kept from the last record woke the writer again
         // at once for as long as the file stayed unreadable (EIO: found by
         // the simulator); the record, once readable again, gets a fresh
         // window.
-        if !matches!(&content, Ok(LockContent::Record(_))) {
+        if !matches!(&content, Ok(LockContent::Record(_))) && !self.same_id.vacated {
             self.seen = None;
         }
         let validity = if !self.rules.profile.self_fencing {
@@ -96,9 +111,13 @@ impl KeyMachine {
         // While another instance's claim is pending and we do not hold the
         // lock, an emptied file means a handoff in progress, not "no
         // coordination": the fail-safe does not make us a leader then.
+        // Nor does a file a live holder's child emptied (see
+        // [`super::same_id`]): the holder takes it back.
         let leader = self.stand_down_until.is_none()
             && (self.holds_lock || !begin.other_wants_it)
-            && election::reads_as_leader(content.as_ref(), &self.our_id);
+            && !self.same_id.vacated
+            && !childs_take
+            && (vacated_ours || election::reads_as_leader(content.as_ref(), &self.our_id));
         self.observed = match content {
             Ok(c) => Observed::Content(c),
             Err(e) => Observed::Unreadable(e),
@@ -164,12 +183,14 @@ impl KeyMachine {
         now: Now,
         heir: Option<&Sibling>,
     ) -> (Write, bool) {
-        let ours = content
-            .record()
-            .is_some_and(|r| r.instance_id == *self.our_id);
+        let ours = self.ours_vacated(content)
+            || content
+                .record()
+                .is_some_and(|r| r.instance_id == *self.our_id);
         if !ours {
             return (Write::Keep, false);
         }
+        let mark = self.release_mark(content);
         match heir {
             Some(h) => {
                 let epoch = self.next_epoch(content);
@@ -183,16 +204,17 @@ impl KeyMachine {
                     LockContent::Record(r) => (Write::Put(bytes, r), true),
                     // A sibling's record that does not parse (an id no
                     // reader accepts): release as the NIP says instead.
-                    _ => (Write::Clear, true),
+                    _ => (Write::Clear(mark), true),
                 }
             }
-            None => (Write::Clear, true),
+            None => (Write::Clear(mark), true),
         }
     }
 
     /// Ends the step-down path with what the store holds now.
     pub(super) fn released(&mut self, result: Result<LockContent, String>) {
         self.holds_lock = false;
+        self.same_id.held_epoch = None;
         match result {
             Ok(c) => self.observed = Observed::Content(c),
             Err(e) => self.last_error = Some(e),

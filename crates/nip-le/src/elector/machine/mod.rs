@@ -27,15 +27,19 @@ use crate::liveness::Liveness;
 use crate::presence::PeerPresence;
 use crate::record::{encode_record_at, LockContent, LockRecord, RecordExt};
 
-use super::profile::Profile;
 use super::types::ChangeReason;
 
 pub(crate) mod announce;
 mod conclude;
 #[cfg(test)]
 mod model;
+mod rules;
+mod same_id;
+#[cfg(test)]
+mod same_id_tests;
 mod step;
 
+pub(crate) use rules::Rules;
 pub(crate) use step::Input;
 
 /// The time, as the machine sees it: a monotonic instant for every interval
@@ -44,53 +48,6 @@ pub(crate) use step::Input;
 pub(crate) struct Now {
     pub mono: Instant,
     pub wall: SystemTime,
-}
-
-/// The timings and the components the rules follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Rules {
-    /// Which extensions are on (see [`Profile`]).
-    pub profile: Profile,
-    pub refresh: Duration,
-    pub stale: Duration,
-    pub stand_down: Duration,
-}
-
-impl Rules {
-    /// Extension: whether a round of the writer's loop that began `gap`
-    /// after the last one means we were paused (or starved) and could not
-    /// look. The loop wakes at least once per refresh; the slack is half
-    /// the margin between refresh and stale, so any pause long enough to
-    /// make a live holder look hung is noticed. Every hang timer then
-    /// starts again ([`KeyMachine::restart_hang_timer`]), so that a cluster
-    /// paused and resumed together, in any order, keeps its leader.
-    pub(crate) fn paused(&self, gap: Duration) -> bool {
-        let slack = self.stale.saturating_sub(self.refresh) / 2;
-        self.profile.monotonic_hang && gap > self.refresh + slack
-    }
-
-    /// Ticks due within this much are run together: never much earlier,
-    /// or a spec claimant would tick just before the holder releases and
-    /// wait a whole interval more.
-    pub(crate) fn tick_slack(&self) -> Duration {
-        (self.refresh / 16).min(Duration::from_millis(10))
-    }
-
-    /// How soon a holder whose look found the `flock` held looks again: its
-    /// write must land as soon as the hold ends.
-    pub(crate) fn busy_retry(&self, lock_wait: Duration) -> Duration {
-        (lock_wait + Duration::from_millis(50)).min(self.refresh)
-    }
-
-    /// How long a leader's view stays valid after its own last write. A
-    /// little under the stale bound: observers replace a hung holder only
-    /// after the bound, measured from when they saw its last write, so the
-    /// leader fences itself before anyone may take over, whatever the coarse
-    /// clock's granularity.
-    pub(crate) fn validity(&self) -> Duration {
-        let margin = Duration::from_millis(50).min((self.stale.saturating_sub(self.refresh)) / 2);
-        self.stale.saturating_sub(margin)
-    }
 }
 
 /// What started an evaluation.
@@ -112,6 +69,9 @@ pub(crate) trait Probes {
     fn pid(&self, pid: u32) -> Liveness;
     /// Does the participant with this presence token still hold its lock?
     fn presence(&self, token: &str) -> PeerPresence;
+    /// Extension: does another participant with a presence take part in
+    /// this key (one of them may be a holder whose child emptied the file)?
+    fn others_present(&self) -> bool;
 }
 
 /// Our outstanding claim.
@@ -184,8 +144,10 @@ pub(crate) enum Write {
     Keep,
     /// Replace the content with these bytes, which encode `record`.
     Put(Vec<u8>, LockRecord),
-    /// Truncate to zero bytes (the NIP's release).
-    Clear,
+    /// Truncate to zero bytes (the NIP's release), first raising the
+    /// epoch mark to this (extension: it tells observers that the holder
+    /// released, not its child; see [`same_id`]).
+    Clear(Option<u64>),
 }
 
 /// What a look found, for `conclude`.
@@ -265,6 +227,8 @@ pub(crate) struct KeyMachine {
     evaluation: Option<step::Evaluation>,
     /// Our host and boot: a pid or a presence means something only there.
     here: Arc<Here>,
+    /// Extension: what writers sharing an id left (see [`same_id`]).
+    same_id: same_id::SameId,
 }
 
 impl KeyMachine {
@@ -287,11 +251,17 @@ impl KeyMachine {
             held_before: false,
             evaluation: None,
             here,
+            same_id: same_id::SameId::default(),
         }
     }
 
     pub(crate) fn holds_lock(&self) -> bool {
         self.holds_lock
+    }
+    /// The epoch of the record we hold, while we hold one with an epoch
+    /// (through a same-id child's rewrite too).
+    pub(crate) fn held_epoch(&self) -> Option<u64> {
+        self.same_id.held_epoch.filter(|_| self.holds_lock)
     }
     pub(crate) fn observed(&self) -> &Observed {
         &self.observed
@@ -395,11 +365,18 @@ impl KeyMachine {
             Some(reason) => {
                 let ext = match (self.rules.profile.epochs, token) {
                     (true, Some(live)) => {
-                        let epoch = if reason == TakeReason::Ours {
-                            record_epoch.unwrap_or(self.epoch)
-                        } else {
-                            self.next_epoch(content)
+                        // A record naming us keeps its epoch, and so does
+                        // our child's while no later epoch was issued (we
+                        // hold at ours); one our child took from someone
+                        // else is a change of holder.
+                        let kept = match reason {
+                            TakeReason::Ours => record_epoch.or(self
+                                .same_id
+                                .held_epoch
+                                .filter(|e| self.same_id.floor.is_some_and(|f| f.epoch <= *e))),
+                            _ => None,
                         };
+                        let epoch = kept.unwrap_or_else(|| self.next_epoch(content));
                         Some(RecordExt { epoch, live })
                     }
                     _ => None,
@@ -452,8 +429,15 @@ impl KeyMachine {
         if let Some(e) = content.record().and_then(|r| r.epoch) {
             self.epoch = self.epoch.max(e);
         }
+        // Extension: a file our harness child emptied is ours still, and
+        // its record is written back at once (see [`same_id`]).
+        if self.ours_vacated(content) {
+            return Some(TakeReason::Ours);
+        }
         match self.judge(content, now, probes) {
-            Takeable::Yes(TakeReason::Ours) => write_own.then_some(TakeReason::Ours),
+            Takeable::Yes(TakeReason::Ours) => {
+                (write_own || self.childs_record(content)).then_some(TakeReason::Ours)
+            }
             Takeable::Yes(reason) => may_take_others.then_some(reason),
             Takeable::No => None,
         }
@@ -467,6 +451,14 @@ impl KeyMachine {
             return election::takeable(content, &self.our_id, now.wall, self.rules.stale, |p| {
                 probes.pid(p)
             });
+        }
+        if self.vacated_by_holder(content, now.mono, probes) {
+            // Only under the exclusion does the epoch mark tell a child's
+            // truncation from the holder's release: look there first.
+            return match self.same_id.floor {
+                None => Takeable::Yes(TakeReason::Free),
+                Some(_) => Takeable::No,
+            };
         }
         let unchanged = self.unchanged_for(content, now.mono);
         if unchanged > self.rules.stale {
@@ -529,6 +521,9 @@ impl KeyMachine {
     pub(crate) fn hang_deadline(&self) -> Option<Instant> {
         if !self.rules.profile.monotonic_hang || self.holds_lock {
             return None;
+        }
+        if self.same_id.vacated {
+            return self.vacated_deadline();
         }
         let (r, since) = self.seen.as_ref()?;
         (r.instance_id != *self.our_id && r.live.is_some() && !self.record_judged())

@@ -9,6 +9,9 @@
 //! through [`KeyMachine::step`], atomic as the lock file's `flock` makes
 //! its locked part; the writer's part (the key cell's flag and validity,
 //! the release path) is played here in a few lines, as the writer does it.
+//! With children, each window also has an agent harness child with its id
+//! (`INTEROP.md`): it acquires by the NIP's rules, writing its own pid and
+//! none of our fields, and truncates the file when it exits.
 //!
 //! Checked in every reachable state: never two windows acting (leading
 //! within their validity) that each hold the lock in their own view; a
@@ -16,13 +19,15 @@
 //! absent or emptied: the NIP's fail-safe, duplicates over silence) is the
 //! NIP's accepted transient, as in the simulator. And, so that the check
 //! cannot pass by doing nothing, that a takeover from a crashed or stopped
-//! holder and a handoff are both reached.
+//! holder and a handoff are both reached (and, with children, that a
+//! holder takes back a file its child emptied).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
 use stateright::{Checker, Model, Property};
 
+use super::super::profile::Profile;
 use super::*;
 
 const MS: u64 = 1;
@@ -101,7 +106,7 @@ impl Window {
 struct World {
     t: u64,
     file: LockContent,
-    floor: u64,
+    floor: crate::epoch::Mark,
     windows: Vec<Window>,
     crashes: u8,
     releases: u8,
@@ -110,16 +115,25 @@ struct World {
     took_over: bool,
     /// Reached: a handoff confirmed by its heir.
     handed: bool,
+    /// Moves of the harness children so far (acquires and exits).
+    child_moves: u8,
+    /// Reached: a holder took back, at its epoch, a file its child emptied.
+    took_back: bool,
 }
 
 /// What the store does with a write: the file, and the epoch mark.
-fn store(file: &mut LockContent, floor: &mut u64, write: Write) {
+fn store(file: &mut LockContent, floor: &mut crate::epoch::Mark, write: Write) {
     match write {
         Write::Put(_, r) => {
-            *floor = (*floor).max(r.epoch.unwrap_or(0));
+            *floor = floor.raised(r.epoch.unwrap_or(0));
             *file = LockContent::Record(r);
         }
-        Write::Clear => *file = LockContent::Empty,
+        Write::Clear(mark) => {
+            if let Some(e) = mark {
+                *floor = floor.released_at(e);
+            }
+            *file = LockContent::Empty;
+        }
         Write::Keep => {}
     }
 }
@@ -132,6 +146,11 @@ enum Action {
     /// A look that could not read the file (EIO).
     Unreadable(usize),
     Crash(usize),
+    /// Window `i`'s harness child acquires, by the NIP's rules.
+    Child(usize),
+    /// Window `i`'s harness child exits gracefully: it truncates the file
+    /// if the record names its id.
+    ChildExit(usize),
     Release(usize),
     Advance,
 }
@@ -139,6 +158,8 @@ enum Action {
 struct Elections {
     windows: usize,
     until_ms: u64,
+    /// Each window has a harness child with its id.
+    children: bool,
 }
 
 /// What the probes see: pids and presence of live windows.
@@ -146,7 +167,9 @@ struct LiveProbes<'a>(&'a [bool]);
 
 impl Probes for LiveProbes<'_> {
     fn pid(&self, p: u32) -> Liveness {
-        let i = (p as usize).wrapping_sub(100);
+        // Windows are 100 + i, their harness children 200 + i (a child
+        // lives as long as its window: its process group).
+        let i = (p as usize).wrapping_sub(100) % 100;
         if self.0.get(i).copied().unwrap_or(false) {
             Liveness::Alive
         } else {
@@ -160,6 +183,9 @@ impl Probes for LiveProbes<'_> {
         } else {
             PeerPresence::Gone
         }
+    }
+    fn others_present(&self) -> bool {
+        self.0.iter().filter(|a| **a).count() > 1
     }
 }
 
@@ -197,6 +223,7 @@ impl Elections {
         let alive: Vec<bool> = w.windows.iter().map(|x| x.alive).collect();
         let probes = LiveProbes(&alive);
         let holder_before = w.file.record().map(|r| r.instance_id.clone());
+        let vacant_before = same_id::vacant(&w.file);
         let win = &mut w.windows[i];
         let request = None;
         win.m.step(
@@ -239,6 +266,32 @@ impl Elections {
             && c.reason == ChangeReason::HandedOver
         {
             w.handed = true;
+        }
+        if took == Some(crate::election::TakeReason::Ours) && vacant_before {
+            w.took_back = true;
+        }
+    }
+
+    /// Window `i`'s child acquires: empty or malformed, its own id, a dead
+    /// pid or a `claimed_at` past the stale bound; then an in-place write
+    /// of its own record.
+    fn child(&self, w: &mut World, i: usize) {
+        let alive: Vec<bool> = w.windows.iter().map(|x| x.alive).collect();
+        let id = format!("w{i}");
+        let at = now(w.t).wall;
+        let takeable = crate::election::takeable(&w.file, &id, at, rules().stale, |p| {
+            LiveProbes(&alive).pid(p)
+        });
+        if matches!(takeable, Takeable::Yes(_)) {
+            let bytes = crate::record::encode_record(&id, 200 + i as u32, at, None);
+            w.file = LockContent::parse(&bytes);
+        }
+    }
+
+    fn child_exit(&self, w: &mut World, i: usize) {
+        let id = format!("w{i}");
+        if w.file.record().is_some_and(|r| r.instance_id == id) {
+            w.file = LockContent::Empty;
         }
     }
 
@@ -283,12 +336,14 @@ impl Model for Elections {
         vec![World {
             t: 0,
             file: LockContent::Absent,
-            floor: 0,
+            floor: crate::epoch::Mark::default(),
             windows,
             crashes: 0,
             releases: 0,
             took_over: false,
             handed: false,
+            child_moves: 0,
+            took_back: false,
         }]
     }
 
@@ -305,6 +360,10 @@ impl Model for Elections {
             }
             if w.releases < 1 && win.m.holds_lock() {
                 actions.push(Action::Release(i));
+            }
+            if self.children && w.child_moves < 2 {
+                actions.push(Action::Child(i));
+                actions.push(Action::ChildExit(i));
             }
         }
         if w.t < self.until_ms {
@@ -326,6 +385,14 @@ impl Model for Elections {
                 self.release(&mut w, i);
                 w.releases += 1;
             }
+            Action::Child(i) => {
+                self.child(&mut w, i);
+                w.child_moves += 1;
+            }
+            Action::ChildExit(i) => {
+                self.child_exit(&mut w, i);
+                w.child_moves += 1;
+            }
             Action::Advance => w.t += TICK_MS,
         }
         Some(w)
@@ -345,18 +412,26 @@ impl Model for Elections {
                 |_, w: &World| w.took_over,
             ),
             Property::sometimes("a handoff confirmed by its heir", |_, w: &World| w.handed),
+            Property::sometimes(
+                "a holder takes back what its child emptied (with children)",
+                |m: &Elections, w: &World| !m.children || w.took_back,
+            ),
         ]
     }
 }
 
 /// Runs the check to its end (never past `cap` states: a bound that grew
 /// the space beyond it fails loudly instead of eating the machine).
-fn check(windows: usize, until_ms: u64, cap: usize) -> usize {
-    let checker = Elections { windows, until_ms }
-        .checker()
-        .target_state_count(cap)
-        .spawn_bfs()
-        .join();
+fn check(windows: usize, until_ms: u64, children: bool, cap: usize) -> usize {
+    let checker = Elections {
+        windows,
+        until_ms,
+        children,
+    }
+    .checker()
+    .target_state_count(cap)
+    .spawn_bfs()
+    .join();
     checker.assert_properties();
     let states = checker.unique_state_count();
     assert!(states < cap, "not exhaustive: {states} states");
@@ -365,14 +440,21 @@ fn check(windows: usize, until_ms: u64, cap: usize) -> usize {
 
 #[test]
 fn two_windows_never_act_together_in_any_interleaving() {
-    let states = check(2, 25_000, 2_000_000);
+    let states = check(2, 25_000, false, 2_000_000);
     eprintln!("two windows: {states} states");
     assert!(states > 1000, "{states}");
 }
 
 #[test]
 fn three_windows_never_act_together_in_any_interleaving() {
-    let states = check(3, 15_000, 3_000_000);
+    let states = check(3, 15_000, false, 3_000_000);
     eprintln!("three windows: {states} states");
+    assert!(states > 1000, "{states}");
+}
+
+#[test]
+fn two_windows_with_harness_children_never_act_together_in_any_interleaving() {
+    let states = check(2, 20_000, true, 3_000_000);
+    eprintln!("two windows with children: {states} states");
     assert!(states > 1000, "{states}");
 }

@@ -27,6 +27,7 @@
 
 use crate::control::LeadRequest;
 use crate::election::TakeReason;
+use crate::epoch::Mark;
 use crate::presence::Sibling;
 use crate::record::LockContent;
 
@@ -53,7 +54,7 @@ pub(crate) enum Input<'a> {
     /// our presence token.
     Locked {
         content: &'a LockContent,
-        floor: u64,
+        floor: Mark,
         token: Option<&'a str>,
         probes: &'a dyn Probes,
     },
@@ -66,7 +67,7 @@ pub(crate) enum Input<'a> {
     /// the file names us, to `heir` if a live sibling takes it.
     Release {
         content: &'a LockContent,
-        floor: u64,
+        floor: Mark,
         heir: Option<&'a Sibling>,
     },
     /// What the store holds after the step-down.
@@ -161,6 +162,8 @@ impl KeyMachine {
     pub(crate) fn step(&mut self, input: Input<'_>, now: Now) -> Decision {
         match input {
             Input::Evaluate { cause, request } => {
+                self.same_id.floor = None;
+                self.same_id.vacated = false;
                 let begin = self.begin(now, request);
                 let step_down = begin.step_down.clone();
                 self.evaluation = Some(Evaluation {
@@ -194,7 +197,8 @@ impl KeyMachine {
                 token,
                 probes,
             } => {
-                self.raise_epoch_floor(floor);
+                self.raise_epoch_floor(floor.epoch);
+                self.same_id.floor = Some(floor);
                 match self.current_look() {
                     Some(look) => {
                         let (w, t) = self.decide(content, now, look, token, probes);
@@ -209,7 +213,7 @@ impl KeyMachine {
                     begin,
                     look: Some(look),
                     ..
-                }) => Decision::Concluded(self.conclude(cause, &begin, look, seen)),
+                }) => Decision::Concluded(self.conclude(cause, &begin, look, seen, now.mono)),
                 _ => Decision::Nothing,
             },
             Input::StepDown => {
@@ -221,7 +225,8 @@ impl KeyMachine {
                 floor,
                 heir,
             } => {
-                self.raise_epoch_floor(floor);
+                self.raise_epoch_floor(floor.epoch);
+                self.same_id.floor = Some(floor);
                 let (w, r) = self.decide_release(content, now, heir);
                 Decision::Release(w, r)
             }

@@ -1,13 +1,14 @@
 //! The key machine's unit tests, on an injected clock and an in-memory file.
 
+use super::super::profile::Profile;
 use super::step::Decision;
 use super::*;
 use crate::presence::Sibling;
 use crate::record::ClaimedAt;
 
-const STALE: Duration = Duration::from_secs(10);
+pub(super) const STALE: Duration = Duration::from_secs(10);
 
-fn rules(extended: bool) -> Rules {
+pub(super) fn rules(extended: bool) -> Rules {
     Rules {
         profile: Profile::of(if extended {
             crate::config::Mode::Extended
@@ -20,7 +21,7 @@ fn rules(extended: bool) -> Rules {
     }
 }
 
-struct Fixed(Liveness, PeerPresence);
+pub(super) struct Fixed(pub(super) Liveness, pub(super) PeerPresence);
 impl Probes for Fixed {
     fn pid(&self, _: u32) -> Liveness {
         self.0
@@ -28,35 +29,38 @@ impl Probes for Fixed {
     fn presence(&self, _: &str) -> PeerPresence {
         self.1
     }
+    fn others_present(&self) -> bool {
+        self.1 == PeerPresence::Alive
+    }
 }
-const ALIVE: Fixed = Fixed(Liveness::Alive, PeerPresence::Alive);
+pub(super) const ALIVE: Fixed = Fixed(Liveness::Alive, PeerPresence::Alive);
 
 /// A clock the tests move by hand.
-struct Clock {
+pub(super) struct Clock {
     base: Instant,
     wall0: SystemTime,
     at: Duration,
 }
 impl Clock {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             base: Instant::now(),
             wall0: SystemTime::now(),
             at: Duration::ZERO,
         }
     }
-    fn now(&self) -> Now {
+    pub(super) fn now(&self) -> Now {
         Now {
             mono: self.base + self.at,
             wall: self.wall0 + self.at,
         }
     }
-    fn advance(&mut self, d: Duration) {
+    pub(super) fn advance(&mut self, d: Duration) {
         self.at += d;
     }
 }
 
-fn machine(extended: bool, id: &str) -> KeyMachine {
+pub(super) fn machine(extended: bool, id: &str) -> KeyMachine {
     let here = Here {
         host: Some("test-host".into()),
         boot: Some("test-boot".into()),
@@ -64,11 +68,16 @@ fn machine(extended: bool, id: &str) -> KeyMachine {
     KeyMachine::new(rules(extended), Arc::from(id), 42, Arc::new(here))
 }
 
-const TOKEN: &str = "42-0123456789abcdef";
+pub(super) const TOKEN: &str = "42-0123456789abcdef";
 
 /// Begins an evaluation through the machine's one entry point; returns
 /// the look (this helper does not step down).
-fn begin_look(m: &mut KeyMachine, now: Now, cause: Cause, request: Option<&LeadRequest>) -> Look {
+pub(super) fn begin_look(
+    m: &mut KeyMachine,
+    now: Now,
+    cause: Cause,
+    request: Option<&LeadRequest>,
+) -> Look {
     let begun = m.step(Input::Evaluate { cause, request }, now);
     assert!(
         begun.step_down().is_none(),
@@ -78,13 +87,13 @@ fn begin_look(m: &mut KeyMachine, now: Now, cause: Cause, request: Option<&LeadR
 }
 
 /// Ends it with what the look saw.
-fn conclude_with(m: &mut KeyMachine, now: Now, seen: Seen) -> Conclusion {
+pub(super) fn conclude_with(m: &mut KeyMachine, now: Now, seen: Seen) -> Conclusion {
     m.step(Input::Seen(seen), now)
         .conclusion()
         .expect("an evaluation was in progress")
 }
 
-fn other(wall: SystemTime, live: Option<&str>) -> LockContent {
+pub(super) fn other(wall: SystemTime, live: Option<&str>) -> LockContent {
     LockContent::Record(LockRecord {
         instance_id: "other".into(),
         pid: 7,
@@ -109,7 +118,7 @@ fn evaluate(
     let look = begin_look(m, now, cause, request);
     let locked = Input::Locked {
         content: file,
-        floor: 0,
+        floor: crate::epoch::Mark::default(),
         token: Some(TOKEN),
         probes,
     };
@@ -119,7 +128,7 @@ fn evaluate(
             assert_eq!(LockContent::parse(&b), LockContent::Record(r));
             *file = LockContent::parse(&b)
         }
-        Write::Clear => *file = LockContent::Empty,
+        Write::Clear(_) => *file = LockContent::Empty,
         Write::Keep => {}
     }
     let seen = Seen {
@@ -194,7 +203,7 @@ fn failed_look(content: Result<LockContent, String>, error: &str) -> Seen {
 }
 
 /// A locked look that timed out because a peer held the exclusion.
-fn busy_look(m: &mut KeyMachine, file: &LockContent, now: Now) -> Conclusion {
+pub(super) fn busy_look(m: &mut KeyMachine, file: &LockContent, now: Now) -> Conclusion {
     begin_look(m, now, Cause::Tick, None);
     let seen = Seen {
         content: Ok(file.clone()),
@@ -263,7 +272,7 @@ fn a_takeover_that_could_not_be_written_leaves_no_hang_deadline_behind() {
     begin_look(&mut m, c.now(), Cause::Wake, None);
     let locked = Input::Locked {
         content: &f,
-        floor: 0,
+        floor: crate::epoch::Mark::default(),
         token: Some(TOKEN),
         probes: &gone,
     };
@@ -347,7 +356,7 @@ fn holder_stands_down_once_per_request_and_bystanders_do_not_take_the_free_lock(
     holder.step_down(c.now());
     holder.serve_request(sd.nonce);
     let (w, released) = holder.decide_release(&f, c.now(), None);
-    assert!(released && w == Write::Clear);
+    assert!(released && matches!(w, Write::Clear(_)));
     holder.released(Ok(LockContent::Empty));
     f = LockContent::Empty;
     assert_eq!(
@@ -511,7 +520,7 @@ fn a_round_late_by_more_than_half_the_margin_is_a_pause_in_extended_mode_only() 
 fn locked(f: &LockContent) -> Input<'_> {
     Input::Locked {
         content: f,
-        floor: 0,
+        floor: crate::epoch::Mark::default(),
         token: Some(TOKEN),
         probes: &ALIVE,
     }

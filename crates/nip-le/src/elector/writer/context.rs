@@ -137,4 +137,9 @@ impl Probes for FileProbes<'_> {
             .or_insert_with(|| self.ctx.world.probe_holder(token))
             .in_election(self.pubkey)
     }
+    fn others_present(&self) -> bool {
+        self.ctx
+            .token()
+            .is_some_and(|t| !self.ctx.world.live_siblings(self.pubkey, t).is_empty())
+    }
 }

@@ -46,9 +46,9 @@ pub(super) struct Key {
     pub(super) watch: Option<Option<String>>,
     /// Since when (unix ms) we lead, while we do.
     pub(super) leader_since: Option<u64>,
-    /// What our last write replaced (to tell a predecessor that kept a
-    /// ledger from one that did not).
-    pub(super) replaced: Option<LockContent>,
+    /// Whether our last take replaced a writer that kept no work ledger
+    /// (see [`KeyMachine::ledgerless`]).
+    pub(super) replaced_ledgerless: Option<Option<String>>,
     /// Extension: the work ledger, while we hold the lock at an epoch.
     pub(super) work: Option<WorkState>,
     /// What was announced last (see [`Announcer`]).
@@ -212,14 +212,14 @@ impl Key {
                 };
                 let (w, t) = m.step(locked, ctx.world.now()).write();
                 if t.is_some() {
-                    before = Some(content.clone());
+                    before = Some(m.ledgerless(content));
                 }
                 took = t;
                 w
             })
         });
         if before.is_some() {
-            self.replaced = before;
+            self.replaced_ledgerless = before;
         }
         match result {
             Ok(u) => (
@@ -319,7 +319,11 @@ impl Key {
         if released {
             match &heir {
                 Some(h) => {
-                    tracing::info!(pubkey = %self.pubkey, heir = %h.instance_id, "handed the lock over")
+                    tracing::info!(pubkey = %self.pubkey, heir = %h.instance_id, "handed the lock over");
+                    let epoch = result.as_ref().ok().and_then(|c| c.record()?.epoch);
+                    if let (Some(e), true) = (epoch, ctx.rules.profile.ledger) {
+                        self.handed_to(ctx, &h.instance_id, e);
+                    }
                 }
                 None => tracing::info!(pubkey = %self.pubkey, "released the lock"),
             }

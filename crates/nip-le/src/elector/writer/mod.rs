@@ -304,7 +304,7 @@ impl Writer {
             next_tick: self.ctx.world.now().mono + self.ctx.rules.refresh,
             watch: None,
             leader_since: None,
-            replaced: None,
+            replaced_ledgerless: None,
             work: None,
             announcer: Default::default(),
             told_upper: false,

@@ -4,7 +4,6 @@
 
 use crate::error::Error;
 use crate::ledger::{self, Ledger, Op, Verdict};
-use crate::record::LockContent;
 
 use super::super::types::{QueuedEvent, TakeOutcome};
 use super::context::Ctx;
@@ -20,15 +19,14 @@ impl Key {
             self.leader_since = None;
             self.global_since = None;
             self.work = None;
-            self.replaced = None;
+            self.replaced_ledgerless = None;
             return;
         }
         self.leader_since
             .get_or_insert_with(|| unix_ms(ctx.world.now().wall));
-        let epoch = match self.m.observed().record() {
-            Some(r) if ctx.rules.profile.ledger && self.m.holds_lock() => r.epoch,
-            _ => None,
-        };
+        // The epoch we hold at, through a same-id child's record too: a
+        // child's rewrite is not a change of holder and costs no ledger.
+        let epoch = self.m.held_epoch().filter(|_| ctx.rules.profile.ledger);
         let Some(epoch) = epoch else {
             self.work = None;
             return;
@@ -36,24 +34,44 @@ impl Key {
         if self.work.as_ref().is_some_and(|w| w.epoch == epoch) {
             return;
         }
-        let ledgerless_before = matches!(
-            &self.replaced,
-            Some(LockContent::Record(r)) if r.epoch.is_none() && r.instance_id != ctx.our_id.as_ref()
-        );
         let now_ms = unix_ms(ctx.world.now().wall);
         let storage = ctx.world.ledger(&self.pubkey);
-        let ledger = match Ledger::open(storage, now_ms, ctx.config.work_retention) {
+        let mut ledger = match Ledger::open(storage, now_ms, ctx.config.work_retention) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(pubkey = %self.pubkey, "dispatching without the work ledger: {e}");
                 None
             }
         };
+        // A predecessor's record without an epoch is a writer without a
+        // ledger, unless it is the harness child of a window that keeps
+        // one: a `held` line names it (see `ledger`), or it takes part in
+        // this key with a presence now.
+        let ledgerless_before = self.replaced_ledgerless.take().flatten().is_some_and(|by| {
+            ledger.as_ref().is_none_or(|l| !l.index.kept_by(&by))
+                && !ctx.token().is_some_and(|t| {
+                    (ctx.world.live_siblings(&self.pubkey, t).iter()).any(|s| s.instance_id == by)
+                })
+        });
+        if let Some(l) = ledger.as_mut() {
+            held(l, &self.pubkey, epoch, &ctx.our_id, now_ms);
+        }
         self.work = Some(WorkState {
             epoch,
             ledgerless_before,
             ledger,
         });
+    }
+
+    /// Extension: the heir of our handoff keeps this ledger at `epoch` (its
+    /// harness child's record, if that is what a successor finds, is
+    /// covered by it).
+    pub(super) fn handed_to(&mut self, ctx: &Ctx, heir: &str, epoch: u64) {
+        let now_ms = unix_ms(ctx.world.now().wall);
+        let storage = ctx.world.ledger(&self.pubkey);
+        if let Ok(mut l) = Ledger::open(storage, now_ms, ctx.config.work_retention) {
+            held(&mut l, &self.pubkey, epoch, heir, now_ms);
+        }
     }
 
     /// Stepping down (release, stand-down, leave, shutdown) ends every turn
@@ -173,9 +191,10 @@ impl Key {
             return true;
         };
         match &mut op {
-            Op::Take { epoch, .. } | Op::Done { epoch, .. } | Op::GiveBack { epoch, .. } => {
-                *epoch = w.epoch
-            }
+            Op::Take { epoch, .. }
+            | Op::Done { epoch, .. }
+            | Op::GiveBack { epoch, .. }
+            | Op::Held { epoch, .. } => *epoch = w.epoch,
         }
         let Some(l) = w.ledger.as_mut() else {
             return true;
@@ -208,5 +227,20 @@ impl Key {
             }
             None => ledger::owed(events, None, 0, Some(since)),
         }
+    }
+}
+
+/// Appends the `held` line of `by` at `epoch`, unless the ledger has it.
+fn held(l: &mut Ledger, pubkey: &crate::pubkey::AgentPubkey, epoch: u64, by: &str, now_ms: u64) {
+    if l.index.kept_at(by, epoch) {
+        return;
+    }
+    let op = Op::Held {
+        epoch,
+        by: by.to_owned(),
+        at_ms: now_ms,
+    };
+    if let Err(e) = l.append(&op) {
+        tracing::warn!(%pubkey, "cannot note the holder in the work ledger: {e}");
     }
 }
