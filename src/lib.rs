@@ -234,7 +234,7 @@ impl Builder {
         let config = self.config()?;
         let id = match &self.election_id {
             Some(id) => nip_le::InstanceId::new(id.clone()).map_err(nip_le::Error::from)?,
-            None => nip_le::InstanceId::from_env_or_random(),
+            None => nip_le::InstanceId::from_env().map_err(nip_le::Error::from)?,
         };
         let parse = |list: &[String]| {
             list.iter()

@@ -27,6 +27,16 @@ pub enum InstanceIdError {
     /// Contains a control character (would corrupt line-oriented logs).
     #[error("election id must not contain control characters")]
     ControlChar,
+    /// Contains `"` or `\\`: Buzz's agent harness writes the id into its
+    /// JSON unescaped, so every record a harness child of this window
+    /// wrote would be malformed (and every reader would lead).
+    #[error(
+        "election id must not contain {0:?}: the agent harness writes it into its lock record unescaped"
+    )]
+    Unescaped(char),
+    /// `BUZZ_INSTANCE_ELECTION_ID` is set but is not a usable id.
+    #[error("{ELECTION_ID_ENV} is set but unusable: {0}")]
+    Inherited(Box<InstanceIdError>),
 }
 
 /// A per-window election identity. Compared byte for byte with the record's
@@ -37,7 +47,8 @@ pub struct InstanceId(String);
 
 impl InstanceId {
     /// Uses `id` verbatim after checking it is non-empty, bounded and free of
-    /// control characters.
+    /// control characters, `"` and `\\` (the characters JSON would escape,
+    /// which the agent harness does not; see INTEROP.md).
     pub fn new(id: impl Into<String>) -> Result<Self, InstanceIdError> {
         let id = id.into();
         if id.trim().is_empty() {
@@ -49,6 +60,9 @@ impl InstanceId {
         if id.chars().any(char::is_control) {
             return Err(InstanceIdError::ControlChar);
         }
+        if let Some(c) = id.chars().find(|c| matches!(c, '"' | '\\')) {
+            return Err(InstanceIdError::Unescaped(c));
+        }
         Ok(Self(id))
     }
 
@@ -57,16 +71,17 @@ impl InstanceId {
         Self(uuid::Uuid::new_v4().to_string())
     }
 
-    /// The id from `BUZZ_INSTANCE_ELECTION_ID` when it is set and valid,
-    /// otherwise a fresh UUID v4. An invalid inherited value is logged and
-    /// ignored rather than silently sharing a broken identity.
-    pub fn from_env_or_random() -> Self {
+    /// The id from `BUZZ_INSTANCE_ELECTION_ID` when it is set, otherwise a
+    /// fresh UUID v4. A value that is set but unusable (not UTF-8, or
+    /// refused by [`InstanceId::new`]) is an error: a window that minted
+    /// another id would silently stop being the instance its parent meant.
+    pub fn from_env() -> Result<Self, InstanceIdError> {
         match std::env::var(ELECTION_ID_ENV) {
-            Ok(v) => Self::new(v).unwrap_or_else(|e| {
-                tracing::warn!("ignoring {ELECTION_ID_ENV}: {e}");
-                Self::random()
-            }),
-            Err(_) => Self::random(),
+            Ok(v) => Self::new(v).map_err(|e| InstanceIdError::Inherited(Box::new(e))),
+            Err(std::env::VarError::NotPresent) => Ok(Self::random()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(InstanceIdError::Inherited(Box::new(
+                InstanceIdError::ControlChar,
+            ))),
         }
     }
 
@@ -109,6 +124,16 @@ mod tests {
         assert_eq!(InstanceId::new(""), Err(InstanceIdError::Empty));
         assert_eq!(InstanceId::new("  "), Err(InstanceIdError::Empty));
         assert_eq!(InstanceId::new("a\nb"), Err(InstanceIdError::ControlChar));
+        assert_eq!(
+            InstanceId::new("a\"b"),
+            Err(InstanceIdError::Unescaped('"'))
+        );
+        assert_eq!(
+            InstanceId::new("a\\b"),
+            Err(InstanceIdError::Unescaped('\\'))
+        );
+        // Everything else JSON leaves alone is fine, Unicode included.
+        assert!(InstanceId::new("win 1/é-{x}:'y'").is_ok());
         assert!(matches!(
             InstanceId::new("x".repeat(257)),
             Err(InstanceIdError::TooLong(257))

@@ -28,7 +28,7 @@
 //! ```no_run
 //! use nip_le::{AgentPubkey, Config, Elector, InstanceId};
 //!
-//! let elector = Elector::start(Config::default_from_env()?, InstanceId::from_env_or_random())?;
+//! let elector = Elector::start(Config::default_from_env()?, InstanceId::from_env()?)?;
 //! let agent = AgentPubkey::parse(&"ab".repeat(32))?;
 //! elector.join(&agent)?;
 //! if elector.is_leader(&agent) {

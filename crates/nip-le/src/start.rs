@@ -10,7 +10,7 @@ use crate::identity::InstanceId;
 
 impl Elector {
     /// Validates `config` and starts the writer thread. `id` is this
-    /// window's election id (see [`InstanceId::from_env_or_random`]).
+    /// window's election id (see [`InstanceId::from_env`]).
     pub fn start(config: Config, id: InstanceId) -> Result<Self> {
         let stores = Elector::file_stores(&config);
         let upper = upper_level(&config, &id);

@@ -103,7 +103,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     config.validate()?;
     let id = match a.instance_id {
         Some(s) => InstanceId::new(s)?,
-        None => InstanceId::from_env_or_random(),
+        None => InstanceId::from_env()?,
     };
 
     let (tx, rx) = mpsc::channel::<Msg>();

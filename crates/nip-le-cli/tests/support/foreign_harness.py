@@ -24,6 +24,9 @@ p.add_argument("--pubkey", required=True)
 p.add_argument("--instance-id", required=True)
 p.add_argument("--refresh-ms", type=int, default=5000)
 p.add_argument("--stale-ms", type=int, default=10000)
+# Tests only: append a line to this file after every write of ours (our
+# record may be overwritten again before a test can read it).
+p.add_argument("--log-writes", default=None)
 a = p.parse_args()
 path = os.path.join(a.lock_dir, a.pubkey + ".lock")
 os.makedirs(a.lock_dir, exist_ok=True)
@@ -83,6 +86,9 @@ def acquire():
             os.lseek(fd, 0, os.SEEK_SET)
             os.ftruncate(fd, 0)
             os.write(fd, body.encode())
+            if a.log_writes:
+                with open(a.log_writes, "a") as log:
+                    log.write("wrote\n")
     finally:
         os.close(fd)
 

@@ -77,6 +77,11 @@ impl Scratch {
 
     /// The independent Python writer, with its own id.
     pub fn spawn_foreign(&self, name: &str, id: &str) -> Instance {
+        self.spawn_foreign_with(name, id, &[])
+    }
+
+    /// The same, with more arguments (`--log-writes PATH`).
+    pub fn spawn_foreign_with(&self, name: &str, id: &str, extra: &[&str]) -> Instance {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/foreign_harness.py");
         let mut c = Command::new("python3");
         c.arg(script)
@@ -90,6 +95,7 @@ impl Scratch {
             .arg(REFRESH_MS.to_string())
             .arg("--stale-ms")
             .arg(STALE_MS.to_string())
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
