@@ -113,12 +113,22 @@ export async function take(pubkey: string, eventId: string): Promise<TakeOutcome
   return await invoke<TakeOutcome>(cmd('take'), { pubkey, eventId })
 }
 
-/** Work ledger: the reply to `eventId` was sent. Call it right after sending. Resolves to `false` when this window no longer leads. */
+/**
+ * Work ledger: the reply to `eventId` was sent. Call it right after sending,
+ * whatever the leadership is by then: the window that took the event may
+ * record it although leadership moved while the reply was on its way.
+ * Resolves to `false` when this window neither took it nor leads.
+ */
 export async function done(pubkey: string, eventId: string): Promise<boolean> {
   return await invoke<boolean>(cmd('done'), { pubkey, eventId })
 }
 
-/** Work ledger: the turn for `eventId` was cancelled; it is owed again, to whoever leads. */
+/**
+ * Work ledger: the turn for `eventId` was cancelled; it is owed again, to
+ * whoever leads. Until then the event stays in flight with this window
+ * (nobody else is owed it); a page that reloads or closes gives its takes
+ * back by itself.
+ */
 export async function giveBack(pubkey: string, eventId: string): Promise<void> {
   await invoke<null>(cmd('give_back'), { pubkey, eventId })
 }

@@ -6,7 +6,7 @@
 //! * every command that changes something is `async` and waits for the
 //!   engine's writer on the blocking pool, never on the main thread.
 
-use tauri::{command, AppHandle, Runtime};
+use tauri::{command, AppHandle, Runtime, Webview};
 
 use crate::error::{Error, Result};
 use crate::models::Status;
@@ -79,10 +79,19 @@ pub(crate) async fn handle_control_frame<R: Runtime>(
 #[command]
 pub(crate) async fn take<R: Runtime>(
     app: AppHandle<R>,
+    webview: Webview<R>,
     pubkey: String,
     event_id: String,
 ) -> Result<TakeOutcome> {
-    blocking(&app, pubkey, move |le, pubkey| le.take(&pubkey, &event_id)).await
+    let label = webview.label().to_owned();
+    blocking(&app, pubkey, move |le, pubkey| {
+        let outcome = le.take(&pubkey, &event_id)?;
+        if matches!(outcome, TakeOutcome::Granted { .. }) {
+            le.page_took(&label, &pubkey, &event_id);
+        }
+        Ok(outcome)
+    })
+    .await
 }
 
 #[command]
@@ -91,7 +100,11 @@ pub(crate) async fn done<R: Runtime>(
     pubkey: String,
     event_id: String,
 ) -> Result<bool> {
-    blocking(&app, pubkey, move |le, pubkey| le.done(&pubkey, &event_id)).await
+    blocking(&app, pubkey, move |le, pubkey| {
+        le.turn_ended(&pubkey, &event_id);
+        le.done(&pubkey, &event_id)
+    })
+    .await
 }
 
 #[command]
@@ -101,6 +114,7 @@ pub(crate) async fn give_back<R: Runtime>(
     event_id: String,
 ) -> Result<()> {
     blocking(&app, pubkey, move |le, pubkey| {
+        le.turn_ended(&pubkey, &event_id);
         le.give_back(&pubkey, &event_id)
     })
     .await

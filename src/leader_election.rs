@@ -28,6 +28,8 @@ pub struct LeaderElection {
     /// The agents webviews may act on: the launch agents and the builder's
     /// allow-list. Everything else is denied to them.
     webview_agents: Arc<[AgentPubkey]>,
+    /// The takes of each webview's page (see [`crate::turns`]).
+    turns: Arc<crate::turns::Turns>,
 }
 
 fn key(pubkey: &str) -> Result<AgentPubkey> {
@@ -48,6 +50,7 @@ impl LeaderElection {
             elector: Arc::new(elector),
             launch_agents: launch_agents.into(),
             webview_agents: webview_agents.into(),
+            turns: Arc::default(),
         }
     }
 
@@ -140,6 +143,32 @@ impl LeaderElection {
     /// [`Work::give_back`]).
     pub fn give_back(&self, pubkey: &str, event_id: &str) -> Result<()> {
         Ok(self.work(pubkey)?.give_back(event_id)?)
+    }
+
+    /// A webview's page took `event_id` (the `take` command): the take
+    /// ends with the page, see [`LeaderElection::page_gone`].
+    pub(crate) fn page_took(&self, webview: &str, pubkey: &str, event_id: &str) {
+        self.turns.took(webview, pubkey, event_id);
+    }
+
+    /// The turn on `event_id` ended (the `done` or `give_back` command).
+    pub(crate) fn turn_ended(&self, pubkey: &str, event_id: &str) {
+        self.turns.ended(pubkey, event_id);
+    }
+
+    /// The page in webview `label` is gone (reloaded, navigated away or
+    /// closed; the plugin calls this itself on page load and on a closed
+    /// window): every event it took and did not finish is given back, owed
+    /// again at once. Returns how many. Waits for the engine's writer:
+    /// call it off the main thread.
+    pub fn page_gone(&self, label: &str) -> usize {
+        let takes = self.turns.forget(label);
+        for (pubkey, id) in &takes {
+            if let Err(e) = self.give_back(pubkey, id) {
+                tracing::warn!(%pubkey, "cannot give back a take of a page that is gone: {e}");
+            }
+        }
+        takes.len()
     }
 
     /// Of `queue`, the events this window must dispatch now (see

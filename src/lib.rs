@@ -40,6 +40,7 @@ mod commands;
 mod error;
 mod leader_election;
 mod models;
+mod turns;
 
 pub use error::{Error, ErrorKind, LeaderElectionError, Result};
 pub use leader_election::{read_side, LeaderElection};
@@ -274,14 +275,34 @@ impl Builder {
                 app.manage(le);
                 Ok(())
             })
-            .on_event(|app, event| {
-                if let RunEvent::Exit = event {
+            // A take ends with the page that took it (see `turns`).
+            .on_page_load(|webview, payload| {
+                if payload.event() == tauri::webview::PageLoadEvent::Started {
+                    page_gone(webview.app_handle(), webview.label());
+                }
+            })
+            .on_event(|app, event| match event {
+                RunEvent::Exit => {
                     if let Some(le) = app.try_state::<LeaderElection>() {
                         le.shutdown();
                     }
                 }
+                RunEvent::WindowEvent {
+                    label,
+                    event: tauri::WindowEvent::Destroyed,
+                    ..
+                } => page_gone(app, label),
+                _ => {}
             })
             .build()
+    }
+}
+
+/// Gives back the takes of webview `label`'s page, off the main thread.
+fn page_gone<R: Runtime>(app: &tauri::AppHandle<R>, label: &str) {
+    if let Some(le) = app.try_state::<LeaderElection>() {
+        let (le, label) = (le.inner().clone(), label.to_owned());
+        tauri::async_runtime::spawn_blocking(move || le.page_gone(&label));
     }
 }
 

@@ -262,15 +262,19 @@ fn errors_are_typed_never_panics() {
     assert_eq!(e["kind"], "notJoined");
     // A missing argument is Tauri's own error, still not a panic.
     assert!(w.invoke("is_leader", json!({})).is_err());
-    // Nothing but our lock file, its epoch mark and our presence file in
-    // the lock dir: the hostile keys touched no file.
+    // Nothing but our lock file, its epoch mark, its work ledger (the
+    // leader's `held` line) and our presence file in the lock dir: the
+    // hostile keys touched no file.
     for entry in std::fs::read_dir(tmp.path()).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         // Our presence: the shared slot file (Linux) or a file of our own.
         let presence =
             name == "presence.live" || nip_le::presence::departed_token_of_name(&name).is_some();
         assert!(
-            name == format!("{KEY}.lock") || name == format!("{KEY}.epoch") || presence,
+            name == format!("{KEY}.lock")
+                || name == format!("{KEY}.epoch")
+                || name == format!("{KEY}.work")
+                || presence,
             "unexpected file {name}"
         );
     }
@@ -391,6 +395,27 @@ fn bad_builder_config_fails_setup_with_a_clear_error() {
         0,
         "a failed setup wrote files"
     );
+}
+
+#[test]
+fn a_take_ends_with_the_page_that_took_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = window(tmp.path(), "window-1", &[KEY]);
+    let queue = json!({"pubkey": KEY, "queue": [{"id": "e1"}, {"id": "e2"}]});
+    let take = |id: &str| w.invoke("take", json!({"pubkey": KEY, "eventId": id}));
+    assert_eq!(take("e1").unwrap()["outcome"], "granted");
+    assert_eq!(take("e2").unwrap()["outcome"], "granted");
+    assert!(
+        w.invoke("done", json!({"pubkey": KEY, "eventId": "e2"}))
+            .unwrap()
+            == true
+    );
+    assert_eq!(w.invoke("owed", queue.clone()).unwrap(), json!([]));
+    // The page reloads mid-turn (the plugin does this on page load and
+    // on a closed window): its unfinished take is given back, owed now.
+    assert_eq!(w.app.leader_election().page_gone("main"), 1);
+    assert_eq!(w.invoke("owed", queue.clone()).unwrap(), json!(["e1"]));
+    assert_eq!(w.app.leader_election().page_gone("main"), 0, "once");
 }
 
 #[test]

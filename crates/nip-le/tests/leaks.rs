@@ -65,7 +65,8 @@ fn threads_and_fds_stay_flat_across_join_leave_and_return_after_shutdown() {
     assert_eq!(t3, t0, "threads after shutdown");
     assert_eq!(f3, f0, "open files after shutdown");
     // Nothing of ours is left in the lock directory but the lock file, its
-    // epoch mark and the shared presence file, whose slots are all free.
+    // epoch mark, the work ledger (the leader's `held` line) and the shared
+    // presence file, whose slots are all free.
     let mut names: Vec<String> = std::fs::read_dir(tmp.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -76,6 +77,7 @@ fn threads_and_fds_stay_flat_across_join_leave_and_return_after_shutdown() {
         vec![
             format!("{}.epoch", k.as_str()),
             format!("{}.lock", k.as_str()),
+            format!("{}.work", k.as_str()),
             "presence.live".to_owned()
         ]
     );

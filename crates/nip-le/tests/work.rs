@@ -78,7 +78,7 @@ fn only_the_leader_takes_and_completes_and_each_event_once() {
 }
 
 #[test]
-fn a_claim_moves_the_in_flight_turn_to_the_new_leader() {
+fn a_claim_leaves_the_in_flight_turn_with_its_taker_until_it_gives_it_back() {
     let tmp = tempfile::tempdir().unwrap();
     let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
     let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
@@ -92,16 +92,58 @@ fn a_claim_moves_the_in_flight_turn_to_the_new_leader() {
     b.claim(&pk()).unwrap();
     assert!(wait_until(|| wb.may_act()), "b never led");
     assert!(!wa.may_act());
-    // a's turn was cancelled: it can neither complete nor take.
-    assert!(!wa.done("in-flight").unwrap());
+    // a takes nothing more; its turn is still in flight (its reply may be
+    // on its way), so b does not owe it yet.
     assert_eq!(wa.take("new").unwrap(), TakeOutcome::NotLeader);
-    // b owes what a had in flight and what was never taken, not what was done.
     let queue = q(&["done-before", "in-flight", "new"]);
+    assert_eq!(wb.owed(&queue).unwrap(), vec!["new"]);
+    assert_eq!(wb.take("in-flight").unwrap(), TakeOutcome::AlreadyTaken);
+    // a's app cancels the turn (the change said `mustCancelTurn`): owed.
+    wa.give_back("in-flight").unwrap();
     assert_eq!(wb.owed(&queue).unwrap(), vec!["in-flight", "new"]);
     let e2 = granted_epoch(wb.take("in-flight").unwrap());
     assert!(e2 > e1, "a new holder takes at a higher epoch");
     assert!(wb.done("in-flight").unwrap());
     assert_eq!(wb.owed(&queue).unwrap(), vec!["new"]);
+}
+
+#[test]
+fn a_reply_sent_while_leadership_moved_is_recorded_and_never_owed_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    a.join(&pk()).unwrap();
+    b.join(&pk()).unwrap();
+    let (wa, wb) = (a.work(&pk()).unwrap(), b.work(&pk()).unwrap());
+    granted_epoch(wa.take("sending").unwrap());
+    b.claim(&pk()).unwrap();
+    assert!(wait_until(|| wb.may_act()), "b never led");
+    // a's reply reached the relay after the claim: its done still counts.
+    assert!(wa.done("sending").unwrap(), "the taker's done is accepted");
+    assert!(!wa.done("never-taken").unwrap(), "nothing else is");
+    wb.give_back("sending").unwrap(); // not b's to give back: nothing
+    assert!(wb.owed(&q(&["sending"])).unwrap().is_empty());
+    assert_eq!(wb.take("sending").unwrap(), TakeOutcome::Done);
+}
+
+#[test]
+fn a_take_is_owed_at_once_when_its_taker_dies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    a.join(&pk()).unwrap();
+    b.join(&pk()).unwrap();
+    let (wa, wb) = (a.work(&pk()).unwrap(), b.work(&pk()).unwrap());
+    granted_epoch(wa.take("e").unwrap());
+    b.claim(&pk()).unwrap();
+    assert!(wait_until(|| wb.may_act()), "b never led");
+    assert!(wb.owed(&q(&["e"])).unwrap().is_empty(), "in flight with a");
+    // a's process ends (here: its elector, and with it its presence).
+    drop(wa);
+    a.shutdown();
+    assert!(wait_until(
+        || wb.owed(&q(&["e"])).unwrap() == vec!["e".to_string()]
+    ));
 }
 
 #[test]
@@ -208,6 +250,15 @@ fn a_take_survives_no_failed_release(
     step_down: impl FnOnce(&Elector),
     back: impl FnOnce(&Elector),
 ) {
+    a_take_survives_no_failed_release_then(step_down, |_| {}, back)
+}
+
+/// The same, with `between` done after the step-down.
+fn a_take_survives_no_failed_release_then(
+    step_down: impl FnOnce(&Elector),
+    between: impl FnOnce(&Elector),
+    back: impl FnOnce(&Elector),
+) {
     let tmp = tempfile::tempdir().unwrap();
     let mut c = config(tmp.path());
     c.lock_wait = Duration::from_millis(20);
@@ -217,6 +268,7 @@ fn a_take_survives_no_failed_release(
     let path = nip_le::lockfile::lock_path(tmp.path(), &pk());
     let held = nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(1)).unwrap();
     step_down(&a);
+    between(&a);
     drop(held);
     let record = nip_le::lockfile::read_unguarded(&path).unwrap();
     assert_eq!(
@@ -248,12 +300,14 @@ fn leaving_ends_our_takes_even_when_the_release_cannot_be_written() {
 }
 
 #[test]
-fn standing_down_ends_our_takes_even_when_the_release_cannot_be_written() {
+fn a_give_back_after_standing_down_counts_even_when_the_release_cannot_be_written() {
     // The same hole on a stand-down (a claim): the lock came back to us at
-    // the same epoch, and the app's own give-back had come after the
-    // ledger closed.
-    a_take_survives_no_failed_release(
+    // the same epoch. The take stays ours while we live (a reply may be on
+    // its way); the app's give-back, which the change's `mustCancelTurn`
+    // asks for, is accepted although we no longer lead.
+    a_take_survives_no_failed_release_then(
         |a| a.stand_down(&pk()).unwrap(),
+        |a| a.work(&pk()).unwrap().give_back("e1").unwrap(),
         |a| assert!(a.resume(&pk()).unwrap(), "the record was still ours"),
     );
 }

@@ -387,19 +387,20 @@ impl Work {
         self.call(WorkOp::Take(id.to_owned()), writer::WorkReply::Take)
     }
 
-    /// Records that the reply to `id` was sent (one append). Refused
-    /// (`false`) when this window no longer leads: the event is owed to
-    /// the leader then.
+    /// Records that the reply to `id` was sent (one append). Accepted from
+    /// the window that took `id` whatever its leadership is by now (its
+    /// reply may have been on its way while leadership moved: the take is
+    /// fenced, not the done), and from the leader; refused (`false`)
+    /// otherwise.
     pub fn done(&self, id: &str) -> Result<bool> {
         crate::ledger::validate_event_id(id)?;
-        if !self.may_act() {
-            return Ok(false);
-        }
         self.call(WorkOp::Done(id.to_owned()), writer::WorkReply::Flag)
     }
 
     /// Gives `id` back (its turn was cancelled): owed again, to whoever
-    /// leads.
+    /// leads. Accepted from the window that took it, whatever its
+    /// leadership; until then (or until that window ends) the event stays
+    /// in flight there and nobody else is owed it.
     pub fn give_back(&self, id: &str) -> Result<()> {
         crate::ledger::validate_event_id(id)?;
         self.call(WorkOp::GiveBack(id.to_owned()), writer::WorkReply::Flag)

@@ -44,13 +44,15 @@
 //! published since it became leader (as after a predecessor that kept no
 //! ledger), not the whole backlog again.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+mod index;
+pub use index::{owed, Index, State, Verdict};
 
 use crate::error::{Error, Result};
 use crate::lockfile::{open_options, open_regular_file, Create};
@@ -94,6 +96,11 @@ pub enum Op {
         by: String,
         /// When, unix ms.
         at_ms: u64,
+        /// Extension: the taker's presence token. While it takes part in
+        /// the election, the take is in flight (its reply may be on its
+        /// way); when it is gone, the event is owed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        live: Option<String>,
     },
     /// The reply was sent.
     Done {
@@ -148,229 +155,6 @@ impl Op {
     }
 }
 
-/// What the ledger knows of one event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    /// Taken by the holder at this epoch.
-    Taken(u64),
-    /// Replied to.
-    Done,
-    /// Given back (owed again).
-    GivenBack,
-}
-
-/// What the ledger says of an event for the holder at an epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Nobody works on it now and it is not done: dispatch it.
-    Owed,
-    /// Taken at this very epoch (by us).
-    TakenNow,
-    /// Replied to already.
-    Done,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
-    state: State,
-    at_ms: u64,
-}
-
-/// The ledger's state: the last word on each event.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Index {
-    entries: HashMap<String, Entry>,
-    /// Lines read or appended since the file was last written whole.
-    lines: usize,
-    /// Highest epoch any line names.
-    max_epoch: u64,
-    /// The holders that keep this ledger: the highest epoch of their
-    /// `held` lines, and when.
-    keepers: HashMap<String, (u64, u64)>,
-}
-
-impl Index {
-    /// Parses a ledger file's bytes, dropping entries older than
-    /// `retention` before `now_ms`. Lines that are not ledger lines (a torn
-    /// last line, garbage) are skipped, never fatal.
-    pub fn parse(bytes: &[u8], now_ms: u64, retention: Duration) -> Self {
-        let mut ix = Self::default();
-        for line in bytes.split(|&b| b == b'\n') {
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            if let Ok(op) = serde_json::from_slice::<Op>(line) {
-                ix.apply(&op);
-            }
-        }
-        ix.expire(now_ms, retention);
-        ix
-    }
-
-    /// Applies one line. Later lines win, except that a `take` never
-    /// overrides a `take` at a higher epoch (a stale holder's late line), a
-    /// `done` is final, and a `give_back` only undoes a `take` of its own
-    /// epoch.
-    pub fn apply(&mut self, op: &Op) {
-        self.lines += 1;
-        let (id, at_ms) = (op.id(), op.at_ms());
-        if id.len() > MAX_EVENT_ID_LEN {
-            return;
-        }
-        let epoch = match op {
-            Op::Take { epoch, .. }
-            | Op::Done { epoch, .. }
-            | Op::GiveBack { epoch, .. }
-            | Op::Held { epoch, .. } => *epoch,
-        };
-        self.max_epoch = self.max_epoch.max(epoch);
-        if let Op::Held { by, .. } = op {
-            if by.len() <= MAX_EVENT_ID_LEN {
-                let e = self.keepers.entry(by.clone()).or_insert((epoch, at_ms));
-                *e = (*e).max((epoch, at_ms));
-            }
-            return;
-        }
-        let cur = self.entries.get(id).map(|e| e.state);
-        let next = match (op, cur) {
-            (_, Some(State::Done)) => None,
-            (Op::Done { .. }, _) => Some(State::Done),
-            (Op::Take { .. }, Some(State::Taken(e))) if e > epoch => None,
-            (Op::Take { .. }, _) => Some(State::Taken(epoch)),
-            (Op::GiveBack { .. }, Some(State::Taken(e))) if e == epoch => Some(State::GivenBack),
-            (Op::GiveBack { .. } | Op::Held { .. }, _) => None,
-        };
-        if let Some(state) = next {
-            self.entries.insert(id.to_owned(), Entry { state, at_ms });
-        }
-    }
-
-    /// Drops entries last touched more than `retention` before `now_ms`.
-    pub fn expire(&mut self, now_ms: u64, retention: Duration) {
-        let horizon =
-            now_ms.saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
-        self.entries.retain(|_, e| e.at_ms >= horizon);
-        self.keepers.retain(|_, (_, at_ms)| *at_ms >= horizon);
-    }
-
-    /// Whether the holder `by` keeps this ledger (a `held` line names it).
-    pub fn kept_by(&self, by: &str) -> bool {
-        self.keepers.contains_key(by)
-    }
-
-    /// Whether a `held` line names `by` at `epoch` or later.
-    pub fn kept_at(&self, by: &str, epoch: u64) -> bool {
-        self.keepers.get(by).is_some_and(|(e, _)| *e >= epoch)
-    }
-
-    /// The verdict on `id` for the holder at `epoch`.
-    pub fn verdict(&self, id: &str, epoch: u64) -> Verdict {
-        match self.entries.get(id).map(|e| e.state) {
-            Some(State::Done) => Verdict::Done,
-            Some(State::Taken(e)) if e == epoch => Verdict::TakenNow,
-            _ => Verdict::Owed,
-        }
-    }
-
-    /// The events taken at `epoch` and not done or given back, sorted.
-    pub fn taken_at(&self, epoch: u64) -> Vec<String> {
-        let mut ids: Vec<String> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.state == State::Taken(epoch))
-            .map(|(id, _)| id.clone())
-            .collect();
-        ids.sort();
-        ids
-    }
-
-    /// The state of `id`, if the ledger knows it.
-    pub fn state(&self, id: &str) -> Option<State> {
-        self.entries.get(id).map(|e| e.state)
-    }
-
-    /// Highest epoch any line named.
-    pub fn max_epoch(&self) -> u64 {
-        self.max_epoch
-    }
-
-    /// Events remembered.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether no event is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Whether the file holds at least twice as many lines as live
-    /// entries (and enough to be worth rewriting).
-    pub fn wants_compaction(&self) -> bool {
-        self.lines > 1024 && self.lines > 2 * self.entries.len()
-    }
-
-    /// The lines of a compacted file: one per live entry.
-    fn snapshot(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut ids: Vec<&String> = self.entries.keys().collect();
-        ids.sort();
-        for id in ids {
-            let e = self.entries[id];
-            let op = match e.state {
-                State::Taken(epoch) => Op::Take {
-                    id: id.clone(),
-                    epoch,
-                    by: String::new(),
-                    at_ms: e.at_ms,
-                },
-                State::Done => Op::Done {
-                    id: id.clone(),
-                    epoch: 0,
-                    at_ms: e.at_ms,
-                },
-                // A given-back event is owed: nothing to remember.
-                State::GivenBack => continue,
-            };
-            out.extend(op.to_line());
-        }
-        let mut keepers: Vec<(&String, &(u64, u64))> = self.keepers.iter().collect();
-        keepers.sort();
-        for (by, &(epoch, at_ms)) in keepers {
-            let op = Op::Held {
-                epoch,
-                by: by.clone(),
-                at_ms,
-            };
-            out.extend(op.to_line());
-        }
-        out
-    }
-}
-
-/// Of a queue of `(event id, published unix ms)`, in order, the events the
-/// holder at `epoch` owes: those `index` does not show as done or taken at
-/// `epoch` (every event, without a ledger); and, when `published_since` is
-/// set (the predecessor kept no ledger we can read: spec mode, the harness,
-/// another host, or ours is unreadable), only those published since then
-/// (or of unknown time): older ones it may have answered.
-pub fn owed<'a>(
-    queue: impl IntoIterator<Item = (&'a str, Option<u64>)>,
-    index: Option<&Index>,
-    epoch: u64,
-    published_since: Option<u64>,
-) -> Vec<String> {
-    queue
-        .into_iter()
-        .filter(|(_, p)| match (published_since, p) {
-            (Some(since), Some(p)) => *p >= since,
-            _ => true,
-        })
-        .filter(|(id, _)| index.is_none_or(|ix| ix.verdict(id, epoch) == Verdict::Owed))
-        .map(|(id, _)| id.to_owned())
-        .collect()
-}
-
 /// Why a ledger could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {
@@ -380,6 +164,10 @@ pub enum LedgerError {
     /// An I/O error, or something other than a regular file at the path.
     #[error("the work ledger cannot be read: {0}")]
     Unreadable(String),
+    /// Shorter than what was read of it before: it was rewritten
+    /// (compacted) since, and must be read whole again.
+    #[error("the work ledger was rewritten")]
+    Rewritten,
 }
 
 /// Where a ledger's bytes live. [`FileLedger`] is the file beside the
@@ -388,6 +176,16 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
     /// The whole ledger (a missing one is empty), capped at
     /// [`MAX_LEDGER_BYTES`].
     fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError>;
+    /// What was appended since the first `offset` bytes, capped as
+    /// [`LedgerStorage::read`]; [`LedgerError::Rewritten`] when the ledger
+    /// is shorter than that.
+    fn read_from(&mut self, offset: u64) -> std::result::Result<Vec<u8>, LedgerError> {
+        let all = self.read()?;
+        let from = usize::try_from(offset).map_err(|_| LedgerError::Rewritten)?;
+        all.get(from..)
+            .map(<[u8]>::to_vec)
+            .ok_or(LedgerError::Rewritten)
+    }
     /// Appends one line (one write on a descriptor opened for appending).
     fn append(&mut self, line: &[u8]) -> Result<()>;
     /// Replaces the whole ledger with `body` (compaction).
@@ -415,6 +213,34 @@ impl LedgerStorage for FileLedger {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(e) => Err(LedgerError::Unreadable(e.to_string())),
         }
+    }
+
+    fn read_from(&mut self, offset: u64) -> std::result::Result<Vec<u8>, LedgerError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = match open_regular_file(&self.path, Create::No) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && offset == 0 => {
+                return Ok(Vec::new())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(LedgerError::Rewritten)
+            }
+            Err(e) => return Err(LedgerError::Unreadable(e.to_string())),
+        };
+        let unreadable = |e: std::io::Error| LedgerError::Unreadable(e.to_string());
+        let len = f.metadata().map_err(unreadable)?.len();
+        if len < offset {
+            return Err(LedgerError::Rewritten);
+        }
+        if len > MAX_LEDGER_BYTES {
+            return Err(LedgerError::Oversized);
+        }
+        f.seek(SeekFrom::Start(offset)).map_err(unreadable)?;
+        let mut buf = Vec::new();
+        f.take(MAX_LEDGER_BYTES.saturating_sub(offset))
+            .read_to_end(&mut buf)
+            .map_err(unreadable)?;
+        Ok(buf)
     }
 
     fn append(&mut self, line: &[u8]) -> Result<()> {
@@ -461,6 +287,9 @@ pub struct Ledger {
     storage: Box<dyn LedgerStorage>,
     /// The state as loaded and as appended since.
     pub index: Index,
+    /// How many bytes of the storage `index` has applied (whole lines).
+    read: u64,
+    retention: Duration,
 }
 
 impl Ledger {
@@ -480,10 +309,37 @@ impl Ledger {
         retention: Duration,
     ) -> std::result::Result<Self, LedgerError> {
         let bytes = storage.read()?;
+        let mut index = Index::default();
+        let read = index.extend(&bytes) as u64;
+        index.expire(now_ms, retention);
         Ok(Self {
-            index: Index::parse(&bytes, now_ms, retention),
+            index,
             storage,
+            read,
+            retention,
         })
+    }
+
+    /// Applies what others appended since we read (a former holder's
+    /// `done` or `give_back`, which may land after a successor loaded the
+    /// ledger); reads it whole again if it was rewritten meanwhile. Our own
+    /// appends are read back too: applying a line twice changes nothing.
+    pub fn refresh(&mut self, now_ms: u64) -> std::result::Result<(), LedgerError> {
+        match self.storage.read_from(self.read) {
+            Ok(bytes) => {
+                self.read += self.index.extend(&bytes) as u64;
+                Ok(())
+            }
+            Err(LedgerError::Rewritten) => {
+                let bytes = self.storage.read()?;
+                let mut index = Index::default();
+                self.read = index.extend(&bytes) as u64;
+                index.expire(now_ms, self.retention);
+                self.index = index;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Appends one line and applies it.
@@ -497,7 +353,8 @@ impl Ledger {
     pub fn compact(&mut self) -> Result<()> {
         let body = self.index.snapshot();
         self.storage.replace(&body)?;
-        self.index.lines = self.index.entries.len() + self.index.keepers.len();
+        self.index.compacted();
+        self.read = body.len() as u64;
         Ok(())
     }
 }

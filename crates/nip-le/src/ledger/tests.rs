@@ -10,6 +10,18 @@ fn take(id: &str, epoch: u64, at: u64) -> Op {
         epoch,
         by: "x".into(),
         at_ms: at,
+        live: None,
+    }
+}
+
+/// A take by the window with presence token `live`.
+fn take_by(id: &str, epoch: u64, live: &str) -> Op {
+    Op::Take {
+        id: id.into(),
+        epoch,
+        by: "x".into(),
+        at_ms: 1,
+        live: Some(live.into()),
     }
 }
 fn done(id: &str, epoch: u64, at: u64) -> Op {
@@ -119,6 +131,8 @@ fn file_round_trip_compaction_and_caps() {
         let mut l = Ledger {
             storage: Box::new(FileLedger::new(link)),
             index: Index::default(),
+            read: 0,
+            retention: HOUR,
         };
         assert!(
             l.append(&take("a", 1, 1)).is_err(),
@@ -140,18 +154,19 @@ fn owed_leaves_out_done_and_taken_now_and_what_a_ledgerless_predecessor_may_have
         ("d", Some(50)),
         ("e", None),
     ];
+    let none = |_: &str| false;
     assert_eq!(
-        owed(q, Some(&ix), 2, None),
+        owed(q, Some(&ix), 2, None, &none),
         ["c", "d", "e"],
         "c was taken by an earlier holder"
     );
-    assert_eq!(owed(q, Some(&ix), 2, Some(20)), ["d", "e"]);
+    assert_eq!(owed(q, Some(&ix), 2, Some(20), &none), ["d", "e"]);
     assert_eq!(
-        owed(q, None, 0, Some(20)),
+        owed(q, None, 0, Some(20), &none),
         ["d", "e"],
         "no ledger: since we led"
     );
-    assert_eq!(owed(q, None, 0, None).len(), 5);
+    assert_eq!(owed(q, None, 0, None, &none).len(), 5);
 }
 
 #[test]
@@ -160,4 +175,98 @@ fn event_ids_are_checked() {
     assert!(validate_event_id("").is_err());
     assert!(validate_event_id("a\nb").is_err());
     assert!(validate_event_id(&"x".repeat(MAX_EVENT_ID_LEN + 1)).is_err());
+}
+
+#[test]
+fn a_take_stays_in_flight_while_its_taker_lives_and_is_owed_once_it_is_gone() {
+    let mut ix = Index::default();
+    ix.apply(&take_by("a", 1, "7-aaaa"));
+    let lives = |t: &str| t == "7-aaaa";
+    let gone = |_: &str| false;
+    assert_eq!(ix.verdict_with("a", 2, &lives), Verdict::TakenElsewhere);
+    assert_eq!(ix.verdict_with("a", 2, &gone), Verdict::Owed);
+    assert_eq!(ix.verdict_with("a", 1, &lives), Verdict::TakenNow);
+    assert_eq!(
+        owed([("a", None)], Some(&ix), 2, None, &lives),
+        Vec::<String>::new()
+    );
+    assert_eq!(ix.taker("a"), Some((1, Some("7-aaaa"))));
+    // The taker's done or give_back at its own epoch settles it.
+    let mut given = ix.clone();
+    given.apply(&Op::GiveBack {
+        id: "a".into(),
+        epoch: 1,
+        at_ms: 2,
+    });
+    assert_eq!(given.verdict_with("a", 2, &lives), Verdict::Owed);
+    ix.apply(&done("a", 1, 2));
+    assert_eq!(ix.verdict_with("a", 2, &lives), Verdict::Done);
+    assert_eq!(ix.taker("a"), None);
+    // A take without a token (an older writer's) is owed at a new epoch.
+    ix.apply(&take("b", 1, 1));
+    assert_eq!(ix.verdict_with("b", 2, &|_| true), Verdict::Owed);
+}
+
+#[test]
+fn a_holder_sees_lines_others_appended_after_it_loaded_and_a_rewrite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    let mut holder = Ledger::load(path.clone(), 0, HOUR).unwrap();
+    holder.append(&take_by("a", 1, "7-aaaa")).unwrap();
+    // A former holder's done, through a ledger of its own.
+    let mut former = Ledger::load(path.clone(), 0, HOUR).unwrap();
+    former.append(&done("a", 1, 2)).unwrap();
+    assert_eq!(
+        holder.index.verdict("a", 1),
+        Verdict::TakenNow,
+        "not seen yet"
+    );
+    holder.refresh(3).unwrap();
+    assert_eq!(holder.index.verdict("a", 1), Verdict::Done);
+    // A line still being written waits for its newline.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(br#"{"op":"done","id":"b","epoch":1,"#).unwrap();
+    holder.refresh(3).unwrap();
+    assert_eq!(holder.index.verdict("b", 1), Verdict::Owed);
+    f.write_all(b"\"at_ms\":4}\n").unwrap();
+    holder.refresh(4).unwrap();
+    assert_eq!(holder.index.verdict("b", 1), Verdict::Done);
+    // Rewritten shorter (compacted by someone): read whole again.
+    std::fs::write(&path, done("c", 1, 5).to_line()).unwrap();
+    holder.refresh(5).unwrap();
+    assert_eq!(holder.index.verdict("c", 1), Verdict::Done);
+    assert_eq!(
+        holder.index.verdict("a", 1),
+        Verdict::Owed,
+        "the rewrite is the truth"
+    );
+}
+
+#[test]
+fn held_lines_name_the_ledgers_keepers_and_survive_compaction() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    let mut l = Ledger::load(path.clone(), 0, HOUR).unwrap();
+    let held = |epoch, by: &str| Op::Held {
+        epoch,
+        by: by.into(),
+        at_ms: 1,
+    };
+    l.append(&held(3, "w1")).unwrap();
+    l.append(&held(2, "w1")).unwrap();
+    l.append(&take_by("a", 3, "7-aaaa")).unwrap();
+    assert!(l.index.kept_by("w1") && l.index.kept_at("w1", 3) && !l.index.kept_at("w1", 4));
+    assert!(!l.index.kept_by("w2"));
+    assert_eq!(
+        l.index.verdict("a", 3),
+        Verdict::TakenNow,
+        "held is not an event"
+    );
+    l.compact().unwrap();
+    let again = Ledger::load(path, 0, HOUR).unwrap();
+    assert!(again.index.kept_at("w1", 3));
+    assert_eq!(again.index.taker("a"), Some((3, Some("7-aaaa"))));
 }

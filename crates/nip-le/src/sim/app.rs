@@ -33,6 +33,12 @@ pub struct App {
     /// Every mention ever queued (so that a long run's queue is not
     /// searched for each new one).
     pub known: std::collections::HashSet<String>,
+    /// Its poll timer is set: mentions another window took are still in
+    /// flight there, and owed here once that window gives them back or
+    /// dies.
+    pub poll_pending: bool,
+    /// Replies on their way to the relay.
+    pub sending: std::collections::HashSet<String>,
 }
 
 impl App {

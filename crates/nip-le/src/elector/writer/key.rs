@@ -116,7 +116,7 @@ impl Key {
         let begun = self.m.step(Input::Evaluate { cause, request }, now);
         if let Some(sd) = begun.step_down() {
             tracing::info!(pubkey = %self.pubkey, target = ?sd.target, "standing down for a local claim");
-            self.step_down(ctx, sd.reason, sd.target.as_deref(), false);
+            self.step_down(ctx, sd.reason, sd.target.as_deref(), false, false);
             self.m.step(Input::Serve(sd.nonce), ctx.world.now());
         }
         let look = self.m.step(Input::Look, ctx.world.now()).look();
@@ -284,17 +284,23 @@ impl Key {
     /// where a successor and we both lead; then give the lock up iff the
     /// file names us (extension: straight to a live sibling, `target` when
     /// it has a presence) and report. Returns whether a record of ours was
-    /// given up.
+    /// given up. `departing`: we leave the key (or shut down), so the
+    /// takes of this window can no longer be settled and are given back;
+    /// otherwise they stay in flight with us (a reply may be on its way)
+    /// until the app's `done` or `giveBack`, or our death.
     pub(super) fn step_down(
         &mut self,
         ctx: &mut Ctx,
         reason: ChangeReason,
         target: Option<&str>,
         always: bool,
+        departing: bool,
     ) -> bool {
         self.m.step(Input::StepDown, ctx.world.now());
         self.cell.set_leader(false);
-        self.end_takes(unix_ms(ctx.world.now().wall));
+        if departing {
+            self.end_takes(unix_ms(ctx.world.now().wall));
+        }
         self.track_work(ctx, false);
         let heir = self.heir(ctx, target);
         let mut released = false;

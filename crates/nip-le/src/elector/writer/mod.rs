@@ -216,13 +216,13 @@ impl Writer {
                     .keys
                     .get_mut(&pk)
                     .ok_or(Error::NotJoined(pk))
-                    .map(|k| k.step_down(ctx, ChangeReason::Released, None, false));
+                    .map(|k| k.step_down(ctx, ChangeReason::Released, None, false, false));
                 let _ = r.send(out);
             }
             Command::StandDown(pk, r) => {
                 let ctx = &mut self.ctx;
                 let out = self.keys.get_mut(&pk).ok_or(Error::NotJoined(pk)).map(|k| {
-                    k.step_down(ctx, ChangeReason::StoodDown, None, false);
+                    k.step_down(ctx, ChangeReason::StoodDown, None, false, false);
                 });
                 let _ = r.send(out);
             }
@@ -332,7 +332,7 @@ impl Writer {
     /// Leaves `pk`, releasing the lock if we hold it.
     fn leave(&mut self, pk: &AgentPubkey) -> Result<()> {
         let mut key = self.keys.remove(pk).ok_or(Error::NotJoined(*pk))?;
-        key.step_down(&mut self.ctx, ChangeReason::Released, None, true);
+        key.step_down(&mut self.ctx, ChangeReason::Released, None, true, true);
         self.forget(key);
         Ok(())
     }
@@ -365,7 +365,7 @@ impl Writer {
             if ctx.upper.is_some() && key.heir(ctx, Some(target)).is_none() {
                 return Ok(false);
             }
-            key.step_down(ctx, ChangeReason::StoodDown, Some(target), false);
+            key.step_down(ctx, ChangeReason::StoodDown, Some(target), false, false);
         }
         Ok(false)
     }
@@ -374,7 +374,7 @@ impl Writer {
     fn shutdown(&mut self) {
         let keys = std::mem::take(&mut self.keys);
         for (_, mut key) in keys {
-            key.step_down(&mut self.ctx, ChangeReason::Released, None, false);
+            key.step_down(&mut self.ctx, ChangeReason::Released, None, false, true);
             self.forget(key);
         }
         if let Some(u) = self.ctx.upper.as_mut() {

@@ -4,9 +4,11 @@
 
 use crate::error::Error;
 use crate::ledger::{self, Ledger, Op, Verdict};
+use crate::presence::PeerPresence;
 
+use super::super::machine::Probes;
 use super::super::types::{QueuedEvent, TakeOutcome};
-use super::context::Ctx;
+use super::context::{Ctx, FileProbes};
 use super::key::{Key, WorkState};
 use super::{unix_ms, WorkOp, WorkReply};
 
@@ -114,46 +116,53 @@ impl Key {
         }
     }
 
-    /// One work-ledger operation. Every one first checks that we lead (and
-    /// are not fenced): a displaced or fenced leader neither takes nor
-    /// completes.
+    /// One work-ledger operation. `take` and `owed` first check that we
+    /// lead (and are not fenced): a displaced or fenced leader takes
+    /// nothing. A `done` or `giveBack` of the window that took the event is
+    /// accepted whatever its leadership is by now: its reply may have been
+    /// on its way while leadership moved (fence the take, not the done).
     pub(super) fn work(&mut self, ctx: &Ctx, op: WorkOp, reply: WorkReply) {
         let leads = self.cell.is_leader_on(ctx.world.clocks());
-        let our_id = ctx.our_id.to_string();
         let now_ms = unix_ms(ctx.world.now().wall);
+        // A former holder's `done` may have landed since we loaded.
+        if let Some(l) = self.work.as_mut().and_then(|w| w.ledger.as_mut()) {
+            if let Err(e) = l.refresh(now_ms) {
+                tracing::warn!(pubkey = %self.pubkey, "cannot read the work ledger again: {e}");
+            }
+        }
+        let pubkey = self.pubkey;
+        let probes = FileProbes::new(ctx, &pubkey, false);
+        let lives = |t: &str| probes.presence(t) == PeerPresence::Alive;
         match (op, reply) {
             (WorkOp::Take(id), WorkReply::Take(r)) => {
-                let _ = r.send(Ok(self.take(&id, leads, &our_id, now_ms)));
+                let _ = r.send(Ok(self.take(ctx, &id, leads, now_ms, &lives)));
             }
             (WorkOp::Done(id), WorkReply::Flag(r)) => {
-                let _ = r.send(Ok(leads
-                    && self.append(Op::Done {
-                        id,
-                        epoch: 0,
-                        at_ms: now_ms,
-                    })));
+                let _ = r.send(Ok(self.settle(ctx, &id, leads, now_ms, Settle::Done)));
             }
             (WorkOp::GiveBack(id), WorkReply::Flag(r)) => {
-                let mine = self.work.as_ref().and_then(|w| {
-                    let taken = w.ledger.as_ref()?.index.state(&id);
-                    (taken == Some(ledger::State::Taken(w.epoch))).then_some(())
-                });
-                let ok = mine.is_some()
-                    && self.append(Op::GiveBack {
-                        id,
-                        epoch: 0,
-                        at_ms: now_ms,
-                    });
-                let _ = r.send(Ok(ok));
+                let _ = r.send(Ok(self.settle(ctx, &id, leads, now_ms, Settle::GiveBack)));
             }
             (WorkOp::Owed(queue), WorkReply::Owed(r)) => {
-                let _ = r.send(Ok(if leads { self.owed(&queue) } else { Vec::new() }));
+                let owed = if leads {
+                    self.owed(&queue, &lives)
+                } else {
+                    Vec::new()
+                };
+                let _ = r.send(Ok(owed));
             }
             (_, reply) => reply.fail(Error::ShutDown),
         }
     }
 
-    fn take(&mut self, id: &str, leads: bool, our_id: &str, now_ms: u64) -> TakeOutcome {
+    fn take(
+        &mut self,
+        ctx: &Ctx,
+        id: &str,
+        leads: bool,
+        now_ms: u64,
+        lives: &dyn Fn(&str) -> bool,
+    ) -> TakeOutcome {
         if !leads {
             return TakeOutcome::NotLeader;
         }
@@ -165,15 +174,16 @@ impl Key {
         let Some(l) = w.ledger.as_mut() else {
             return TakeOutcome::Granted { epoch: Some(epoch) };
         };
-        match l.index.verdict(id, epoch) {
+        match l.index.verdict_with(id, epoch, lives) {
             Verdict::Done => TakeOutcome::Done,
-            Verdict::TakenNow => TakeOutcome::AlreadyTaken,
+            Verdict::TakenNow | Verdict::TakenElsewhere => TakeOutcome::AlreadyTaken,
             Verdict::Owed => {
                 let op = Op::Take {
                     id: id.to_owned(),
                     epoch,
-                    by: our_id.to_owned(),
+                    by: ctx.our_id.to_string(),
                     at_ms: now_ms,
+                    live: ctx.token().map(str::to_owned),
                 };
                 if let Err(e) = l.append(&op) {
                     // Never silent: dispatch, and say why it is unrecorded.
@@ -184,33 +194,47 @@ impl Key {
         }
     }
 
-    /// Appends `op` at our epoch (its `epoch` field is ours); `true` when
-    /// recorded or when no ledger applies.
-    fn append(&mut self, mut op: Op) -> bool {
-        let Some(w) = self.work.as_mut() else {
-            return true;
+    /// A `done` or a `giveBack`. Accepted from the window that took the
+    /// event (its presence token is on the take), at the take's epoch,
+    /// whatever its leadership; and, for a `done`, from the leader (an
+    /// event it was handed some other way). `true` when recorded, or when
+    /// no ledger applies.
+    fn settle(&mut self, ctx: &Ctx, id: &str, leads: bool, now_ms: u64, what: Settle) -> bool {
+        let token = ctx.token();
+        let ours = |ix: &ledger::Index| {
+            ix.taker(id)
+                .filter(|(_, live)| live.is_some() && *live == token)
+                .map(|(epoch, _)| epoch)
         };
-        match &mut op {
-            Op::Take { epoch, .. }
-            | Op::Done { epoch, .. }
-            | Op::GiveBack { epoch, .. }
-            | Op::Held { epoch, .. } => *epoch = w.epoch,
-        }
+        let Some(w) = self.work.as_mut() else {
+            if leads || !ctx.rules.profile.ledger {
+                // Spec mode, or a fail-safe leader: no ledger applies.
+                return leads;
+            }
+            // Not the holder any more: the ledger, opened for this line.
+            let storage = ctx.world.ledger(&self.pubkey);
+            let Ok(mut l) = Ledger::open(storage, now_ms, ctx.config.work_retention) else {
+                return false;
+            };
+            let Some(epoch) = ours(&l.index) else {
+                return false;
+            };
+            return append(&mut l, &self.pubkey, what.op(id, epoch, now_ms));
+        };
         let Some(l) = w.ledger.as_mut() else {
             return true;
         };
-        match l.append(&op) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(pubkey = %self.pubkey, "cannot append to the work ledger: {e}");
-                false
-            }
-        }
+        let epoch = match (ours(&l.index), what) {
+            (Some(epoch), _) => epoch,
+            (None, Settle::Done) if leads => w.epoch,
+            _ => return false,
+        };
+        append(l, &self.pubkey, what.op(id, epoch, now_ms))
     }
 
     /// The queued events we must dispatch now, in order (the rule:
     /// [`ledger::owed`]).
-    pub(super) fn owed(&self, queue: &[QueuedEvent]) -> Vec<String> {
+    pub(super) fn owed(&self, queue: &[QueuedEvent], lives: &dyn Fn(&str) -> bool) -> Vec<String> {
         let since = self
             .leader_since
             .unwrap_or(0)
@@ -223,9 +247,37 @@ impl Key {
                 let fallback =
                     w.ledgerless_before || w.ledger.is_none() || self.global_since.is_some();
                 let index = w.ledger.as_ref().map(|l| &l.index);
-                ledger::owed(events, index, w.epoch, fallback.then_some(since))
+                ledger::owed(events, index, w.epoch, fallback.then_some(since), lives)
             }
-            None => ledger::owed(events, None, 0, Some(since)),
+            None => ledger::owed(events, None, 0, Some(since), lives),
+        }
+    }
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy)]
+enum Settle {
+    Done,
+    GiveBack,
+}
+
+impl Settle {
+    fn op(self, id: &str, epoch: u64, at_ms: u64) -> Op {
+        let id = id.to_owned();
+        match self {
+            Settle::Done => Op::Done { id, epoch, at_ms },
+            Settle::GiveBack => Op::GiveBack { id, epoch, at_ms },
+        }
+    }
+}
+
+/// Appends `op`; `false` (and a warning) when it cannot be recorded.
+fn append(l: &mut Ledger, pubkey: &crate::pubkey::AgentPubkey, op: Op) -> bool {
+    match l.append(&op) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(%pubkey, "cannot append to the work ledger: {e}");
+            false
         }
     }
 }

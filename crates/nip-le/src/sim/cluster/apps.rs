@@ -42,6 +42,11 @@ impl Sim {
                 Command::Work(pk, WorkOp::Owed(queue), WorkReply::Owed(r))
             })
             .unwrap_or_default();
+        if owed.is_empty() && !self.windows[w].app.poll_pending {
+            self.windows[w].app.poll_pending = true;
+            let (proc, at) = (self.windows[w].proc, self.now() + 1000 * MS);
+            self.push(at, Ev::Poll(proc));
+        }
         for id in owed {
             let took = self.call(w, |r| {
                 Command::Work(pk, WorkOp::Take(id.clone()), WorkReply::Take(r))
@@ -101,31 +106,66 @@ impl Sim {
         }
         self.windows[w].app.turn = None;
         if self.acting_window(w) {
-            let t = self.now();
-            let n = u64::from_str_radix(&turn.id, 16).unwrap_or(u64::MAX);
-            let by = lock(&self.m).procs[proc].instance_id.clone();
-            let answers = self.answers.entry(n).or_default();
-            answers.push((by.clone(), t));
-            self.last_answer = t;
-            // Across hosts the run's driver counts the answers of every
-            // host.
-            if answers.len() == 2 && self.host.is_none() {
-                let first = answers[0].clone();
-                self.violation.get_or_insert(Violation::new(
-                    t,
-                    "answered twice",
-                    format!(
-                        "mention {n} by {} at {} ms and by {by}",
-                        first.0,
-                        first.1 / MS
-                    ),
-                ));
-            }
-            self.windows[w].app.drop_mention(&turn.id);
-            self.record(w, WorkOp::Done(turn.id));
+            // The reply takes a while to reach the relay (hundreds of ms):
+            // leadership may move meanwhile, and the reply is sent anyway.
+            let at = self.now() + self.rng.range(20, 600) * MS;
+            self.windows[w].app.sending.insert(turn.id.clone());
+            self.push(at, Ev::Sent(proc, turn.id));
         } else {
             self.record(w, WorkOp::GiveBack(turn.id));
         }
+        self.react(w);
+    }
+
+    /// A reply reaches the relay: answered, and recorded done whatever the
+    /// window's leadership is by now. A window killed, quit or gone from
+    /// the key meanwhile never sent it.
+    pub(super) fn sent(&mut self, proc: ProcId, id: String) {
+        let Some(w) = self.window_of(proc) else {
+            return;
+        };
+        let (alive, running, joined, until) = {
+            let s = lock(&self.m);
+            let p = &s.procs[proc];
+            (
+                p.alive,
+                p.running(s.t),
+                !p.left.contains(&self.pk),
+                p.stopped_until,
+            )
+        };
+        if !alive || !joined || self.windows[w].writer.is_none() {
+            return;
+        }
+        if !self.windows[w].app.sending.contains(&id) {
+            return;
+        }
+        if !running {
+            self.push(until, Ev::Sent(proc, id));
+            return;
+        }
+        let t = self.now();
+        let n = u64::from_str_radix(&id, 16).unwrap_or(u64::MAX);
+        let by = lock(&self.m).procs[proc].instance_id.clone();
+        let answers = self.answers.entry(n).or_default();
+        answers.push((by.clone(), t));
+        self.last_answer = t;
+        // Across hosts the run's driver counts the answers of every host.
+        if answers.len() == 2 && self.host.is_none() {
+            let first = answers[0].clone();
+            self.violation.get_or_insert(Violation::new(
+                t,
+                "answered twice",
+                format!(
+                    "mention {n} by {} at {} ms and by {by}",
+                    first.0,
+                    first.1 / MS
+                ),
+            ));
+        }
+        self.windows[w].app.sending.remove(&id);
+        self.windows[w].app.drop_mention(&id);
+        self.record(w, WorkOp::Done(id));
         self.react(w);
     }
 

@@ -173,7 +173,9 @@ impl Sim {
                     if self.call(w, |r| Command::Leave(pk, r)).is_some() {
                         let proc = self.windows[w].proc;
                         lock(&self.m).procs[proc].left.insert(pk);
+                        // Its turn and its replies on their way end with it.
                         self.windows[w].app.turn = None;
+                        self.windows[w].app.sending.clear();
                         self.push(t + rejoin_after, Ev::Rejoin(proc));
                     }
                 }

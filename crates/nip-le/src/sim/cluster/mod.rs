@@ -45,6 +45,10 @@ enum Ev {
     Deliver(ProcId, u64),
     /// A window's turn ends (turn serial).
     TurnEnd(ProcId, u64),
+    /// A window's reply to a mention reaches the relay.
+    Sent(ProcId, String),
+    /// A window's app asks for owed work again (its poll timer).
+    Poll(ProcId),
     /// A relay `claim_leadership` frame reaches a process.
     Frame(ProcId, String),
     /// A suspended machine wakes: the monotonic clock lost `d` ns.
@@ -441,6 +445,13 @@ impl Sim {
                 }
             }
             Ev::TurnEnd(proc, serial) => self.turn_end(proc, serial),
+            Ev::Sent(proc, id) => self.sent(proc, id),
+            Ev::Poll(proc) => {
+                if let Some(w) = self.window_of(proc) {
+                    self.windows[w].app.poll_pending = false;
+                    self.react(w);
+                }
+            }
             Ev::Frame(proc, target) => {
                 if let Some(w) = self.window_of(proc) {
                     let pk = self.pk;

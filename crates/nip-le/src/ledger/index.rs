@@ -1,0 +1,279 @@
+//! The ledger's state and its rules: the last word on each event, and
+//! what the holder at an epoch owes (see [`super`]).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{Op, MAX_EVENT_ID_LEN};
+
+/// What the ledger knows of one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Taken by the holder at this epoch.
+    Taken(u64),
+    /// Replied to.
+    Done,
+    /// Given back (owed again).
+    GivenBack,
+}
+
+/// What the ledger says of an event for the holder at an epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nobody works on it now and it is not done: dispatch it.
+    Owed,
+    /// Taken at this very epoch (by us).
+    TakenNow,
+    /// Taken at an earlier epoch by a taker that still lives (its turn, or
+    /// its reply's send, is still in flight): its `done` or `give_back`
+    /// settles it; its death makes it owed.
+    TakenElsewhere,
+    /// Replied to already.
+    Done,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    state: State,
+    at_ms: u64,
+    /// The taker's presence token, for a take that carries one.
+    live: Option<String>,
+}
+
+/// The ledger's state: the last word on each event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Index {
+    entries: HashMap<String, Entry>,
+    /// Lines read or appended since the file was last written whole.
+    lines: usize,
+    /// Highest epoch any line names.
+    max_epoch: u64,
+    /// The holders that keep this ledger: the highest epoch of their
+    /// `held` lines, and when.
+    keepers: HashMap<String, (u64, u64)>,
+}
+
+impl Index {
+    /// Parses a ledger file's bytes, dropping entries older than
+    /// `retention` before `now_ms`. Lines that are not ledger lines (a torn
+    /// last line, garbage) are skipped, never fatal.
+    pub fn parse(bytes: &[u8], now_ms: u64, retention: Duration) -> Self {
+        let mut ix = Self::default();
+        ix.extend(bytes);
+        ix.expire(now_ms, retention);
+        ix
+    }
+
+    /// Applies the whole lines of `bytes` (appended to what was applied
+    /// before); returns how many bytes they span, up to and including the
+    /// last newline (a line still being written waits for its newline).
+    pub fn extend(&mut self, bytes: &[u8]) -> usize {
+        let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        for line in bytes[..whole].split(|&b| b == b'\n') {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if let Ok(op) = serde_json::from_slice::<Op>(line) {
+                self.apply(&op);
+            }
+        }
+        whole
+    }
+
+    /// Applies one line. Later lines win, except that a `take` never
+    /// overrides a `take` at a higher epoch (a stale holder's late line), a
+    /// `done` is final, and a `give_back` only undoes a `take` of its own
+    /// epoch.
+    pub fn apply(&mut self, op: &Op) {
+        self.lines += 1;
+        let (id, at_ms) = (op.id(), op.at_ms());
+        if id.len() > MAX_EVENT_ID_LEN {
+            return;
+        }
+        let epoch = match op {
+            Op::Take { epoch, .. }
+            | Op::Done { epoch, .. }
+            | Op::GiveBack { epoch, .. }
+            | Op::Held { epoch, .. } => *epoch,
+        };
+        self.max_epoch = self.max_epoch.max(epoch);
+        if let Op::Held { by, .. } = op {
+            if by.len() <= MAX_EVENT_ID_LEN {
+                let e = self.keepers.entry(by.clone()).or_insert((epoch, at_ms));
+                *e = (*e).max((epoch, at_ms));
+            }
+            return;
+        }
+        let cur = self.entries.get(id).map(|e| e.state);
+        let live = match op {
+            Op::Take { live, .. } => live.clone().filter(|t| t.len() <= MAX_EVENT_ID_LEN),
+            _ => None,
+        };
+        let next = match (op, cur) {
+            (_, Some(State::Done)) => None,
+            (Op::Done { .. }, _) => Some(State::Done),
+            (Op::Take { .. }, Some(State::Taken(e))) if e > epoch => None,
+            (Op::Take { .. }, _) => Some(State::Taken(epoch)),
+            (Op::GiveBack { .. }, Some(State::Taken(e))) if e == epoch => Some(State::GivenBack),
+            (Op::GiveBack { .. } | Op::Held { .. }, _) => None,
+        };
+        if let Some(state) = next {
+            let e = Entry { state, at_ms, live };
+            self.entries.insert(id.to_owned(), e);
+        }
+    }
+
+    /// Drops entries last touched more than `retention` before `now_ms`.
+    pub fn expire(&mut self, now_ms: u64, retention: Duration) {
+        let horizon =
+            now_ms.saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
+        self.entries.retain(|_, e| e.at_ms >= horizon);
+        self.keepers.retain(|_, (_, at_ms)| *at_ms >= horizon);
+    }
+
+    /// Whether the holder `by` keeps this ledger (a `held` line names it).
+    pub fn kept_by(&self, by: &str) -> bool {
+        self.keepers.contains_key(by)
+    }
+
+    /// Whether a `held` line names `by` at `epoch` or later.
+    pub fn kept_at(&self, by: &str, epoch: u64) -> bool {
+        self.keepers.get(by).is_some_and(|(e, _)| *e >= epoch)
+    }
+
+    /// The verdict on `id` for the holder at `epoch`, as if no taker of an
+    /// earlier epoch lived.
+    pub fn verdict(&self, id: &str, epoch: u64) -> Verdict {
+        self.verdict_with(id, epoch, &|_| false)
+    }
+
+    /// The verdict on `id` for the holder at `epoch`; `lives` says whether
+    /// the taker with a presence token still takes part in the election.
+    pub fn verdict_with(&self, id: &str, epoch: u64, lives: &dyn Fn(&str) -> bool) -> Verdict {
+        let Some(e) = self.entries.get(id) else {
+            return Verdict::Owed;
+        };
+        match e.state {
+            State::Done => Verdict::Done,
+            State::Taken(t) if t == epoch => Verdict::TakenNow,
+            State::Taken(_) if e.live.as_deref().is_some_and(lives) => Verdict::TakenElsewhere,
+            _ => Verdict::Owed,
+        }
+    }
+
+    /// Who took `id`, while it is taken: the epoch and the taker's
+    /// presence token.
+    pub fn taker(&self, id: &str) -> Option<(u64, Option<&str>)> {
+        let e = self.entries.get(id)?;
+        match e.state {
+            State::Taken(epoch) => Some((epoch, e.live.as_deref())),
+            _ => None,
+        }
+    }
+
+    /// The events taken at `epoch` and not done or given back, sorted.
+    pub fn taken_at(&self, epoch: u64) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.state == State::Taken(epoch))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// The state of `id`, if the ledger knows it.
+    pub fn state(&self, id: &str) -> Option<State> {
+        self.entries.get(id).map(|e| e.state)
+    }
+
+    /// Highest epoch any line named.
+    pub fn max_epoch(&self) -> u64 {
+        self.max_epoch
+    }
+
+    /// Events remembered.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no event is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether the file holds at least twice as many lines as live
+    /// entries (and enough to be worth rewriting).
+    pub fn wants_compaction(&self) -> bool {
+        self.lines > 1024 && self.lines > 2 * self.entries.len()
+    }
+
+    /// After the file was rewritten with [`Index::snapshot`].
+    pub(super) fn compacted(&mut self) {
+        self.lines = self.entries.len() + self.keepers.len();
+    }
+
+    /// The lines of a compacted file: one per live entry.
+    pub(super) fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut ids: Vec<&String> = self.entries.keys().collect();
+        ids.sort();
+        for id in ids {
+            let e = &self.entries[id];
+            let op = match e.state {
+                State::Taken(epoch) => Op::Take {
+                    id: id.clone(),
+                    epoch,
+                    by: String::new(),
+                    at_ms: e.at_ms,
+                    live: e.live.clone(),
+                },
+                State::Done => Op::Done {
+                    id: id.clone(),
+                    epoch: 0,
+                    at_ms: e.at_ms,
+                },
+                // A given-back event is owed: nothing to remember.
+                State::GivenBack => continue,
+            };
+            out.extend(op.to_line());
+        }
+        let mut keepers: Vec<(&String, &(u64, u64))> = self.keepers.iter().collect();
+        keepers.sort();
+        for (by, &(epoch, at_ms)) in keepers {
+            let op = Op::Held {
+                epoch,
+                by: by.clone(),
+                at_ms,
+            };
+            out.extend(op.to_line());
+        }
+        out
+    }
+}
+
+/// Of a queue of `(event id, published unix ms)`, in order, the events the
+/// holder at `epoch` owes: those `index` does not show as done, taken at
+/// `epoch`, or taken by a taker that `lives` (every event, without a
+/// ledger); and, when `published_since` is set (the predecessor kept no
+/// ledger we can read: spec mode, the harness, another host, or ours is
+/// unreadable), only those published since then (or of unknown time):
+/// older ones it may have answered.
+pub fn owed<'a>(
+    queue: impl IntoIterator<Item = (&'a str, Option<u64>)>,
+    index: Option<&Index>,
+    epoch: u64,
+    published_since: Option<u64>,
+    lives: &dyn Fn(&str) -> bool,
+) -> Vec<String> {
+    queue
+        .into_iter()
+        .filter(|(_, p)| match (published_since, p) {
+            (Some(since), Some(p)) => *p >= since,
+            _ => true,
+        })
+        .filter(|(id, _)| index.is_none_or(|ix| ix.verdict_with(id, epoch, lives) == Verdict::Owed))
+        .map(|(id, _)| id.to_owned())
+        .collect()
+}

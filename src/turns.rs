@@ -1,0 +1,67 @@
+//! The takes of each webview, so that a take ends with the page that took
+//! it: a reload (or a script error that reloads), a navigation or a closed
+//! window loses the page's turns in flight, and the engine would keep
+//! them in flight for as long as this process lives (nobody answers them).
+//! The plugin gives them back the moment the page goes, so they are owed
+//! again at once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+/// Takes granted to a webview's page and not yet done or given back.
+#[derive(Debug, Default)]
+pub(crate) struct Turns {
+    by_webview: Mutex<HashMap<String, BTreeSet<(String, String)>>>,
+}
+
+impl Turns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<(String, String)>>> {
+        // A panic elsewhere while holding it leaves plain data: go on.
+        self.by_webview
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The page in `webview` took `event_id` of `pubkey`.
+    pub(crate) fn took(&self, webview: &str, pubkey: &str, event_id: &str) {
+        self.lock()
+            .entry(webview.to_owned())
+            .or_default()
+            .insert((pubkey.to_owned(), event_id.to_owned()));
+    }
+
+    /// The turn on `event_id` ended (done or given back), in any webview.
+    pub(crate) fn ended(&self, pubkey: &str, event_id: &str) {
+        let key = (pubkey.to_owned(), event_id.to_owned());
+        let mut map = self.lock();
+        for takes in map.values_mut() {
+            takes.remove(&key);
+        }
+        map.retain(|_, s| !s.is_empty());
+    }
+
+    /// The page in `webview` is gone: its takes, to give back.
+    pub(crate) fn forget(&self, webview: &str) -> Vec<(String, String)> {
+        self.lock()
+            .remove(webview)
+            .map(|s| s.into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_end_with_their_turn_or_their_page() {
+        let t = Turns::default();
+        t.took("main", "k", "a");
+        t.took("main", "k", "b");
+        t.took("other", "k", "c");
+        t.ended("k", "a");
+        assert_eq!(t.forget("main"), [("k".to_owned(), "b".to_owned())]);
+        assert!(t.forget("main").is_empty(), "once");
+        assert_eq!(t.forget("other").len(), 1);
+    }
+}
