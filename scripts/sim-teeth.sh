@@ -62,13 +62,21 @@ FILE[spec_clears]=$E/machine/same_id.rs; SUB[spec_clears]='s/\(None, _\) => \{\}
 FILE[no_release_mark]=$E/machine/conclude.rs; SUB[no_release_mark]='s/let mark = self.release_mark\(content\);/let mark = None;/'
 FILE[childs_take]=$E/machine/conclude.rs; SUB[childs_take]='s/&& !self.held_before\n            && took.is_none\(\);/\&\& false;/'
 FILE[ledgerless_child]=$E/writer/work.rs; SUB[ledgerless_child]='s/is_some_and\(\|by\| \{/is_some_and(|by| true || {/'
+# A take that ends with its taker (issue 18, items 2 and 4): a done
+# refused once leadership moved, takes of a live taker owed at once, a
+# holder that does not read a former holder's late done, and a stand-down
+# that gives its takes back while a reply may be on its way.
+FILE[done_fenced]=$E/writer/work.rs;     SUB[done_fenced]='s/\(Some\(epoch\), _\) => epoch,/(Some(epoch), _) if leads => epoch,/'
+FILE[no_in_flight]=$E/writer/work.rs;    SUB[no_in_flight]='s/let lives = \|t: &str\| probes.presence\(t\) == PeerPresence::Alive;/let lives = |_t: \&str| false;/'
+FILE[no_tail]=$E/writer/work.rs;         SUB[no_tail]='s/if let Err\(e\) = l.refresh\(now_ms\) \{/if let Err(e) = Ok::<(), crate::ledger::LedgerError>(()) {/'
+FILE[stand_down_gives_back]=$E/writer/key.rs; SUB[stand_down_gives_back]='s/        if departing \{/        if true {/'
 declare -A RUNS
 for d in no_fence fallback_always steal early_handover revoke_claim revoke_sibling; do RUNS[$d]="hosts:fall-back:200 hosts:stay-silent:60"; done
 # Latency only: no invariant breaks; the spec cluster's claims tell it.
 RUNS[spec_ticks]="extended::300 mixed::250 spec::300"
 
 defects=("$@")
-[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child)
+[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back)
 FILE[none]=; SUB[none]=
 RUNS[none]="extended::300 mixed::250 spec::300 hosts:fall-back:200 hosts:stay-silent:60"
 for d in "${defects[@]}"; do
