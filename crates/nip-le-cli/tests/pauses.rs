@@ -48,6 +48,7 @@ fn a_whole_cluster_paused_together_keeps_its_leader_whatever_the_resume_order() 
     let holder = s.holder().expect("a holder");
     for round in 0..6 {
         let cursors: Vec<usize> = insts.iter().map(Instance::cursor).collect();
+        let views_before = insts[leader].views().len();
         for &i in &shuffled(3, round) {
             insts[i].signal(libc::SIGSTOP).unwrap();
         }
@@ -70,6 +71,18 @@ fn a_whole_cluster_paused_together_keeps_its_leader_whatever_the_resume_order() 
             "round {round}"
         );
         assert_eq!(insts[leader].is_leader(), Some(true), "round {round}");
+        // Nobody else can have led: the leader keeps leading silently (no
+        // `fenced` then `unfenced` at the same epoch, which would cancel
+        // and redo its turn in flight after every such pause).
+        let told: Vec<_> = insts[leader].views()[..]
+            .iter()
+            .skip(views_before)
+            .map(|v| v.reason)
+            .collect();
+        assert!(
+            told.is_empty(),
+            "round {round}: the leader announced {told:?}"
+        );
     }
 }
 

@@ -14,7 +14,8 @@
 //! {"op":"held","epoch":7,"by":"<election id>","at_ms":…}
 //! ```
 //!
-//! A `held` line says that the holder `by` at `epoch` keeps this ledger:
+//! A `held` line says that `by` keeps this ledger (written when a window
+//! joins the key, at epoch 0, and when it first leads at an epoch):
 //! a successor that finds a record without an epoch naming `by` (its agent
 //! harness child's, see `elector::machine::same_id`) knows the ledger
 //! covers it, not a writer that answered without one.

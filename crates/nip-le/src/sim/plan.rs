@@ -48,6 +48,16 @@ pub enum Fault {
         /// The most a wake-up comes late.
         late: u64,
     },
+    /// The acting window (and its harness child) stops for `d` ns, and
+    /// every other window's
+    /// wake-ups come `late` ns late meanwhile (an overloaded machine, VM
+    /// steal, a CPU quota): starved observers around a hung holder.
+    StarvedAroundAHungLeader {
+        /// How long.
+        d: u64,
+        /// How late every wake-up of the others comes.
+        late: u64,
+    },
     /// Writes fail with ENOSPC for `d` ns.
     Enospc {
         /// How long.
@@ -256,6 +266,15 @@ fn draw(rng: &mut Rng, mix: Mix, stale: u64) -> Option<Fault> {
         return Some(Fault::ChildExit {
             graceful: rng.chance(0.5),
             restart_after: rng.range(0, stale / 2),
+        });
+    }
+    // Drawn apart too: every round late past the pause rule's bound (a
+    // refresh and a quarter of the stale bound at the default timings),
+    // for longer than a takeover may take then.
+    if mix.starvation && rng.chance(0.03) {
+        return Some(Fault::StarvedAroundAHungLeader {
+            d: rng.range(4 * stale, 5 * stale),
+            late: rng.range(stale * 8 / 10, stale),
         });
     }
     let restart_after = rng.range(0, 2 * stale);

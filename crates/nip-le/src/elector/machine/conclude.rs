@@ -154,6 +154,7 @@ impl KeyMachine {
             validity,
             watch,
             remove_request,
+            unbroken: locked && took == Some(TakeReason::Ours) && self.rewrote_ours,
         }
     }
 

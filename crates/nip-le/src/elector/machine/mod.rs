@@ -31,14 +31,18 @@ use super::types::ChangeReason;
 
 pub(crate) mod announce;
 mod conclude;
+mod exchange;
 #[cfg(test)]
 mod model;
+#[cfg(test)]
+mod pause_tests;
 mod rules;
 mod same_id;
 #[cfg(test)]
 mod same_id_tests;
 mod step;
 
+pub(crate) use exchange::{Begin, Conclusion, Look, Seen, StepDown, Validity, Write};
 pub(crate) use rules::Rules;
 pub(crate) use step::Input;
 
@@ -103,97 +107,6 @@ impl Observed {
     }
 }
 
-/// A step-down that `begin` decided on.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct StepDown {
-    pub reason: ChangeReason,
-    /// The instance the lock should go to, when one asked for it.
-    pub target: Option<String>,
-    /// The local lead request this step-down serves, if any.
-    pub nonce: Option<String>,
-}
-
-/// The outcome of [`KeyMachine::begin`].
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Begin {
-    /// A fresh local lead request names another instance.
-    pub other_wants_it: bool,
-    /// Stand down for it first.
-    pub step_down: Option<StepDown>,
-}
-
-/// How to look at the lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Look {
-    /// Read-decide-write under the store's exclusion.
-    Acquire {
-        /// We may take a free or abandoned lock that is not ours (no other
-        /// instance's lead request stands in the way).
-        may_take_others: bool,
-        /// We may rewrite our own record (a refresh). False for wake-ups.
-        write_own: bool,
-    },
-    /// Only read (we are standing down).
-    Read,
-}
-
-/// What the store did under its exclusion, for `decide`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) enum Write {
-    /// Leave the file as it is.
-    Keep,
-    /// Replace the content with these bytes, which encode `record`.
-    Put(Vec<u8>, LockRecord),
-    /// Truncate to zero bytes (the NIP's release), first raising the
-    /// epoch mark to this (extension: it tells observers that the holder
-    /// released, not its child; see [`same_id`]).
-    Clear(Option<u64>),
-}
-
-/// What a look found, for `conclude`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Seen {
-    /// The content after the look, or why it could not be read.
-    pub content: Result<LockContent, String>,
-    /// Why we wrote our record, if we did.
-    pub took: Option<TakeReason>,
-    /// Whether the locked look succeeded (a failed one fell back to a read).
-    pub locked: bool,
-    /// The locked look failed because a peer held the store's exclusion
-    /// for the whole lock wait: nobody else can have written meanwhile.
-    pub busy: bool,
-    /// The error of a failed locked look.
-    pub error: Option<String>,
-}
-
-/// How the self-fencing deadline changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Validity {
-    /// Unchanged.
-    Keep,
-    /// Never fenced (spec mode, or a fail-safe leader holding no lock).
-    Always,
-    /// Valid for [`Rules::validity`] from the moment of our write.
-    Renew,
-    /// Fenced until our next write: we hold a record we did not write
-    /// ourselves (handed to us) and could not confirm it.
-    Fenced,
-}
-
-/// The outcome of an evaluation.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Conclusion {
-    pub leader: bool,
-    pub reason: ChangeReason,
-    /// Report even if `leader` did not change (first look, completed claim).
-    pub always: bool,
-    pub validity: Validity,
-    /// Extension: the presence token of the holder to watch for its death.
-    pub watch: Option<String>,
-    /// Our local lead request to remove, now that it is done.
-    pub remove_request: Option<String>,
-}
-
 /// One key's election state, owned by the writer. (Clone, Eq and Hash
 /// for the model check: its states are sets of machines.)
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -214,9 +127,14 @@ pub(crate) struct KeyMachine {
     seen: Option<(LockRecord, Instant)>,
     /// The record we last decided to write (to recognise it unchanged).
     written: Option<LockRecord>,
+    /// The current look rewrote exactly `written` (see
+    /// [`Conclusion::unbroken`]).
+    rewrote_ours: bool,
     /// Extension: the `seen` instant whose hang was judged already (taken,
     /// or left alone by the other rules), so its deadline is not due again.
     hang_judged: Option<Instant>,
+    /// Extension: the record whose hang timer a pause restarted already.
+    pause_restarted: Option<LockRecord>,
     /// Highest fencing epoch seen for this key.
     epoch: u64,
     observed: Observed,
@@ -244,7 +162,9 @@ impl KeyMachine {
             holds_lock: false,
             seen: None,
             written: None,
+            rewrote_ours: false,
             hang_judged: None,
+            pause_restarted: None,
             epoch: 0,
             observed: Observed::Nothing,
             last_error: None,
@@ -384,6 +304,9 @@ impl KeyMachine {
                 let bytes = encode_record_at(&self.our_id, self.our_pid, now.wall, ext, &self.here);
                 match LockContent::parse(&bytes) {
                     LockContent::Record(r) => {
+                        self.rewrote_ours = reason == TakeReason::Ours
+                            && self.holds_lock
+                            && self.written.as_ref() == content.record();
                         self.written = Some(r.clone());
                         (Write::Put(bytes, r), Some(reason))
                     }
@@ -556,6 +479,22 @@ impl KeyMachine {
     fn restart_hang_timer(&mut self, now: Instant) {
         if let Some((_, since)) = self.seen.as_mut() {
             *since = now;
+        }
+    }
+
+    /// Extension: a pause restarts the hang timer of the record seen, but
+    /// only once for as long as that record stays unchanged: an observer
+    /// whose every round comes late (an overloaded machine, VM steal, a
+    /// CPU quota) would otherwise restart it forever and never replace a
+    /// hung holder. A whole cluster paused together still keeps its
+    /// leader: its first refresh after the pause changes the record.
+    fn pause_noticed(&mut self, now: Instant) {
+        let Some((r, _)) = self.seen.as_ref() else {
+            return;
+        };
+        if self.pause_restarted.as_ref() != Some(r) {
+            self.pause_restarted = Some(r.clone());
+            self.restart_hang_timer(now);
         }
     }
 

@@ -16,16 +16,18 @@ pub(crate) struct Rules {
 }
 
 impl Rules {
-    /// Extension: whether a round of the writer's loop that began `gap`
-    /// after the last one means we were paused (or starved) and could not
-    /// look. The loop wakes at least once per refresh; the slack is half
-    /// the margin between refresh and stale, so any pause long enough to
-    /// make a live holder look hung is noticed. Every hang timer then
-    /// starts again ([`KeyMachine::restart_hang_timer`]), so that a cluster
-    /// paused and resumed together, in any order, keeps its leader.
-    pub(crate) fn paused(&self, gap: Duration) -> bool {
+    /// Extension: whether a round of the writer's loop that began `late`
+    /// after the wake-up it asked for means we were paused (or starved)
+    /// and could not look. The slack is half the margin between refresh
+    /// and stale, so any pause long enough to make a live holder look hung
+    /// is noticed. The hang timers then start again, once per unchanged
+    /// record (see `KeyMachine::pause_noticed`), so that a cluster paused
+    /// and resumed together, in any order, keeps its leader, and an
+    /// observer whose every round comes that late still replaces a hung
+    /// holder.
+    pub(crate) fn paused(&self, late: Duration) -> bool {
         let slack = self.stale.saturating_sub(self.refresh) / 2;
-        self.profile.monotonic_hang && gap > self.refresh + slack
+        self.profile.monotonic_hang && late > slack
     }
 
     /// Ticks due within this much are run together: never much earlier,

@@ -79,9 +79,14 @@ pub(crate) enum Input<'a> {
     ClaimPending(Option<String>),
     /// `resume()`: ends a stand-down.
     Resume,
-    /// The holder's silence proves nothing (we were paused, or a peer held
-    /// the exclusion): every hang timer starts again.
+    /// The holder's silence proves nothing (a peer held the exclusion for
+    /// the whole lock wait, so the holder could not write either): the
+    /// hang timer starts again.
     RestartHangTimer,
+    /// Our round came late (we were paused or starved): the hang timer
+    /// starts again, once per unchanged record (see
+    /// [`KeyMachine::pause_noticed`]).
+    Paused,
     /// An error for the status, until the next look replaces it.
     Error(String),
 }
@@ -164,6 +169,7 @@ impl KeyMachine {
             Input::Evaluate { cause, request } => {
                 self.same_id.floor = None;
                 self.same_id.vacated = false;
+                self.rewrote_ours = false;
                 let begin = self.begin(now, request);
                 let step_down = begin.step_down.clone();
                 self.evaluation = Some(Evaluation {
@@ -248,6 +254,10 @@ impl KeyMachine {
             }
             Input::RestartHangTimer => {
                 self.restart_hang_timer(now.mono);
+                Decision::Nothing
+            }
+            Input::Paused => {
+                self.pause_noticed(now.mono);
                 Decision::Nothing
             }
             Input::Error(e) => {

@@ -251,7 +251,10 @@ impl Key {
     /// then the request removal. The watches follow after the answer
     /// (`Writer::after_answer`).
     fn apply(&mut self, ctx: &mut Ctx, c: Conclusion, locked_at: Option<u64>) {
-        let acting_before = self.cell.is_leader_on(ctx.world.clocks());
+        // Our own record, exactly as we left it, refreshed: nobody else
+        // led, so a lapse of our validity while we (and everyone) were
+        // paused is no break to announce, and the turn in flight goes on.
+        let acting_before = self.cell.is_leader_on(ctx.world.clocks()) || c.unbroken;
         match c.validity {
             Validity::Keep => {}
             Validity::Always => self.cell.never_fence(),

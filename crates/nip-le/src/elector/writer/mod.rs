@@ -24,7 +24,7 @@ mod work;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::broadcast;
 
@@ -57,8 +57,6 @@ pub(crate) struct Shared {
 pub(crate) struct Writer {
     ctx: Ctx,
     keys: BTreeMap<AgentPubkey, Key>,
-    /// When the last round of the loop began (see [`Writer::notice_pause`]).
-    last_round: Instant,
 }
 
 pub(crate) enum Flow {
@@ -86,11 +84,9 @@ impl Writer {
             stale: config.stale,
             stand_down: config.stand_down,
         };
-        let last_round = world.now().mono;
         Self {
             ctx: Ctx::new(config, rules, our_id, shared, world, upper),
             keys: BTreeMap::new(),
-            last_round,
         }
     }
 
@@ -106,9 +102,10 @@ impl Writer {
     /// down.
     pub(crate) fn round(&mut self) -> bool {
         let now = self.ctx.world.now().mono;
-        let timeout = self.next_tick().map(|t| t.saturating_duration_since(now));
+        let asked = self.next_tick();
+        let timeout = asked.map(|t| t.saturating_duration_since(now));
         let woken = self.ctx.world.wait(timeout);
-        self.notice_pause();
+        self.notice_pause(asked);
         for c in woken.commands {
             // A panic in a command drops its reply (the caller gets an
             // error) and leaves the task running.
@@ -131,18 +128,20 @@ impl Writer {
         true
     }
 
-    /// Extension: a round that began late enough that we were paused (the
-    /// rule: [`Rules::paused`]) restarts every hang timer.
-    fn notice_pause(&mut self) {
+    /// Extension: a round that began late enough after the wake-up it
+    /// asked for (`asked`) that we were paused (the rule:
+    /// [`Rules::paused`]) restarts the hang timers. A round woken early
+    /// (a command, a file event) was not late.
+    fn notice_pause(&mut self, asked: Option<Instant>) {
         let now = self.ctx.world.now().mono;
-        let gap = now.saturating_duration_since(std::mem::replace(&mut self.last_round, now));
-        if !self.keys.is_empty() && self.ctx.rules.paused(gap) {
+        let late = asked.map_or(Duration::ZERO, |a| now.saturating_duration_since(a));
+        if !self.keys.is_empty() && self.ctx.rules.paused(late) {
             tracing::info!(
-                ?gap,
+                ?late,
                 "the election task was paused: hang timers start again"
             );
             for key in self.keys.values_mut() {
-                key.m.step(Input::RestartHangTimer, self.ctx.world.now());
+                key.m.step(Input::Paused, self.ctx.world.now());
             }
         }
     }
@@ -312,6 +311,7 @@ impl Writer {
             global: None,
             global_since: None,
         };
+        key.note_member(&self.ctx);
         if let Some(u) = &self.ctx.upper {
             key.cell.set_global(cache::global_state::NOT_HELD, 0);
             key.global = Some(GlobalStatus {

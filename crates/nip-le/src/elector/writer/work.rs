@@ -65,6 +65,25 @@ impl Key {
         });
     }
 
+    /// Extension: we take part in this key's election and keep its ledger
+    /// (a `held` line at epoch 0, appended without reading the ledger): a
+    /// record without an epoch naming our id is our harness child's, and
+    /// whoever replaces it knows that the ledger covers it, even if we
+    /// never held the lock and are gone by then.
+    pub(super) fn note_member(&mut self, ctx: &Ctx) {
+        if !ctx.rules.profile.ledger {
+            return;
+        }
+        let op = Op::Held {
+            epoch: 0,
+            by: ctx.our_id.to_string(),
+            at_ms: unix_ms(ctx.world.now().wall),
+        };
+        if let Err(e) = ctx.world.ledger(&self.pubkey).append(&op.to_line()) {
+            tracing::warn!(pubkey = %self.pubkey, "cannot note us in the work ledger: {e}");
+        }
+    }
+
     /// Extension: the heir of our handoff keeps this ledger at `epoch` (its
     /// harness child's record, if that is what a successor finds, is
     /// covered by it).

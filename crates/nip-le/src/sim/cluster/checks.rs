@@ -124,12 +124,23 @@ impl Sim {
         if t < self.last_claim + ns(o.stand_down + o.stale) {
             b += ns(o.stand_down);
         }
-        if self
-            .starved
-            .values()
-            .any(|&(until, _)| until > t.saturating_sub(b))
-        {
-            b += 4 * self.starved.values().map(|s| s.1).max().unwrap_or(0);
+        let since = t.saturating_sub(b);
+        let late = |f: fn(&(u64, u64, u64)) -> bool| {
+            let recent = self.starved.values().filter(|s| s.0 > since);
+            recent.filter(|s| f(s)).map(|s| s.2).max()
+        };
+        // Wake-ups late by a random amount: a few rounds' worth.
+        if let Some(l) = late(|s| s.1 < s.2) {
+            b += 4 * l;
+        }
+        // Every wake-up that late (past the pause rule's slack): the hang
+        // timer starts when a late round first sees the holder's last
+        // record and again, once, at the next late round (each a refresh
+        // and a lateness away at most), and the deadline's own wake-up
+        // comes late too: a hung holder is replaced within the stale
+        // bound, two refreshes and three rounds' lateness.
+        if let Some(l) = late(|s| s.1 == s.2) {
+            b += 2 * ns(o.refresh) + 3 * l;
         }
         b
     }

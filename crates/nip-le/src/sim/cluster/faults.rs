@@ -97,8 +97,32 @@ impl Sim {
             Fault::WallStep { ns } => lock(&self.m).wall_offset += i128::from(ns),
             Fault::Starve { d, late } => {
                 if let Some(w) = pick(self) {
-                    self.starved.insert(self.windows[w].proc, (t + d, late));
+                    self.starved.insert(self.windows[w].proc, (t + d, 0, late));
                     self.quiet_from = self.quiet_from.max(t + d);
+                }
+            }
+            Fault::StarvedAroundAHungLeader { d, late } => {
+                let holder = lock(&self.m)
+                    .files
+                    .get(&self.pk)
+                    .and_then(|f| f.content().record().map(|r| r.instance_id.clone()));
+                let named = |sim: &Self, w: usize| {
+                    holder.as_deref()
+                        == Some(lock(&sim.m).procs[sim.windows[w].proc].instance_id.as_str())
+                };
+                if let Some(&w) = acting.iter().find(|&&w| named(self, w)) {
+                    // Hung with its children (a frozen cgroup): a child
+                    // left running would keep the id's record fresh.
+                    let child = self.windows[w].child.map(|h| self.harnesses[h].proc);
+                    let mut s = lock(&self.m);
+                    for p in std::iter::once(self.windows[w].proc).chain(child) {
+                        s.procs[p].stopped_until = t + d;
+                    }
+                    drop(s);
+                    for o in live.iter().copied().filter(|&o| o != w) {
+                        self.starved
+                            .insert(self.windows[o].proc, (t + d, late, late));
+                    }
                 }
             }
             Fault::Enospc { d } | Fault::Eio { d } | Fault::ReadOnly { d } => {

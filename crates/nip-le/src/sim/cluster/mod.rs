@@ -88,8 +88,9 @@ pub struct Sim {
     /// Per process: its scheduled round (time, generation).
     rounds: BTreeMap<ProcId, (u64, u64)>,
     gens: u64,
-    /// Per process: starved until, by up to this much per wake-up.
-    starved: BTreeMap<ProcId, (u64, u64)>,
+    /// Per process: starved until, by at least and at most this much per
+    /// wake-up.
+    starved: BTreeMap<ProcId, (u64, u64, u64)>,
     checker: Checker,
     quiet_from: u64,
     last_claim: u64,
@@ -302,9 +303,9 @@ impl Sim {
     fn schedule(&mut self, proc: ProcId, at: u64) {
         let t = self.now();
         let mut at = at.max(t);
-        if let Some(&(until, late)) = self.starved.get(&proc) {
+        if let Some(&(until, least, most)) = self.starved.get(&proc) {
             if at < until {
-                at += self.rng.range(0, late);
+                at += self.rng.range(least, most);
             }
         }
         if self.rounds.get(&proc).is_some_and(|&(cur, _)| cur <= at) {
