@@ -102,7 +102,7 @@ def read_is_leader():
     return rec is None or rec["instance_id"] == a.instance_id
 
 
-def release(*_):
+def release():
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     rec = parse(os.read(fd, 65536))
@@ -113,14 +113,29 @@ def release(*_):
     sys.exit(0)
 
 
-signal.signal(signal.SIGTERM, release)
+class Stop(Exception):
+    pass
+
+
+def on_term(*_):
+    # Unwind first: a SIGTERM that lands inside acquire() must let its
+    # flock go (the `finally`) before release() takes one on another
+    # descriptor, or the process would wait on itself forever.
+    raise Stop()
+
+
+signal.signal(signal.SIGTERM, on_term)
 emit(event="started", instance_id=a.instance_id, pid=os.getpid(), pubkey=a.pubkey)
 cached = None
-while True:
-    acquire()
-    leader = read_is_leader()
-    if leader != cached:
-        cached = leader
-        emit(event="leadership", pubkey=a.pubkey, is_leader=leader,
-             reason="acquired" if leader else "lost", at_ms=now_ms())
-    time.sleep(a.refresh_ms / 1000)
+try:
+    while True:
+        acquire()
+        leader = read_is_leader()
+        if leader != cached:
+            cached = leader
+            emit(event="leadership", pubkey=a.pubkey, is_leader=leader,
+                 reason="acquired" if leader else "lost", at_ms=now_ms())
+        time.sleep(a.refresh_ms / 1000)
+except Stop:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    release()
