@@ -155,6 +155,7 @@ impl KeyMachine {
             watch,
             remove_request,
             unbroken: locked && took == Some(TakeReason::Ours) && self.rewrote_ours,
+            took_over: took.is_some_and(TakeReason::is_takeover),
         }
     }
 

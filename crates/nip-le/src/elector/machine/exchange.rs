@@ -100,4 +100,7 @@ pub(crate) struct Conclusion {
     /// else can have led since, however long we were paused, so a lapse
     /// of our validity meanwhile is no break in our lead.
     pub unbroken: bool,
+    /// We took the lock over from a holder that died, hung or left (even
+    /// when that completes a claim).
+    pub took_over: bool,
 }

@@ -32,6 +32,12 @@ pub(super) struct WorkState {
     pub(super) ledgerless_before: bool,
     /// `None`: the ledger cannot be read; we dispatch without it.
     pub(super) ledger: Option<Ledger>,
+    /// We took the lock over (the holder died, hung or went): what it
+    /// took is owed at once, even if it lives on (a hung holder that
+    /// resumes is fenced and sends nothing). After a hand-over or a claim
+    /// its takes stay in flight while it lives: its reply may be on its
+    /// way.
+    pub(super) after_takeover: bool,
 }
 
 /// One joined key.
@@ -265,7 +271,7 @@ impl Key {
             ),
         }
         let held = self.cell.set_leader(c.leader);
-        self.track_work(ctx, c.leader);
+        self.track_work(ctx, c.leader, c.took_over);
         self.tell_upper(ctx, c.leader, false);
         // What readers see from now on: the flag, self-fencing included.
         let acting = self.cell.is_leader_on(ctx.world.clocks());
@@ -304,7 +310,7 @@ impl Key {
         if departing {
             self.end_takes(unix_ms(ctx.world.now().wall));
         }
-        self.track_work(ctx, false);
+        self.track_work(ctx, false, false);
         let heir = self.heir(ctx, target);
         let mut released = false;
         let (m, store, world) = (&mut self.m, &mut self.store, &ctx.world);

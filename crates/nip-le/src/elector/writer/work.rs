@@ -16,7 +16,7 @@ impl Key {
     /// Keeps the leadership start and the work ledger in step with the
     /// view: the ledger is (re)loaded whenever we lead at a new epoch, and
     /// forgotten when we stop leading.
-    pub(super) fn track_work(&mut self, ctx: &Ctx, leader: bool) {
+    pub(super) fn track_work(&mut self, ctx: &Ctx, leader: bool, takeover: bool) {
         if !leader {
             self.leader_since = None;
             self.global_since = None;
@@ -62,6 +62,7 @@ impl Key {
             epoch,
             ledgerless_before,
             ledger,
+            after_takeover: takeover,
         });
     }
 
@@ -151,7 +152,8 @@ impl Key {
         }
         let pubkey = self.pubkey;
         let probes = FileProbes::new(ctx, &pubkey, false);
-        let lives = |t: &str| probes.presence(t) == PeerPresence::Alive;
+        let takeover = self.work.as_ref().is_some_and(|w| w.after_takeover);
+        let lives = |t: &str| !takeover && probes.presence(t) == PeerPresence::Alive;
         match (op, reply) {
             (WorkOp::Take(id), WorkReply::Take(r)) => {
                 let _ = r.send(Ok(self.take(ctx, &id, leads, now_ms, &lives)));

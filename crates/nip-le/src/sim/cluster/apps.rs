@@ -119,7 +119,8 @@ impl Sim {
 
     /// A reply reaches the relay: answered, and recorded done whatever the
     /// window's leadership is by now. A window killed, quit or gone from
-    /// the key meanwhile never sent it.
+    /// the key meanwhile never sent it, nor one frozen past the stale
+    /// bound (README: the work ledger's limits).
     pub(super) fn sent(&mut self, proc: ProcId, id: String) {
         let Some(w) = self.window_of(proc) else {
             return;
@@ -141,7 +142,16 @@ impl Sim {
             return;
         }
         if !running {
-            self.push(until, Ev::Sent(proc, id));
+            // Frozen past the stale bound: its relay connection is gone,
+            // and a takeover owes what a hung holder took at once.
+            // The app learns it when it runs again, and gives the mention
+            // back.
+            if until.saturating_sub(self.now()) <= self.opts.stale.as_nanos() as u64 {
+                self.push(until, Ev::Sent(proc, id));
+            } else {
+                self.windows[w].app.sending.remove(&id);
+                self.push(until, Ev::SendFailed(proc, id));
+            }
             return;
         }
         let t = self.now();
@@ -166,6 +176,28 @@ impl Sim {
         self.windows[w].app.sending.remove(&id);
         self.windows[w].app.drop_mention(&id);
         self.record(w, WorkOp::Done(id));
+        self.react(w);
+    }
+
+    /// A reply that never reached the relay: its app gives the mention back
+    /// (when it runs again, if it was stopped once more meanwhile).
+    pub(super) fn send_failed(&mut self, proc: ProcId, id: String) {
+        let Some(w) = self.window_of(proc) else {
+            return;
+        };
+        let (alive, running, until) = {
+            let s = lock(&self.m);
+            let p = &s.procs[proc];
+            (p.alive, p.running(s.t), p.stopped_until)
+        };
+        if !alive || self.windows[w].writer.is_none() {
+            return;
+        }
+        if !running {
+            self.push(until, Ev::SendFailed(proc, id));
+            return;
+        }
+        self.record(w, WorkOp::GiveBack(id));
         self.react(w);
     }
 

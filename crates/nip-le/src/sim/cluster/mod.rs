@@ -49,6 +49,8 @@ enum Ev {
     Sent(ProcId, String),
     /// A window's app asks for owed work again (its poll timer).
     Poll(ProcId),
+    /// A window's app learns that its reply never reached the relay.
+    SendFailed(ProcId, String),
     /// A relay `claim_leadership` frame reaches a process.
     Frame(ProcId, String),
     /// A suspended machine wakes: the monotonic clock lost `d` ns.
@@ -447,6 +449,7 @@ impl Sim {
             }
             Ev::TurnEnd(proc, serial) => self.turn_end(proc, serial),
             Ev::Sent(proc, id) => self.sent(proc, id),
+            Ev::SendFailed(proc, id) => self.send_failed(proc, id),
             Ev::Poll(proc) => {
                 if let Some(w) = self.window_of(proc) {
                     self.windows[w].app.poll_pending = false;
