@@ -111,7 +111,9 @@ fn parse(f: &File) -> Option<Mark> {
 fn write(f: &File, mark: Mark) -> std::io::Result<()> {
     let flag = if mark.released { 'r' } else { 'h' };
     let body = format!("{:0DIGITS$}\n{flag}\n", mark.epoch);
-    lockfile::write_all_at(f, body.as_bytes(), 0)
+    // On disk before the record that carries the epoch is written: after a
+    // power cut the mark must not have gone back under an epoch issued.
+    lockfile::write_all_at(f, body.as_bytes(), 0).and_then(|()| f.sync_data())
 }
 
 /// Raises the mark to `epoch` (never lowers it). Called under the lock

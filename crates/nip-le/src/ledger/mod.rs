@@ -187,8 +187,10 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
             .map(<[u8]>::to_vec)
             .ok_or(LedgerError::Rewritten)
     }
-    /// Appends one line (one write on a descriptor opened for appending).
-    fn append(&mut self, line: &[u8]) -> Result<()>;
+    /// Appends one line (one write on a descriptor opened for appending),
+    /// on disk before it returns when `durable` (a take, a done, a give
+    /// back: one lost to a power cut would be answered again or never).
+    fn append(&mut self, line: &[u8], durable: bool) -> Result<()>;
     /// Replaces the whole ledger with `body` (compaction).
     fn replace(&mut self, body: &[u8]) -> Result<()>;
 }
@@ -244,7 +246,7 @@ impl LedgerStorage for FileLedger {
         Ok(buf)
     }
 
-    fn append(&mut self, line: &[u8]) -> Result<()> {
+    fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
         if self.append.is_none() {
             let mut o = open_options(Create::IfMissing);
             o.append(true);
@@ -262,7 +264,9 @@ impl LedgerStorage for FileLedger {
             self.append = Some(f);
         }
         let f = self.append.as_mut().expect("opened above");
-        f.write_all(line).map_err(|e| Error::io(&self.path, e))
+        f.write_all(line)
+            .and_then(|()| if durable { f.sync_data() } else { Ok(()) })
+            .map_err(|e| Error::io(&self.path, e))
     }
 
     /// A new file renamed over the old one; appends continue on the new one.
@@ -270,9 +274,13 @@ impl LedgerStorage for FileLedger {
         let tmp = self
             .path
             .with_extension(format!("work.{}", uuid::Uuid::new_v4().simple()));
+        // The new file's bytes on disk before the rename, and the rename
+        // itself after it: a power cut must leave the old ledger or the
+        // new one, never an empty file in its place.
         let written = open_regular_file(&tmp, Create::New)
-            .and_then(|mut f| f.write_all(body))
-            .and_then(|()| std::fs::rename(&tmp, &self.path));
+            .and_then(|mut f| f.write_all(body).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, &self.path))
+            .and_then(|()| sync_dir(&self.path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(Error::io(&self.path, e));
@@ -291,6 +299,12 @@ pub struct Ledger {
     /// How many bytes of the storage `index` has applied (whole lines).
     read: u64,
     retention: Duration,
+    /// Lines applied here that the storage did not take yet (ENOSPC, EIO,
+    /// a read-only directory): written, in order, before anything else.
+    pending: Vec<u8>,
+    /// A write failed and may have left a fragment without its newline:
+    /// the next write ends it first, so no line is glued onto it.
+    torn: bool,
 }
 
 impl Ledger {
@@ -318,6 +332,8 @@ impl Ledger {
             storage,
             read,
             retention,
+            pending: Vec::new(),
+            torn: false,
         })
     }
 
@@ -326,6 +342,8 @@ impl Ledger {
     /// ledger); reads it whole again if it was rewritten meanwhile. Our own
     /// appends are read back too: applying a line twice changes nothing.
     pub fn refresh(&mut self, now_ms: u64) -> std::result::Result<(), LedgerError> {
+        // Ours first: the file then holds everything this index applied.
+        let _ = self.flush();
         match self.storage.read_from(self.read) {
             Ok(bytes) => {
                 self.read += self.index.extend(&bytes) as u64;
@@ -336,6 +354,8 @@ impl Ledger {
                 let mut index = Index::default();
                 self.read = index.extend(&bytes) as u64;
                 index.expire(now_ms, self.retention);
+                // What is still waiting for the storage stays applied.
+                index.extend(&self.pending);
                 self.index = index;
                 Ok(())
             }
@@ -343,11 +363,44 @@ impl Ledger {
         }
     }
 
-    /// Appends one line and applies it.
+    /// Applies one line and appends it. A line the storage refuses
+    /// (ENOSPC, EIO) is still applied here, so a take is never granted
+    /// twice, and is kept to be written, in order, with the next append or
+    /// [`Ledger::flush`]; the error says that it is not on disk yet.
     pub fn append(&mut self, op: &Op) -> Result<()> {
-        self.storage.append(&op.to_line())?;
         self.index.apply(op);
-        Ok(())
+        self.pending.extend(op.to_line());
+        self.flush()
+    }
+
+    /// Writes the lines the storage refused before, if it takes them now.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut bytes = Vec::with_capacity(self.pending.len() + 1);
+        if self.torn {
+            // A blank line is skipped; a fragment it ends is one skipped
+            // line, never glued onto ours.
+            bytes.push(b'\n');
+        }
+        bytes.extend(&self.pending);
+        match self.storage.append(&bytes, true) {
+            Ok(()) => {
+                self.pending.clear();
+                self.torn = false;
+                Ok(())
+            }
+            Err(e) => {
+                self.torn = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether lines applied here are still waiting for the storage.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// Rewrites the ledger with only the live entries.
@@ -356,8 +409,23 @@ impl Ledger {
         self.storage.replace(&body)?;
         self.index.compacted();
         self.read = body.len() as u64;
+        // The snapshot holds every line applied here.
+        self.pending.clear();
+        self.torn = false;
         Ok(())
     }
+}
+
+/// Makes a rename in `path`'s directory durable (Unix: the directory's own
+/// `fsync`; elsewhere the file system orders it).
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 fn read_capped(f: File) -> std::result::Result<Vec<u8>, LedgerError> {

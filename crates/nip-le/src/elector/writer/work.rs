@@ -80,7 +80,8 @@ impl Key {
             by: ctx.our_id.to_string(),
             at_ms: unix_ms(ctx.world.now().wall),
         };
-        if let Err(e) = ctx.world.ledger(&self.pubkey).append(&op.to_line()) {
+        // Not worth a sync: a lost line only costs a fallback later.
+        if let Err(e) = ctx.world.ledger(&self.pubkey).append(&op.to_line(), false) {
             tracing::warn!(pubkey = %self.pubkey, "cannot note us in the work ledger: {e}");
         }
     }
@@ -124,11 +125,15 @@ impl Key {
         }
     }
 
-    /// Rewrites a ledger that has grown to twice its live entries.
+    /// Writes the lines the disk refused before, and rewrites a ledger
+    /// that has grown to twice its live entries.
     pub(super) fn compact_ledger(&mut self) {
         let Some(l) = self.work.as_mut().and_then(|w| w.ledger.as_mut()) else {
             return;
         };
+        if l.has_pending() && l.flush().is_ok() {
+            tracing::info!(pubkey = %self.pubkey, "the work ledger's refused lines are written now");
+        }
         if l.index.wants_compaction() {
             if let Err(e) = l.compact() {
                 tracing::warn!(pubkey = %self.pubkey, "cannot compact the work ledger: {e}");
@@ -208,7 +213,7 @@ impl Key {
                 };
                 if let Err(e) = l.append(&op) {
                     // Never silent: dispatch, and say why it is unrecorded.
-                    tracing::warn!(pubkey = %self.pubkey, "cannot record a take: {e}");
+                    tracing::warn!(pubkey = %self.pubkey, "a take the disk refused is kept, to be written later: {e}");
                 }
                 TakeOutcome::Granted { epoch: Some(epoch) }
             }
@@ -240,7 +245,8 @@ impl Key {
             let Some(epoch) = ours(&l.index) else {
                 return false;
             };
-            return append(&mut l, &self.pubkey, what.op(id, epoch, now_ms));
+            // Opened for this line: one the disk refuses is not kept.
+            return append(&mut l, &self.pubkey, what.op(id, epoch, now_ms)) && !l.has_pending();
         };
         let Some(l) = w.ledger.as_mut() else {
             return true;
@@ -292,15 +298,14 @@ impl Settle {
     }
 }
 
-/// Appends `op`; `false` (and a warning) when it cannot be recorded.
+/// Applies and appends `op`. A line the disk refuses is still applied, and
+/// kept by the holder's ledger to be written as soon as the disk takes it
+/// (a warning says so): `true` either way.
 fn append(l: &mut Ledger, pubkey: &crate::pubkey::AgentPubkey, op: Op) -> bool {
-    match l.append(&op) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(%pubkey, "cannot append to the work ledger: {e}");
-            false
-        }
+    if let Err(e) = l.append(&op) {
+        tracing::warn!(%pubkey, "the work ledger keeps a line the disk refused, to write it later: {e}");
     }
+    true
 }
 
 /// Appends the `held` line of `by` at `epoch`, unless the ledger has it.
