@@ -49,6 +49,25 @@ fn granted_epoch(t: TakeOutcome) -> u64 {
     }
 }
 
+/// Windows `a` (the leader, which took `taken` first) and `b`, joined in
+/// `dir`, after `b` claimed and leads: their electors and work ledgers.
+fn claimed_after(
+    dir: &std::path::Path,
+    taken: &[&str],
+) -> (Elector, Elector, nip_le::Work, nip_le::Work) {
+    let a = Elector::start(config(dir), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(config(dir), InstanceId::new("b").unwrap()).unwrap();
+    a.join(&pk()).unwrap();
+    b.join(&pk()).unwrap();
+    let (wa, wb) = (a.work(&pk()).unwrap(), b.work(&pk()).unwrap());
+    for id in taken {
+        granted_epoch(wa.take(id).unwrap());
+    }
+    b.claim(&pk()).unwrap();
+    assert!(wait_until(|| wb.may_act()), "b never led");
+    (a, b, wa, wb)
+}
+
 #[test]
 fn only_the_leader_takes_and_completes_and_each_event_once() {
     let tmp = tempfile::tempdir().unwrap();
@@ -110,14 +129,7 @@ fn a_claim_leaves_the_in_flight_turn_with_its_taker_until_it_gives_it_back() {
 #[test]
 fn a_reply_sent_while_leadership_moved_is_recorded_and_never_owed_again() {
     let tmp = tempfile::tempdir().unwrap();
-    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
-    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
-    a.join(&pk()).unwrap();
-    b.join(&pk()).unwrap();
-    let (wa, wb) = (a.work(&pk()).unwrap(), b.work(&pk()).unwrap());
-    granted_epoch(wa.take("sending").unwrap());
-    b.claim(&pk()).unwrap();
-    assert!(wait_until(|| wb.may_act()), "b never led");
+    let (_a, _b, wa, wb) = claimed_after(tmp.path(), &["sending"]);
     // a's reply reached the relay after the claim: its done still counts.
     assert!(wa.done("sending").unwrap(), "the taker's done is accepted");
     assert!(!wa.done("never-taken").unwrap(), "nothing else is");
@@ -129,14 +141,7 @@ fn a_reply_sent_while_leadership_moved_is_recorded_and_never_owed_again() {
 #[test]
 fn a_take_is_owed_at_once_when_its_taker_dies() {
     let tmp = tempfile::tempdir().unwrap();
-    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
-    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
-    a.join(&pk()).unwrap();
-    b.join(&pk()).unwrap();
-    let (wa, wb) = (a.work(&pk()).unwrap(), b.work(&pk()).unwrap());
-    granted_epoch(wa.take("e").unwrap());
-    b.claim(&pk()).unwrap();
-    assert!(wait_until(|| wb.may_act()), "b never led");
+    let (a, _b, wa, wb) = claimed_after(tmp.path(), &["e"]);
     assert!(wb.owed(&q(&["e"])).unwrap().is_empty(), "in flight with a");
     // a's process ends (here: its elector, and with it its presence).
     drop(wa);

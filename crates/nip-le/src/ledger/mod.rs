@@ -113,7 +113,8 @@ pub enum Op {
         at_ms: u64,
     },
     /// Extension: the holder `by` at `epoch` keeps this ledger (written
-    /// when it first leads at an epoch, and for the heir of a handoff).
+    /// when it joins the key, at epoch 0, and when it first leads at an
+    /// epoch).
     Held {
         /// The holder's fencing epoch.
         epoch: u64,
@@ -370,11 +371,16 @@ impl Ledger {
     pub fn append(&mut self, op: &Op) -> Result<()> {
         self.index.apply(op);
         self.pending.extend(op.to_line());
-        self.flush()
+        // A `held` line is worth no sync: a lost one costs a fallback.
+        self.write_pending(!matches!(op, Op::Held { .. }))
     }
 
     /// Writes the lines the storage refused before, if it takes them now.
     pub fn flush(&mut self) -> Result<()> {
+        self.write_pending(true)
+    }
+
+    fn write_pending(&mut self, durable: bool) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -385,7 +391,7 @@ impl Ledger {
             bytes.push(b'\n');
         }
         bytes.extend(&self.pending);
-        match self.storage.append(&bytes, true) {
+        match self.storage.append(&bytes, durable) {
             Ok(()) => {
                 self.pending.clear();
                 self.torn = false;

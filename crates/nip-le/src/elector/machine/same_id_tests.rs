@@ -2,7 +2,7 @@
 //! harness child's rewrite or release never moves leadership, never costs
 //! the holder its epoch, and is repaired on the same wake-up.
 
-use super::tests::{begin_look, conclude_with, machine, other, Clock, Fixed, ALIVE, STALE, TOKEN};
+use super::tests::{evaluate_marked, machine, other, Clock, Fixed, ALIVE, STALE, TOKEN};
 use super::*;
 use crate::epoch::Mark;
 use crate::record::ClaimedAt;
@@ -16,39 +16,7 @@ fn look(
     cause: Cause,
     probes: &dyn Probes,
 ) -> (Conclusion, Option<TakeReason>) {
-    let look = begin_look(m, now, cause, None);
-    let floor = match file.record().and_then(|r| r.epoch) {
-        Some(_) => Mark::default(),
-        None => *mark,
-    };
-    let locked = Input::Locked {
-        content: file,
-        floor,
-        token: Some(TOKEN),
-        probes,
-    };
-    let (write, took) = m.step(locked, now).write();
-    match write {
-        Write::Put(b, r) => {
-            *mark = mark.raised(r.epoch.unwrap_or(0));
-            *file = LockContent::parse(&b);
-        }
-        Write::Clear(e) => {
-            if let Some(e) = e {
-                *mark = mark.released_at(e);
-            }
-            *file = LockContent::Empty;
-        }
-        Write::Keep => {}
-    }
-    let seen = Seen {
-        content: Ok(file.clone()),
-        took,
-        locked: look != Look::Read,
-        busy: false,
-        error: None,
-    };
-    (conclude_with(m, now, seen), took)
+    evaluate_marked(m, file, mark, now, cause, None, probes)
 }
 
 /// What a harness child with our id writes: its own pid, none of our

@@ -115,20 +115,45 @@ pub(super) fn evaluate(
     request: Option<&LeadRequest>,
     probes: &dyn Probes,
 ) -> Conclusion {
+    let mut mark = crate::epoch::Mark::default();
+    evaluate_marked(m, file, &mut mark, now, cause, request, probes).0
+}
+
+/// The same with the store's epoch mark, as the store keeps it (read when
+/// the file carries no epoch); also says why we wrote, if we did.
+pub(super) fn evaluate_marked(
+    m: &mut KeyMachine,
+    file: &mut LockContent,
+    mark: &mut crate::epoch::Mark,
+    now: Now,
+    cause: Cause,
+    request: Option<&LeadRequest>,
+    probes: &dyn Probes,
+) -> (Conclusion, Option<TakeReason>) {
     let look = begin_look(m, now, cause, request);
+    let floor = match file.record().and_then(|r| r.epoch) {
+        Some(_) => crate::epoch::Mark::default(),
+        None => *mark,
+    };
     let locked = Input::Locked {
         content: file,
-        floor: crate::epoch::Mark::default(),
+        floor,
         token: Some(TOKEN),
         probes,
     };
     let (write, took) = m.step(locked, now).write();
     match write {
         Write::Put(b, r) => {
-            assert_eq!(LockContent::parse(&b), LockContent::Record(r));
+            assert_eq!(LockContent::parse(&b), LockContent::Record(r.clone()));
+            *mark = mark.raised(r.epoch.unwrap_or(0));
             *file = LockContent::parse(&b)
         }
-        Write::Clear(_) => *file = LockContent::Empty,
+        Write::Clear(e) => {
+            if let Some(e) = e {
+                *mark = mark.released_at(e);
+            }
+            *file = LockContent::Empty
+        }
         Write::Keep => {}
     }
     let seen = Seen {
@@ -138,7 +163,7 @@ pub(super) fn evaluate(
         busy: false,
         error: None,
     };
-    conclude_with(m, now, seen)
+    (conclude_with(m, now, seen), took)
 }
 
 #[test]

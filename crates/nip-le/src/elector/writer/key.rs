@@ -271,7 +271,6 @@ impl Key {
             ),
         }
         let held = self.cell.set_leader(c.leader);
-        self.track_work(ctx, c.leader, c.took_over);
         self.tell_upper(ctx, c.leader, false);
         // What readers see from now on: the flag, self-fencing included.
         let acting = self.cell.is_leader_on(ctx.world.clocks());
@@ -281,6 +280,9 @@ impl Key {
         for a in told {
             self.notify(ctx, a);
         }
+        // The ledger's I/O after the event: no command reaches the ledger
+        // before this conclusion is carried out whole (one writer).
+        self.track_work(ctx, c.leader, c.took_over);
         self.publish();
         self.watch = Some(c.watch);
         if let Some(nonce) = &c.remove_request {
@@ -307,6 +309,8 @@ impl Key {
     ) -> bool {
         self.m.step(Input::StepDown, ctx.world.now());
         self.cell.set_leader(false);
+        // The change happened now, whatever the writes below take.
+        let stopped_at = unix_ms(ctx.world.now().wall);
         if departing {
             self.end_takes(unix_ms(ctx.world.now().wall));
         }
@@ -334,11 +338,7 @@ impl Key {
         if released {
             match &heir {
                 Some(h) => {
-                    tracing::info!(pubkey = %self.pubkey, heir = %h.instance_id, "handed the lock over");
-                    let epoch = result.as_ref().ok().and_then(|c| c.record()?.epoch);
-                    if let (Some(e), true) = (epoch, ctx.rules.profile.ledger) {
-                        self.handed_to(ctx, &h.instance_id, e);
-                    }
+                    tracing::info!(pubkey = %self.pubkey, heir = %h.instance_id, "handed the lock over")
                 }
                 None => tracing::info!(pubkey = %self.pubkey, "released the lock"),
             }
@@ -348,7 +348,7 @@ impl Key {
         // upper level's hold; otherwise it is given up at once.
         self.tell_upper(ctx, false, !(released && heir.is_some()));
         if let Some(a) = self.announcer.step_down(reason, always) {
-            self.notify(ctx, a);
+            self.notify_at(ctx, a, stopped_at);
         }
         self.publish();
         released

@@ -86,17 +86,6 @@ impl Key {
         }
     }
 
-    /// Extension: the heir of our handoff keeps this ledger at `epoch` (its
-    /// harness child's record, if that is what a successor finds, is
-    /// covered by it).
-    pub(super) fn handed_to(&mut self, ctx: &Ctx, heir: &str, epoch: u64) {
-        let now_ms = unix_ms(ctx.world.now().wall);
-        let storage = ctx.world.ledger(&self.pubkey);
-        if let Ok(mut l) = Ledger::open(storage, now_ms, ctx.config.work_retention) {
-            held(&mut l, &self.pubkey, epoch, heir, now_ms);
-        }
-    }
-
     /// Stepping down (release, stand-down, leave, shutdown) ends every turn
     /// this window took at its epoch: they are given back, owed again at
     /// once to whoever leads next (the change carries `mustCancelTurn`, so
