@@ -70,13 +70,17 @@ FILE[done_fenced]=$E/writer/work.rs;     SUB[done_fenced]='s/\(Some\(epoch\), _\
 FILE[no_in_flight]=$E/writer/work.rs;    SUB[no_in_flight]='s/let lives = \|t: &str\| probes.presence\(t\) == PeerPresence::Alive;/let lives = |_t: \&str| false;/'
 FILE[no_tail]=$E/writer/work.rs;         SUB[no_tail]='s/if let Err\(e\) = l.refresh\(now_ms\) \{/if let Err(e) = Ok::<(), crate::ledger::LedgerError>(()) {/'
 FILE[stand_down_gives_back]=$E/writer/key.rs; SUB[stand_down_gives_back]='s/        if departing \{/        if true {/'
+# A pause that restarts the hang timer on every late round (issue 18,
+# item 5): only the starvation faults show it.
+FILE[pause_every_round]=$E/machine/mod.rs; SUB[pause_every_round]='s/if self.pause_restarted.as_ref\(\) != Some\(r\) \{/if true {/'
 declare -A RUNS
 for d in no_fence fallback_always steal early_handover revoke_claim revoke_sibling; do RUNS[$d]="hosts:fall-back:200 hosts:stay-silent:60"; done
+RUNS[pause_every_round]="extended::300:processes,holds,clocks,files,pids,children"
 # Latency only: no invariant breaks; the spec cluster's claims tell it.
 RUNS[spec_ticks]="extended::300 mixed::250 spec::300"
 
 defects=("$@")
-[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back)
+[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back pause_every_round)
 FILE[none]=; SUB[none]=
 RUNS[none]="extended::300 mixed::250 spec::300 hosts:fall-back:200 hosts:stay-silent:60"
 for d in "${defects[@]}"; do
@@ -88,11 +92,11 @@ for d in "${defects[@]}"; do
   fi
   cargo build -q -p nip-le-cli
   for run in ${RUNS[$d]:-extended::300 mixed::250}; do
-    IFS=: read -r cluster policy seeds <<<"$run"
+    IFS=: read -r cluster policy seeds without <<<"$run"
     flags=(--cluster "$cluster")
     [ -z "$policy" ] || flags+=(--policy "$policy")
     out=$("$CARGO_TARGET_DIR/debug/nip-le" sim "${flags[@]}" --seeds "$seeds" --seconds 120 \
-      --without files,clocks 2>/dev/null || true)
+      --without "${without:-files,clocks}" 2>/dev/null || true)
     n=$(grep -c 'failed:' <<<"$out" || true)
     first=$(grep -m1 'failed:' <<<"$out" || true)
     claims=$(grep -m1 '^claims:' <<<"$out" || true)
