@@ -126,9 +126,9 @@ pub fn raise_floor(path: &Path, epoch: u64) -> std::io::Result<()> {
 /// Rewrites the mark as `change` says, if that changes it.
 fn update(path: &Path, change: impl FnOnce(Mark) -> Mark) -> std::io::Result<()> {
     let f = lockfile::open_regular_file(path, Create::IfMissing)?;
-    let have = parse(&f).unwrap_or_default();
-    let want = change(have);
-    if want == have && parse(&f).is_some() {
+    let parsed = parse(&f);
+    let want = change(parsed.unwrap_or_default());
+    if parsed == Some(want) {
         return Ok(());
     }
     write(&f, want)

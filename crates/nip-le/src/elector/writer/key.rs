@@ -52,9 +52,10 @@ pub(super) struct Key {
     pub(super) watch: Option<Option<String>>,
     /// Since when (unix ms) we lead, while we do.
     pub(super) leader_since: Option<u64>,
-    /// Whether our last take replaced a writer that kept no work ledger
-    /// (see [`KeyMachine::ledgerless`]).
-    pub(super) replaced_ledgerless: Option<Option<String>>,
+    /// The id of a writer without an epoch that our last take replaced,
+    /// unless it is known to keep the ledger (see
+    /// [`KeyMachine::ledgerless`]).
+    pub(super) replaced_ledgerless: Option<String>,
     /// Extension: the work ledger, while we hold the lock at an epoch.
     pub(super) work: Option<WorkState>,
     /// What was announced last (see [`Announcer`]).
@@ -224,8 +225,8 @@ impl Key {
                 w
             })
         });
-        if before.is_some() {
-            self.replaced_ledgerless = before;
+        if let Some(b) = before {
+            self.replaced_ledgerless = b;
         }
         match result {
             Ok(u) => (

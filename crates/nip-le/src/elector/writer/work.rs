@@ -49,7 +49,7 @@ impl Key {
         // ledger, unless it is the harness child of a window that keeps
         // one: a `held` line names it (see `ledger`), or it takes part in
         // this key with a presence now.
-        let ledgerless_before = self.replaced_ledgerless.take().flatten().is_some_and(|by| {
+        let ledgerless_before = self.replaced_ledgerless.take().is_some_and(|by| {
             ledger.as_ref().is_none_or(|l| !l.index.kept_by(&by))
                 && !ctx.token().is_some_and(|t| {
                     (ctx.world.live_siblings(&self.pubkey, t).iter()).any(|s| s.instance_id == by)
@@ -86,15 +86,15 @@ impl Key {
         }
     }
 
-    /// Stepping down (release, stand-down, leave, shutdown) ends every turn
-    /// this window took at its epoch: they are given back, owed again at
-    /// once to whoever leads next (the change carries `mustCancelTurn`, so
-    /// the app cancels them too; its own `giveBack` would come too late,
-    /// the ledger is closed by then). A release that fails (a peer holds
-    /// the `flock`) leaves our record, and the window that regains it, or
-    /// joins again under the same id, continues at the same epoch, where
-    /// those takes would still read as "taken now" (found by the
-    /// simulator: the mention was never answered).
+    /// Leaving the key (or shutting down) ends every turn this window took
+    /// at its epoch: they are given back, owed again at once to whoever
+    /// leads next, since no `done` or `giveBack` of ours can reach the
+    /// ledger any more. A release that fails (a peer holds the `flock`)
+    /// leaves our record, and a window that joins again under the same id
+    /// continues at the same epoch, where those takes would still read as
+    /// "taken now" (found by the simulator: the mention was never
+    /// answered). A release or a stand-down keeps them in flight instead
+    /// (see [`Key::step_down`]).
     pub(super) fn end_takes(&mut self, now_ms: u64) {
         let Some(w) = self.work.as_mut() else {
             return;
@@ -138,8 +138,16 @@ impl Key {
     pub(super) fn work(&mut self, ctx: &Ctx, op: WorkOp, reply: WorkReply) {
         let leads = self.cell.is_leader_on(ctx.world.clocks());
         let now_ms = unix_ms(ctx.world.now().wall);
-        // A former holder's `done` may have landed since we loaded.
-        if let Some(l) = self.work.as_mut().and_then(|w| w.ledger.as_mut()) {
+        // A former holder's `done` may have landed since we loaded: what
+        // is owed, and whether a take is granted, depend on it (a `done`
+        // or `give_back` of ours needs only what we applied ourselves).
+        let reads = matches!(op, WorkOp::Take(_) | WorkOp::Owed(_));
+        if let Some(l) = self
+            .work
+            .as_mut()
+            .and_then(|w| w.ledger.as_mut())
+            .filter(|_| reads)
+        {
             if let Err(e) = l.refresh(now_ms) {
                 tracing::warn!(pubkey = %self.pubkey, "cannot read the work ledger again: {e}");
             }
