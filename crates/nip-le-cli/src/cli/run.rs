@@ -149,6 +149,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
                     mentions: m,
                     replies: r,
                     turn: Duration::from_millis(ms),
+                    // A predecessor's turn ends within a turn of its
+                    // cancel, and a hung one is judged within the stale
+                    // bound.
+                    settle: Duration::from_millis(ms) * 2 + elector.config().stale,
                     work: elector.work(&pubkey)?,
                     leader_since: Arc::clone(&leader_since),
                     id: id.clone(),
@@ -446,6 +450,9 @@ struct Turns {
     mentions: PathBuf,
     replies: PathBuf,
     turn: Duration,
+    /// How long a mention the ledger did not owe us when we began to lead
+    /// waits to be owed after all (see [`Turns::run`]).
+    settle: Duration,
     work: Work,
     leader_since: Arc<AtomicU64>,
     id: InstanceId,
@@ -473,6 +480,12 @@ impl Turns {
         // can be ahead of `leader_since`, set by the change thread).
         let mut filtered_since = u64::MAX;
         let mut filtered = false;
+        // What `owed` left out when we began to lead: a mention done, or
+        // one still in flight with the window we took over from (after a
+        // claim its turn ends, and gives the mention back, a moment later).
+        // Asked again until `settle` has passed, then dropped.
+        let mut parked: Vec<(Value, QueuedEvent)> = Vec::new();
+        let mut parked_until = std::time::Instant::now();
         loop {
             for v in feed.poll() {
                 let Ok(m) = serde_json::from_value::<MentionLine>(v) else {
@@ -496,7 +509,7 @@ impl Turns {
             if !self.work.may_act() {
                 filtered = false;
             }
-            if !self.work.may_act() || queue.is_empty() {
+            if !self.work.may_act() || (queue.is_empty() && parked.is_empty()) {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
@@ -504,12 +517,32 @@ impl Turns {
             if !filtered || since != filtered_since {
                 let events: Vec<QueuedEvent> = queue.iter().map(|(_, e)| e.clone()).collect();
                 if let Ok(owed) = self.work.owed(&events) {
-                    queue.retain(|(_, e)| owed.contains(&e.id));
+                    let (kept, left): (Vec<_>, Vec<_>) =
+                        queue.drain(..).partition(|(_, e)| owed.contains(&e.id));
+                    queue.extend(kept);
+                    parked = left;
+                    parked_until = std::time::Instant::now() + self.settle;
                     (filtered, filtered_since) = (true, since);
                 }
                 continue;
             }
+            if !parked.is_empty() {
+                if std::time::Instant::now() >= parked_until {
+                    parked.clear();
+                } else {
+                    let events: Vec<QueuedEvent> = parked.iter().map(|(_, e)| e.clone()).collect();
+                    if let Ok(owed) = self.work.owed(&events) {
+                        let (back, left): (Vec<_>, Vec<_>) =
+                            parked.drain(..).partition(|(_, e)| owed.contains(&e.id));
+                        parked = left;
+                        for m in back.into_iter().rev() {
+                            queue.push_front(m);
+                        }
+                    }
+                }
+            }
             let Some((raw, e)) = queue.front().cloned() else {
+                std::thread::sleep(Duration::from_millis(2));
                 continue;
             };
             let epoch = match self.work.take(&e.id) {
