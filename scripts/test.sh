@@ -105,6 +105,9 @@ cargo run -q -p nip-le-cli -- chaos --seconds 60
 echo "== chaos: 60 s of random faults on extended instances working a queue (exactly once)"
 cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60
 
+echo "== chaos: the same with harness children sharing their windows' ids (INTEROP.md's writer)"
+cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --children
+
 echo "== chaos: 45 s across 3 simulated hosts sharing a real etcd, which is paused too"
 cargo run -q -p nip-le-cli -- chaos --seconds 45 --hosts 3 --extended 6
 

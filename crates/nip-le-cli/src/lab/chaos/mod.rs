@@ -1,7 +1,9 @@
 //! `nip-le chaos`: extended and spec-only instances on one lock directory,
 //! with a mention feed, under random SIGKILL, SIGTERM, SIGSTOP/SIGCONT,
 //! restarts and cooperative claims; with `--hosts N`, instances spread over
-//! simulated hosts that share a real etcd, which is paused too. Four parts: the fault [`plan`], the
+//! simulated hosts that share a real etcd, which is paused too; with
+//! `--children`, every extended window has a [`harness`] child carrying its
+//! election id. Four parts: the fault [`plan`], the
 //! [`runner`] that carries it out on real processes, the pure [`analysis`]
 //! of what the instances reported and replied, and the [`report`].
 //!
@@ -11,6 +13,7 @@
 //! a handoff.
 
 pub mod analysis;
+pub mod harness;
 pub mod plan;
 pub mod report;
 pub mod runner;
@@ -66,6 +69,12 @@ pub struct ChaosArgs {
     /// turn and run with `--etcd`, and etcd itself is paused now and then.
     #[arg(long, default_value_t = 1, conflicts_with = "turn_ms")]
     hosts: usize,
+    /// Give every extended window a harness child that carries its
+    /// election id (INTEROP.md's writer, run with `python3`): it rewrites
+    /// the record with its own pid every refresh and truncates the file
+    /// when it exits; children are killed, stopped and restarted too.
+    #[arg(long, conflicts_with = "hosts")]
+    children: bool,
     /// Cross-host runs: the etcd lease TTL in seconds.
     #[arg(long, default_value_t = 2)]
     etcd_ttl_s: u64,
@@ -121,6 +130,10 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         a.turn_ms.map_or(String::new(), |t| format!(", turns of {t} ms"))
     );
     let mut plan = plan::Plan::new(seed, a.stale_ms);
+    if a.children {
+        plan = plan.with_children();
+        println!("  every extended window has a harness child carrying its id");
+    }
     let mut runner = if a.hosts > 1 {
         let etcd = crate::lab::etcd::Etcd::start().map_err(io("<etcd>".into()))?;
         println!(
@@ -147,9 +160,20 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
             .collect();
         runner::Runner::start_on_hosts(hosts, Some(etcd), mentions, a.extended, spec)
     } else {
-        runner::Runner::start(opts, mentions, a.extended, spec)
+        runner::Runner::start(opts.clone(), mentions, a.extended, spec)
     }
     .map_err(io(exe.clone()))?;
+    if a.children {
+        let h = harness::Harness::new(
+            tmp.path(),
+            &cfg.lock_dir,
+            opts.pubkey.as_str(),
+            a.refresh_ms,
+            a.stale_ms,
+        )
+        .map_err(io(tmp.path().join("harness.py")))?;
+        runner = runner.with_children(h).map_err(io("python3".into()))?;
+    }
     runner
         .run(&mut plan, a.seconds, a.pace_ms)
         .map_err(io(exe.clone()))?;

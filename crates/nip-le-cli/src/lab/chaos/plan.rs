@@ -27,12 +27,19 @@ impl Rng {
 pub enum Fault {
     /// Append a mention to the feed.
     Mention,
-    /// SIGKILL the slot's instance; restart it after `restart_ms`.
+    /// SIGKILL the slot's instance; restart it after `restart_ms`. Its
+    /// harness child, if any, outlives it by `orphan_ms` (it notices its
+    /// window is gone) and then exits, gracefully or not.
     Kill {
         /// The slot.
         slot: usize,
         /// Delay before the restart.
         restart_ms: u64,
+        /// How long a harness child lives on, orphaned.
+        orphan_ms: u64,
+        /// Whether the orphan exits with SIGTERM (it truncates the file)
+        /// rather than SIGKILL.
+        orphan_graceful: bool,
     },
     /// SIGTERM the slot's instance (graceful exit); restart after `restart_ms`.
     Term {
@@ -47,6 +54,26 @@ pub enum Fault {
         slot: usize,
         /// How long it stays stopped.
         hold_ms: u64,
+        /// Whether its harness child is stopped with it (a frozen app)
+        /// rather than left running (a hung window whose harness goes on).
+        with_child: bool,
+    },
+    /// Runs with harness children: SIGKILL the slot's child (its record
+    /// stays, naming a dead pid); a new one starts after `restart_ms`.
+    ChildKill {
+        /// The slot.
+        slot: usize,
+        /// Delay before the restart.
+        restart_ms: u64,
+    },
+    /// Runs with harness children: SIGTERM the slot's child (it truncates
+    /// the file if its record is there); a new one starts after
+    /// `restart_ms`.
+    ChildTerm {
+        /// The slot.
+        slot: usize,
+        /// Delay before the restart.
+        restart_ms: u64,
     },
     /// Send `claim` to the slot's instance.
     Claim {
@@ -70,14 +97,18 @@ pub struct View {
 }
 
 /// Chooses faults: 40 % mentions, 15 % SIGKILL, 10 % SIGTERM, 12 % SIGSTOP,
-/// 15 % claims, in cross-host runs 4 % etcd pauses, the rest nothing. Faults hit the leader half the time, and
-/// signals are sent only while more than two instances run.
+/// 15 % claims, in cross-host runs 4 % etcd pauses, in runs with harness
+/// children 4 % SIGKILL and 4 % SIGTERM of a child, the rest nothing.
+/// Faults hit the leader half the time, and signals to windows are sent
+/// only while more than two instances run.
 #[derive(Debug, Clone)]
 pub struct Plan {
     rng: Rng,
     stale_ms: u64,
     /// Cross-host runs: etcd's lease TTL in ms; etcd pauses are planned.
     etcd_ttl_ms: Option<u64>,
+    /// Windows have harness children: child faults are planned.
+    children: bool,
 }
 
 impl Plan {
@@ -87,7 +118,15 @@ impl Plan {
             rng: Rng::new(seed),
             stale_ms,
             etcd_ttl_ms: None,
+            children: false,
         }
+    }
+
+    /// Runs with harness children: also kill and stop children (about one
+    /// fault in 12).
+    pub fn with_children(mut self) -> Self {
+        self.children = true;
+        self
     }
 
     /// Cross-host runs: also pause etcd (about one fault in 25), for half
@@ -109,19 +148,39 @@ impl Plan {
         let restart_ms = 100 + self.rng.below(400);
         match roll {
             0..=39 => Some(Fault::Mention),
-            40..=54 if enough => self.pick(view).map(|slot| Fault::Kill { slot, restart_ms }),
+            40..=54 if enough => {
+                let orphan_ms = self.rng.below(2 * self.stale_ms);
+                let orphan_graceful = self.rng.below(2) == 0;
+                self.pick(view).map(|slot| Fault::Kill {
+                    slot,
+                    restart_ms,
+                    orphan_ms,
+                    orphan_graceful,
+                })
+            }
             55..=64 if enough => self.pick(view).map(|slot| Fault::Term { slot, restart_ms }),
             65..=76 if enough => {
                 let hold_ms = 100 + self.rng.below(2 * self.stale_ms);
-                self.pick(view).map(|slot| Fault::Stop { slot, hold_ms })
+                let with_child = self.rng.below(2) == 0;
+                self.pick(view).map(|slot| Fault::Stop {
+                    slot,
+                    hold_ms,
+                    with_child,
+                })
             }
             77..=91 => {
                 let i = self.rng.below(view.running.len() as u64) as usize;
                 view.running.get(i).map(|&slot| Fault::Claim { slot })
             }
-            92..=95 => self.etcd_ttl_ms.map(|ttl| Fault::EtcdPause {
+            92..=95 if self.etcd_ttl_ms.is_some() => self.etcd_ttl_ms.map(|ttl| Fault::EtcdPause {
                 hold_ms: ttl / 2 + self.rng.below(ttl * 5 / 2),
             }),
+            92..=95 if self.children => self
+                .pick(view)
+                .map(|slot| Fault::ChildKill { slot, restart_ms }),
+            96..=99 if self.children => self
+                .pick(view)
+                .map(|slot| Fault::ChildTerm { slot, restart_ms }),
             _ => None,
         }
     }
@@ -165,6 +224,27 @@ mod tests {
                 None | Some(Fault::Mention) | Some(Fault::Claim { .. })
             ));
         }
+    }
+
+    #[test]
+    fn child_faults_only_in_runs_with_children() {
+        let view = View {
+            running: vec![0, 1, 2],
+            leader: Some(0),
+        };
+        let is_child = |f: &Option<Fault>| {
+            matches!(f, Some(Fault::ChildKill { .. } | Fault::ChildTerm { .. }))
+        };
+        let mut without = Plan::new(5, 1000);
+        assert!((0..2000).all(|_| !is_child(&without.next(&view))));
+        let mut with = Plan::new(5, 1000).with_children();
+        let faults: Vec<_> = (0..2000).map(|_| with.next(&view)).collect();
+        assert!(faults
+            .iter()
+            .any(|f| matches!(f, Some(Fault::ChildKill { .. }))));
+        assert!(faults
+            .iter()
+            .any(|f| matches!(f, Some(Fault::ChildTerm { .. }))));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use nip_le::Mode;
 
+use super::harness::Harness;
 use super::plan::{Fault, Plan, View};
 use crate::lab::cluster::{Instance, RunOptions};
 use crate::lab::etcd::Etcd;
@@ -61,6 +62,19 @@ struct Slot {
     stopped_since: Option<u64>,
     cont_at: Option<Instant>,
     restart_at: Option<Instant>,
+    /// Runs with harness children: the window's child, whether it is
+    /// stopped with the window, and when a new one starts after a fault.
+    child: Option<Instance>,
+    child_stopped: bool,
+    child_restart_at: Option<Instant>,
+}
+
+/// A harness child whose window was killed: it lives on until `until`,
+/// then exits (SIGTERM when `graceful`, else SIGKILL).
+struct Orphan {
+    child: Instance,
+    until: Instant,
+    graceful: bool,
 }
 
 /// The cluster under faults.
@@ -74,6 +88,10 @@ pub struct Runner {
     /// until when) it is stopped.
     etcd: Option<Etcd>,
     etcd_stopped: Option<(u64, Instant)>,
+    /// Runs with harness children: how to start one, and the children
+    /// whose windows were killed.
+    harness: Option<Harness>,
+    orphans: Vec<Orphan>,
 }
 
 impl Runner {
@@ -118,6 +136,8 @@ impl Runner {
             out: Outcome::default(),
             etcd,
             etcd_stopped: None,
+            harness: None,
+            orphans: Vec::new(),
         };
         let modes = std::iter::repeat_n(Mode::Extended, extended)
             .chain(std::iter::repeat_n(Mode::Spec, spec));
@@ -133,9 +153,35 @@ impl Runner {
                 stopped_since: None,
                 cont_at: None,
                 restart_at: None,
+                child: None,
+                child_stopped: false,
+                child_restart_at: None,
             });
         }
         Ok(r)
+    }
+
+    /// Gives every extended window a harness child carrying its id, now
+    /// and whenever the window is restarted.
+    pub fn with_children(mut self, harness: Harness) -> std::io::Result<Self> {
+        self.harness = Some(harness);
+        for i in 0..self.slots.len() {
+            self.spawn_child(i)?;
+        }
+        Ok(self)
+    }
+
+    /// Starts slot `i`'s harness child, when the run has them and the slot
+    /// holds a live extended window.
+    fn spawn_child(&mut self, i: usize) -> std::io::Result<()> {
+        let slot = &mut self.slots[i];
+        slot.child_restart_at = None;
+        let (Some(h), Some(inst), Mode::Extended) = (&self.harness, &slot.inst, slot.mode) else {
+            return Ok(());
+        };
+        slot.child = Some(h.spawn(format!("child{i}"), &inst.instance_id)?);
+        slot.child_stopped = false;
+        Ok(())
     }
 
     fn spawn(&self, mode: Mode, host: usize, n: usize) -> std::io::Result<(Instance, Life)> {
@@ -208,6 +254,13 @@ impl Runner {
                 cont(slot);
             }
         }
+        for o in std::mem::take(&mut self.orphans) {
+            if o.until <= now {
+                end_orphan(o);
+            } else {
+                self.orphans.push(o);
+            }
+        }
         for i in 0..self.slots.len() {
             if self.slots[i].restart_at.is_some_and(|t| t <= now) {
                 let (inst, life) = self.spawn(self.slots[i].mode, self.slots[i].host, i)?;
@@ -216,6 +269,12 @@ impl Runner {
                 slot.lives.push(life);
                 slot.restart_at = None;
                 *self.out.counts.entry("restart").or_default() += 1;
+                self.spawn_child(i)?;
+            }
+            let slot = &self.slots[i];
+            if slot.child_restart_at.is_some_and(|t| t <= now) && slot.stopped_since.is_none() {
+                self.spawn_child(i)?;
+                *self.out.counts.entry("child restart").or_default() += 1;
             }
         }
         Ok(())
@@ -225,12 +284,29 @@ impl Runner {
         let now = Instant::now();
         match f {
             Fault::Mention => self.mention()?,
-            Fault::Kill { slot, restart_ms } => {
+            Fault::Kill {
+                slot,
+                restart_ms,
+                orphan_ms,
+                orphan_graceful,
+            } => {
                 let s = &mut self.slots[slot];
                 record_views(s);
                 let was = s.inst.as_ref().and_then(Instance::is_leader) == Some(true);
                 if let Some(mut inst) = s.inst.take() {
                     let _ = inst.kill_and_reap();
+                }
+                s.child_restart_at = None;
+                if let Some(child) = s.child.take() {
+                    if std::mem::take(&mut s.child_stopped) {
+                        let _ = child.signal(libc::SIGCONT);
+                    }
+                    self.orphans.push(Orphan {
+                        child,
+                        until: now + Duration::from_millis(orphan_ms),
+                        graceful: orphan_graceful,
+                    });
+                    *self.out.counts.entry("orphaned child").or_default() += 1;
                 }
                 let t = unix_ms();
                 if let Some(l) = s.lives.last_mut() {
@@ -242,6 +318,11 @@ impl Runner {
             }
             Fault::Term { slot, restart_ms } => {
                 let s = &mut self.slots[slot];
+                // A quitting app stops its harness first.
+                s.child_restart_at = None;
+                if let Some(child) = s.child.take() {
+                    end_child(child, true);
+                }
                 if let Some(inst) = s.inst.as_mut() {
                     let _ = inst.signal(libc::SIGTERM);
                     let _ = inst.wait_exit(Duration::from_secs(5));
@@ -255,14 +336,36 @@ impl Runner {
                 s.restart_at = Some(now + Duration::from_millis(restart_ms));
                 *self.out.counts.entry("SIGTERM").or_default() += 1;
             }
-            Fault::Stop { slot, hold_ms } => {
+            Fault::Stop {
+                slot,
+                hold_ms,
+                with_child,
+            } => {
                 let s = &mut self.slots[slot];
                 if let Some(inst) = &s.inst {
                     let _ = inst.signal(libc::SIGSTOP);
                 }
+                if let (Some(child), true) = (&s.child, with_child) {
+                    let _ = child.signal(libc::SIGSTOP);
+                    s.child_stopped = true;
+                }
                 s.stopped_since = Some(unix_ms());
                 s.cont_at = Some(now + Duration::from_millis(hold_ms));
                 *self.out.counts.entry("SIGSTOP/SIGCONT").or_default() += 1;
+            }
+            Fault::ChildKill { slot, restart_ms } | Fault::ChildTerm { slot, restart_ms } => {
+                let s = &mut self.slots[slot];
+                let graceful = matches!(f, Fault::ChildTerm { .. });
+                if let Some(child) = s.child.take() {
+                    end_child(child, graceful);
+                    s.child_restart_at = Some(now + Duration::from_millis(restart_ms));
+                    let kind = if graceful {
+                        "child SIGTERM"
+                    } else {
+                        "child SIGKILL"
+                    };
+                    *self.out.counts.entry(kind).or_default() += 1;
+                }
             }
             Fault::Claim { slot } => {
                 if let Some(inst) = self.slots[slot].inst.as_mut() {
@@ -324,12 +427,18 @@ impl Runner {
                 cont(slot);
             }
         }
+        for o in std::mem::take(&mut self.orphans) {
+            end_orphan(o);
+        }
         for i in 0..self.slots.len() {
             if self.slots[i].inst.is_none() {
                 let (inst, life) = self.spawn(self.slots[i].mode, self.slots[i].host, i)?;
                 self.slots[i].inst = Some(inst);
                 self.slots[i].lives.push(life);
                 self.slots[i].restart_at = None;
+            }
+            if self.slots[i].child.is_none() {
+                self.spawn_child(i)?;
             }
         }
         std::thread::sleep(settle);
@@ -342,6 +451,9 @@ impl Runner {
             if let Some(mut inst) = slot.inst.take() {
                 let _ = inst.kill_and_reap();
             }
+            if let Some(mut child) = slot.child.take() {
+                let _ = child.kill_and_reap();
+            }
             if let Some(l) = slot.lives.last_mut() {
                 l.end.get_or_insert(unix_ms());
             }
@@ -351,9 +463,28 @@ impl Runner {
     }
 }
 
+/// Ends a harness child: SIGTERM and a wait (it truncates the file if its
+/// record is there), or SIGKILL.
+fn end_child(mut child: Instance, graceful: bool) {
+    if graceful {
+        let _ = child.signal(libc::SIGTERM);
+        if child.wait_exit(Duration::from_secs(5)).is_some() {
+            return;
+        }
+    }
+    let _ = child.kill_and_reap();
+}
+
+fn end_orphan(o: Orphan) {
+    end_child(o.child, o.graceful);
+}
+
 fn cont(slot: &mut Slot) {
     if let Some(inst) = &slot.inst {
         let _ = inst.signal(libc::SIGCONT);
+    }
+    if let (Some(child), true) = (&slot.child, std::mem::take(&mut slot.child_stopped)) {
+        let _ = child.signal(libc::SIGCONT);
     }
     let since = slot.stopped_since.take().unwrap_or_else(unix_ms);
     if let Some(l) = slot.lives.last_mut() {
