@@ -136,3 +136,30 @@ test('queued mentions survive a claim, a SIGKILL and a graceful close mid-turn, 
   })
   assert.ok(rendered)
 })
+
+// Issue 18, item 4: a reload loses the page's turn (and its in-flight set)
+// while the process and its epoch stay; the take must end with the page
+// that took it (`LeaderElection::page_gone` on the new page load), so the
+// reloaded page answers the mention once, soon, instead of never (the take
+// would otherwise stay in flight for the ledger's retention).
+test('a mention in a turn when its leading window reloads is answered once, soon', async () => {
+  const [w] = await waitFor('one leader of SCOUT', 10_000, async () => {
+    const l = await leaders(SCOUT)
+    return l.length === 1 ? l : null
+  })
+  const before = new Set(sentMentions())
+  await w.driver.findElement(byTestId(`send-${SCOUT}`)).click()
+  const id = await waitFor('the new mention in the feed', 10_000, async () => sentMentions().find((m) => !before.has(m)) ?? null)
+  const onIt = await waitFor(`${w.name} to start a turn on ${id}`, 20_000, async () => ((await thinkingOn(w)) === id ? id : null))
+  await w.driver.navigate().refresh()
+  const reloaded = Date.now()
+  console.log(`# reload of ${w.name} while on ${onIt}`)
+  await waitFor(`${w.name} ready again`, 30_000, async () => (await w.driver.findElement(By.css('body')).getAttribute('data-ready')) === 'true')
+  // Generous: the reload itself and one turn; without the give-back it
+  // would never come.
+  await waitFor(`${id} answered after the reload`, 20_000 + 2 * TURN_MS, async () => (repliesPer([id]).get(id) ?? 0) >= 1)
+  console.log(`# ${id} answered ${Date.now() - reloaded} ms after the reload`)
+  await sleep(2 * TURN_MS)
+  assert.equal(repliesPer([id]).get(id), 1, `replies to ${id}`)
+  await screenshots('reloaded')
+})
