@@ -22,7 +22,7 @@ fn args(cluster: Cluster, seeds: u64, first: u64, without: Vec<FaultKind>) -> Si
 
 /// The fault kinds whose findings are still open.
 fn open_findings() -> Vec<FaultKind> {
-    vec![FaultKind::Files, FaultKind::Clocks]
+    vec![FaultKind::Clocks]
 }
 
 fn assert_clean(a: &SimArgs) -> Summary {
@@ -52,10 +52,13 @@ fn assert_clean(a: &SimArgs) -> Summary {
 /// reuse, a peer hanging on the `flock`, and agent harness children that
 /// share their windows' ids (rewriting the record every refresh,
 /// truncating it when they exit; before `same_id` 299 of 300 seeds failed
-/// with them). File faults (ENOSPC and EIO lose
-/// ledger lines today) and clock faults (wall steps, suspends) still find
-/// duplicates or two acting windows: they are the next issue's seeds (see
-/// docs/simulator.md).
+/// with them), and a full, failing or read-only disk (ENOSPC with short
+/// writes, EIO, a read-only directory; before issue 18's durability work
+/// 141 of 300 seeds failed with them). A mention answered again because
+/// the disk refused the first reply's `done` until its window was gone is
+/// counted, not failed: no ledger can record a sent reply then. Clock
+/// faults (wall steps, suspends) still find duplicates or two acting
+/// windows (see docs/simulator.md).
 #[test]
 fn extended_windows_answer_every_mention_once_across_300_seeds() {
     let a = args(Cluster::Extended, 300, 1, open_findings());
@@ -63,6 +66,13 @@ fn extended_windows_answer_every_mention_once_across_300_seeds() {
     assert!(
         sum.answered > 300 * 50,
         "mentions were answered: {}",
+        sum.answered
+    );
+    // The disk's own duplicates stay the exception (45 of 18,000 here).
+    assert!(
+        sum.forced_by_disk > 0 && sum.forced_by_disk * 100 < sum.answered,
+        "forced by the disk: {} of {}",
+        sum.forced_by_disk,
         sum.answered
     );
 }

@@ -219,19 +219,45 @@ fn a_ledger_that_cannot_be_read_never_silences_the_leader() {
         } else {
             std::fs::write(&ledger, hostile).unwrap();
         }
-        let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+        let a = Elector::start(short(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
         assert!(a.join(&pk()).unwrap());
         let wa = a.work(&pk()).unwrap();
-        assert!(wa.take("e").unwrap().granted(), "the leader dispatches");
+        if hostile == b"x" {
+            granted_after_the_stale_bound(&wa, "e");
+        } else {
+            // Readable: its malformed lines are skipped.
+            assert!(wa.take("e").unwrap().granted());
+        }
         assert!(wa.done("e").unwrap());
         assert_eq!(wa.owed(&q(&["f"])).unwrap(), vec!["f"]);
     }
     // A directory at the ledger's path.
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir(nip_le::ledger::ledger_path(tmp.path(), &pk())).unwrap();
-    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let a = Elector::start(short(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
     a.join(&pk()).unwrap();
-    assert!(a.work(&pk()).unwrap().take("e").unwrap().granted());
+    granted_after_the_stale_bound(&a.work(&pk()).unwrap(), "e");
+}
+
+/// [`config`] with a stale bound short enough to wait for.
+fn short(dir: &std::path::Path) -> Config {
+    let mut c = config(dir);
+    c.refresh = Duration::from_millis(300);
+    c.stale = Duration::from_millis(900);
+    c.stand_down = Duration::from_millis(900);
+    c
+}
+
+/// A ledger that cannot be read delays takes (a disk failing for a moment
+/// must not cost a duplicate), then never silences the leader: granted
+/// once the stale bound has passed, not before.
+fn granted_after_the_stale_bound(w: &nip_le::Work, id: &str) {
+    let start = std::time::Instant::now();
+    assert_eq!(w.take(id).unwrap(), TakeOutcome::Unavailable);
+    let stale = short(std::path::Path::new("/")).stale;
+    let granted = wait_until(|| w.take(id).unwrap().granted());
+    assert!(granted, "the leader dispatches past the stale bound");
+    assert!(start.elapsed() >= stale, "not before the stale bound");
 }
 
 #[test]

@@ -198,6 +198,11 @@ async function work(agent: string): Promise<void> {
         continue
       }
       if (taken.outcome === 'not_leader') break
+      if (taken.outcome === 'unavailable') {
+        // The disk refuses the take: ask again in a moment.
+        setTimeout(() => void work(agent), 1000)
+        break
+      }
       thinking.set(agent, m.id)
       renderQueue()
       const finished = await turn(agent)

@@ -554,6 +554,11 @@ impl Turns {
                     continue;
                 }
                 Ok(TakeOutcome::NotLeader) | Err(_) => continue,
+                // The disk refuses the take: ask again in a moment.
+                Ok(TakeOutcome::Unavailable) => {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
             };
             if !report_turn(tx, &raw, TurnOutcome::Started, epoch) {
                 return;

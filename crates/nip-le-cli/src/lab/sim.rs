@@ -201,6 +201,10 @@ pub struct Summary {
     /// Claims made, and honoured (the claimant acted within the
     /// stand-down).
     pub claims: (u64, u64),
+    /// Mentions answered twice because the disk refused the first
+    /// answer's `done` until its window was gone (see
+    /// `nip_le::sim::Outcome::forced_by_disk`).
+    pub forced_by_disk: u64,
     /// Across hosts: see [`Across`].
     pub across: Option<Across>,
 }
@@ -234,6 +238,7 @@ pub fn run_seeds(args: &SimArgs) -> Summary {
         sum.answered += out.answered;
         sum.claims.0 += out.claims;
         sum.claims.1 += out.claims_honoured;
+        sum.forced_by_disk += out.forced_by_disk;
         sum.simulated += Duration::from_secs(args.seconds);
         if args.verbose {
             println!(
@@ -321,6 +326,12 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
         println!(
             "claims: {} made, {} honoured (the claimant acted within the stand-down)",
             sum.claims.0, sum.claims.1
+        );
+    }
+    if sum.forced_by_disk > 0 {
+        println!(
+            "forced by the disk: {} mentions answered twice, the first answer's done refused until its window was gone (counted, not failed)",
+            sum.forced_by_disk
         );
     }
     if let Some(a) = sum.across {

@@ -294,6 +294,11 @@ pub enum TakeOutcome {
     AlreadyTaken,
     /// This window does not lead (or has fenced itself): do not dispatch.
     NotLeader,
+    /// The work ledger cannot record the take now (the disk refuses writes:
+    /// full, failing, read-only): do not dispatch; keep the event queued and
+    /// ask again in a moment. A take that is not on disk could be granted
+    /// again by a successor, or by this window after a crash.
+    Unavailable,
 }
 
 impl TakeOutcome {

@@ -73,7 +73,7 @@ impl Index {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            if let Ok(op) = serde_json::from_slice::<Op>(line) {
+            if let Some(op) = parse_line(line) {
                 self.apply(&op);
             }
         }
@@ -253,6 +253,16 @@ impl Index {
     }
 }
 
+/// Whether a holder whose ledger it cannot read (since `unreadable_since`,
+/// unix ms) grants takes without it, unrecorded: only once that has lasted
+/// longer than `bound` (the stale bound). A disk that fails for a moment
+/// (EIO) only delays the agent; a ledger that stays unreadable (oversized,
+/// not a regular file) never silences it.
+pub fn grants_without_ledger(unreadable_since: u64, now_ms: u64, bound: Duration) -> bool {
+    let bound = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+    now_ms.saturating_sub(unreadable_since) > bound
+}
+
 /// Of a queue of `(event id, published unix ms)`, in order, the events the
 /// holder at `epoch` owes: those `index` does not show as done, taken at
 /// `epoch`, or taken by a taker that `lives` (every event, without a
@@ -276,4 +286,20 @@ pub fn owed<'a>(
         .filter(|(id, _)| index.is_none_or(|ix| ix.verdict_with(id, epoch, lives) == Verdict::Owed))
         .map(|(id, _)| id.to_owned())
         .collect()
+}
+
+/// One line, or the whole line at its end when a writer that failed mid-way
+/// (ENOSPC) left a fragment without its newline and another process
+/// appended onto it: a line begins with `{"op":`, which a serialised
+/// string can never contain (its quotes are escaped), so the last such
+/// start is where the glued line begins.
+fn parse_line(line: &[u8]) -> Option<Op> {
+    if let Ok(op) = serde_json::from_slice::<Op>(line) {
+        return Some(op);
+    }
+    const START: &[u8] = b"{\"op\":";
+    let at = line.windows(START.len()).rposition(|w| w == START)?;
+    (at > 0)
+        .then(|| serde_json::from_slice::<Op>(&line[at..]).ok())
+        .flatten()
 }

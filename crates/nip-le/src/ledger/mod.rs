@@ -53,7 +53,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 mod index;
-pub use index::{owed, Index, State, Verdict};
+pub use index::{grants_without_ledger, owed, Index, State, Verdict};
 
 use crate::error::{Error, Result};
 use crate::lockfile::{open_options, open_regular_file, Create};
@@ -265,9 +265,16 @@ impl LedgerStorage for FileLedger {
             self.append = Some(f);
         }
         let f = self.append.as_mut().expect("opened above");
-        f.write_all(line)
-            .and_then(|()| if durable { f.sync_data() } else { Ok(()) })
-            .map_err(|e| Error::io(&self.path, e))
+        f.write_all(line).map_err(|e| Error::io(&self.path, e))?;
+        // Written whole, the lines are what every process reads: failing
+        // them now would leave a take that nobody, ourselves included, may
+        // grant again. Only a power cut can still lose them.
+        if durable {
+            if let Err(e) = f.sync_data() {
+                tracing::warn!(path = %self.path.display(), "the work ledger's lines are written but not synced: {e}");
+            }
+        }
+        Ok(())
     }
 
     /// A new file renamed over the old one; appends continue on the new one.
@@ -375,6 +382,31 @@ impl Ledger {
         self.write_pending(!matches!(op, Op::Held { .. }))
     }
 
+    /// Appends one line and applies it only once the storage took it (with
+    /// the lines it refused before, first): a take must be on disk before
+    /// its turn starts, or a successor, or this window after a crash, would
+    /// grant it again. A refused line is neither applied nor kept.
+    pub fn append_now(&mut self, op: &Op) -> Result<()> {
+        let mut bytes = Vec::with_capacity(self.pending.len() + 257);
+        if self.torn {
+            bytes.push(b'\n');
+        }
+        bytes.extend(&self.pending);
+        bytes.extend(op.to_line());
+        match self.storage.append(&bytes, true) {
+            Ok(()) => {
+                self.index.apply(op);
+                self.pending.clear();
+                self.torn = false;
+                Ok(())
+            }
+            Err(e) => {
+                self.torn = true;
+                Err(e)
+            }
+        }
+    }
+
     /// Writes the lines the storage refused before, if it takes them now.
     pub fn flush(&mut self) -> Result<()> {
         self.write_pending(true)
@@ -402,6 +434,18 @@ impl Ledger {
                 Err(e)
             }
         }
+    }
+
+    /// Takes over the lines an earlier ledger of the same storage could not
+    /// write yet: they are applied here and written first, with ours.
+    pub fn carry(&mut self, older: Ledger) {
+        if older.pending.is_empty() {
+            return;
+        }
+        self.index.extend(&older.pending);
+        let mine = std::mem::replace(&mut self.pending, older.pending);
+        self.pending.extend(mine);
+        self.torn |= older.torn;
     }
 
     /// Whether lines applied here are still waiting for the storage.

@@ -336,3 +336,37 @@ fn a_full_disk_loses_no_line_and_glues_none_onto_a_fragment() {
     let reread = Index::parse(&disk.0.lock().unwrap().bytes, 0, HOUR);
     assert_eq!(reread.verdict("b", 1), Verdict::Done);
 }
+
+#[test]
+fn a_line_another_process_glued_onto_a_fragment_still_counts() {
+    // One writer's short write (ENOSPC) left half a take; another process,
+    // which cannot know, appended its done right after it.
+    let mut bytes = take("a", 1, 1).to_line();
+    bytes.truncate(bytes.len() / 2);
+    bytes.extend(done("b", 1, 2).to_line());
+    // An id with quotes and braces cannot fake a line's start: serialised,
+    // its quotes are escaped.
+    bytes.extend(done(r#"x{"op":"done""#, 1, 3).to_line());
+    let ix = Index::parse(&bytes, 0, HOUR);
+    assert_eq!(ix.verdict("b", 1), Verdict::Done);
+    assert_eq!(ix.verdict(r#"x{"op":"done""#, 1), Verdict::Done);
+    assert_eq!(ix.verdict("a", 1), Verdict::Owed);
+    // Lines always begin with their tag, which the recovery relies on.
+    assert!(take("a", 1, 1).to_line().starts_with(br#"{"op":"#));
+}
+
+#[test]
+fn an_unreadable_ledger_delays_takes_for_the_stale_bound_then_never_silences_the_agent() {
+    let stale = Duration::from_millis(10_000);
+    assert!(!grants_without_ledger(1_000, 1_000, stale));
+    assert!(!grants_without_ledger(1_000, 11_000, stale));
+    assert!(grants_without_ledger(1_000, 11_001, stale));
+    // Hostile numbers: a clock behind the mark, and the far ends.
+    assert!(!grants_without_ledger(u64::MAX, 0, stale));
+    assert!(grants_without_ledger(
+        0,
+        u64::MAX,
+        Duration::from_millis(u64::MAX - 1)
+    ));
+    assert!(!grants_without_ledger(0, u64::MAX, Duration::MAX));
+}

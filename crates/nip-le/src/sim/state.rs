@@ -89,6 +89,12 @@ pub struct Proc {
     pub holder_watch: BTreeMap<AgentPubkey, String>,
     /// Keys it has left (nothing of it may be written there again).
     pub left: BTreeSet<AgentPubkey>,
+    /// Mentions it answered whose `done` line is not on disk yet, with when
+    /// the reply was sent (virtual ns): a second answer is forced by the
+    /// disk if it had no round since in which the disk took writes.
+    pub unwritten_done: BTreeMap<String, u64>,
+    /// Its latest round while the disk took writes.
+    pub writable_round_at: u64,
 }
 
 impl Proc {
@@ -103,6 +109,8 @@ impl Proc {
             stopped_until: 0,
             token: None,
             presence_keys: Vec::new(),
+            unwritten_done: BTreeMap::new(),
+            writable_round_at: 0,
             inbox: Vec::new(),
             wake_keys: BTreeSet::new(),
             watch_files: BTreeSet::new(),

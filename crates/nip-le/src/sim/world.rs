@@ -38,7 +38,7 @@ fn io(kind: std::io::ErrorKind, what: &str) -> Error {
 }
 
 /// Why a write fails now, if it does.
-fn write_fault(s: &State) -> Option<Error> {
+pub(crate) fn write_fault(s: &State) -> Option<Error> {
     if s.faults.readonly_until > s.t {
         Some(io(
             std::io::ErrorKind::PermissionDenied,
@@ -108,6 +108,7 @@ impl World for SimWorld {
         Box::new(SimLedger {
             m: Arc::clone(&self.m),
             pk: *pk,
+            me: self.me,
         })
     }
 
@@ -337,6 +338,27 @@ impl LockStore for SimStore {
 struct SimLedger {
     m: Machine,
     pk: AgentPubkey,
+    /// The writing process, for the checker's account of refused lines.
+    me: ProcId,
+}
+
+/// The ids of the `done` lines in `bytes`.
+fn dones(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|&b| b == b'\n')
+        .filter_map(|l| match serde_json::from_slice::<crate::ledger::Op>(l) {
+            Ok(crate::ledger::Op::Done { id, .. }) => Some(id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Notes which of `me`'s `done` lines the disk took.
+fn written(s: &mut State, me: ProcId, bytes: &[u8]) {
+    let unwritten = &mut s.procs[me].unwritten_done;
+    for id in dones(bytes) {
+        unwritten.remove(&id);
+    }
 }
 
 impl std::fmt::Debug for SimLedger {
@@ -372,6 +394,7 @@ impl LedgerStorage for SimLedger {
             .entry(self.pk)
             .or_default()
             .extend_from_slice(line);
+        written(&mut s, self.me, line);
         Ok(())
     }
     fn replace(&mut self, body: &[u8]) -> Result<()> {
@@ -380,6 +403,7 @@ impl LedgerStorage for SimLedger {
             return Err(e);
         }
         s.ledgers.insert(self.pk, body.to_vec());
+        written(&mut s, self.me, body);
         Ok(())
     }
 }

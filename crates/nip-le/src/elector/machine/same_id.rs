@@ -103,14 +103,25 @@ impl KeyMachine {
         let candidate = self.rules.profile.presence
             && !self.holds_lock
             && (vacant(content) || self.childs_record(content));
-        if candidate && self.same_id.holder.is_none() {
+        // An epoch issued since the holder we saw and not released: a
+        // holder we never saw (we were starved or stopped while it took
+        // the file, and its child emptied it since), to wait for as one.
+        let unseen = |h: &Holder, f: Option<Mark>| {
+            f.is_some_and(|f| f.epoch > h.epoch.unwrap_or(0) && !f.released)
+        };
+        let stale_holder = self
+            .same_id
+            .holder
+            .as_ref()
+            .is_some_and(|h| unseen(h, self.same_id.floor));
+        if candidate && (self.same_id.holder.is_none() || stale_holder) {
             // We never saw the holder (we joined, or looked only while the
             // file was vacant): one that may be starved or stopped while
             // its child emptied the file is unknown to us.
             self.same_id.holder = Some(Holder {
                 id: String::new(),
                 token: None,
-                epoch: None,
+                epoch: self.same_id.floor.map(|f| f.epoch).filter(|&e| e > 0),
                 here: true,
                 since: now,
             });

@@ -231,3 +231,22 @@ fn a_joiner_finding_the_file_vacant_waits_while_others_take_part_unless_released
         assert!(took.is_some() && out.leader);
     }
 }
+
+#[test]
+fn an_epoch_issued_since_our_last_look_is_a_holder_we_never_saw_and_is_waited_for() {
+    // Found by the simulator (seed 99 with file faults): a starved observer
+    // last saw a hung holder at epoch 3; meanwhile another window claimed
+    // at epoch 5 and its child, sharing its id, emptied the file on exit.
+    let mut c = Clock::new();
+    let (mut m, mut mark) = observer(&c);
+    c.advance(STALE * 3);
+    mark = mark.raised(5);
+    let mut f = LockContent::Empty;
+    let (out, took) = look(&mut m, &mut f, &mut mark, c.now(), Cause::Wake, &ALIVE);
+    assert_eq!(took, None, "the epoch-5 holder takes it back");
+    assert!(!out.leader, "no fail-safe lead while it may act");
+    c.advance(STALE + Duration::from_millis(2));
+    let (out, took) = look(&mut m, &mut f, &mut mark, c.now(), Cause::Tick, &ALIVE);
+    assert_eq!(took, Some(TakeReason::Free), "bounded by the stale bound");
+    assert!(out.leader);
+}

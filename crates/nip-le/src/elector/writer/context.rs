@@ -34,6 +34,8 @@ pub(super) struct Ctx {
     pub(super) joined: BTreeSet<AgentPubkey>,
     /// Whether the presence file lags behind `joined`.
     pub(super) presence_dirty: bool,
+    /// The keys the presence file lists now (its last successful write).
+    listed: BTreeSet<AgentPubkey>,
     /// Holders probed since the last answer: a holder of several keys is
     /// probed once per command, not once per key.
     pub(super) probed: RefCell<HashMap<String, HolderPresence>>,
@@ -60,6 +62,7 @@ impl Ctx {
             presence_warned: false,
             joined: BTreeSet::new(),
             presence_dirty: false,
+            listed: BTreeSet::new(),
             probed: RefCell::new(HashMap::new()),
             upper,
         }
@@ -67,6 +70,16 @@ impl Ctx {
 
     pub(super) fn token(&self) -> Option<&str> {
         self.presence.as_ref().map(|p| p.token())
+    }
+
+    /// Our token, for a record or a take of `pk`: only while the presence
+    /// file lists `pk`. Peers read a token that their probe does not find
+    /// in the election as a holder gone, and would take over at once (the
+    /// simulator: a presence that a full disk kept from listing a key
+    /// joined again, and two acting windows); without it the NIP's rules
+    /// judge the record.
+    pub(super) fn token_for(&self, pk: &AgentPubkey) -> Option<&str> {
+        self.token().filter(|_| self.listed.contains(pk))
     }
 
     /// Extension: makes sure we have a presence file listing exactly the
@@ -95,7 +108,10 @@ impl Ctx {
         }
         if let Some(p) = self.presence.as_mut() {
             match p.set_keys(self.joined.iter().copied().collect()) {
-                Ok(()) => self.presence_dirty = false,
+                Ok(()) => {
+                    self.presence_dirty = false;
+                    self.listed = self.joined.clone();
+                }
                 Err(e) => tracing::warn!("cannot update the presence file: {e}"),
             }
         }

@@ -30,8 +30,13 @@ pub(super) struct WorkState {
     /// The predecessor kept no ledger (its record had no epoch: spec mode
     /// or the harness): events published before we led may be answered.
     pub(super) ledgerless_before: bool,
-    /// `None`: the ledger cannot be read; we dispatch without it.
+    /// `None`: the ledger cannot be read (since `unreadable_since`); it is
+    /// opened again before every take and on every wake-up, and takes are
+    /// granted without it only once that has lasted (see
+    /// [`crate::ledger::grants_without_ledger`]).
     pub(super) ledger: Option<Ledger>,
+    /// Since when (unix ms) the ledger cannot be read.
+    pub(super) unreadable_since: u64,
     /// We took the lock over (the holder died, hung or went): what it
     /// took is owed at once, even if it lives on (a hung holder that
     /// resumes is fenced and sends nothing). After a hand-over or a claim
@@ -56,8 +61,16 @@ pub(super) struct Key {
     /// unless it is known to keep the ledger (see
     /// [`KeyMachine::ledgerless`]).
     pub(super) replaced_ledgerless: Option<String>,
+    /// Extension: since when (unix ms) we lead without holding the lock at
+    /// an epoch (the NIP's fail-safe), with no ledger to record takes in.
+    pub(super) ledgerless_since: Option<u64>,
     /// Extension: the work ledger, while we hold the lock at an epoch.
     pub(super) work: Option<WorkState>,
+    /// Extension: lines of ours the disk refused (a `done` whose reply
+    /// was sent, a give-back) in a ledger we no longer hold: written on
+    /// every wake-up until the disk takes them, whatever our leadership,
+    /// or a successor answers the event again.
+    pub(super) unwritten: super::unwritten::Unwritten,
     /// What was announced last (see [`Announcer`]).
     pub(super) announcer: Announcer,
     /// Whether the upper level was last told that we lead our host.
@@ -204,7 +217,7 @@ impl Key {
         // A record of ours names our presence, which must list this key
         // before anyone can read the record.
         ctx.flush_presence();
-        let token = ctx.token().map(str::to_owned);
+        let token = ctx.token_for(&self.pubkey).map(str::to_owned);
         let probes = FileProbes::new(ctx, &self.pubkey, trust_watch);
         let (mut took, mut locked_at, mut before) = (None, None, None);
         let (m, store) = (&mut self.m, &mut self.store);
@@ -313,7 +326,7 @@ impl Key {
         // The change happened now, whatever the writes below take.
         let stopped_at = unix_ms(ctx.world.now().wall);
         if departing {
-            self.end_takes(unix_ms(ctx.world.now().wall));
+            self.end_takes(ctx);
         }
         self.track_work(ctx, false, false);
         let heir = self.heir(ctx, target);

@@ -19,6 +19,7 @@
 
 mod context;
 mod key;
+mod unwritten;
 mod upper;
 mod work;
 
@@ -57,6 +58,10 @@ pub(crate) struct Shared {
 pub(crate) struct Writer {
     ctx: Ctx,
     keys: BTreeMap<AgentPubkey, Key>,
+    /// Work-ledger lines of keys we left that the disk refused (a `done`
+    /// whose reply was sent): written on every wake-up until it takes
+    /// them, or a successor answers the event again.
+    left_unwritten: BTreeMap<AgentPubkey, unwritten::Unwritten>,
 }
 
 pub(crate) enum Flow {
@@ -87,6 +92,7 @@ impl Writer {
         Self {
             ctx: Ctx::new(config, rules, our_id, shared, world, upper),
             keys: BTreeMap::new(),
+            left_unwritten: BTreeMap::new(),
         }
     }
 
@@ -151,8 +157,12 @@ impl Writer {
     fn after_answer(&mut self) {
         self.ctx.probed.get_mut().clear();
         self.ctx.flush_presence();
+        for (pk, u) in self.left_unwritten.iter_mut() {
+            work::retry(u, &self.ctx, pk);
+        }
+        self.left_unwritten.retain(|_, u| !u.is_empty());
         for key in self.keys.values_mut() {
-            key.compact_ledger();
+            key.compact_ledger(&self.ctx);
             if let Some(watch) = key.watch.take() {
                 self.ctx.world.watch_holder(&key.pubkey, watch.as_deref());
                 self.ctx.world.watch_lock_file(&key.pubkey);
@@ -304,7 +314,9 @@ impl Writer {
             watch: None,
             leader_since: None,
             replaced_ledgerless: None,
+            ledgerless_since: None,
             work: None,
+            unwritten: self.left_unwritten.remove(&pk).unwrap_or_default(),
             announcer: Default::default(),
             told_upper: false,
             upper_tenure: 0,
@@ -339,7 +351,11 @@ impl Writer {
 
     /// Drops a key that has stepped down: its watches, its place in the
     /// snapshot and in our presence file.
-    fn forget(&mut self, key: Key) {
+    fn forget(&mut self, mut key: Key) {
+        let unwritten = key.take_unwritten();
+        if !unwritten.is_empty() {
+            self.left_unwritten.insert(key.pubkey, unwritten);
+        }
         self.ctx.world.watch_holder(&key.pubkey, None);
         self.ctx.world.unwatch_lock_file(&key.pubkey);
         self.ctx.presence_dirty |= self.ctx.joined.remove(&key.pubkey);

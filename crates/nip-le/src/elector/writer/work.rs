@@ -10,6 +10,7 @@ use super::super::machine::Probes;
 use super::super::types::{QueuedEvent, TakeOutcome};
 use super::context::{Ctx, FileProbes};
 use super::key::{Key, WorkState};
+use super::unwritten::{append, taken_by, Settle, Unwritten};
 use super::{unix_ms, WorkOp, WorkReply};
 
 impl Key {
@@ -20,7 +21,8 @@ impl Key {
         if !leader {
             self.leader_since = None;
             self.global_since = None;
-            self.work = None;
+            self.ledgerless_since = None;
+            self.drop_work();
             self.replaced_ledgerless = None;
             return;
         }
@@ -30,16 +32,19 @@ impl Key {
         // child's rewrite is not a change of holder and costs no ledger.
         let epoch = self.m.held_epoch().filter(|_| ctx.rules.profile.ledger);
         let Some(epoch) = epoch else {
-            self.work = None;
+            self.drop_work();
+            let now_ms = unix_ms(ctx.world.now().wall);
+            self.ledgerless_since.get_or_insert(now_ms);
             return;
         };
+        self.ledgerless_since = None;
         if self.work.as_ref().is_some_and(|w| w.epoch == epoch) {
             return;
         }
         let now_ms = unix_ms(ctx.world.now().wall);
         let storage = ctx.world.ledger(&self.pubkey);
         let mut ledger = match Ledger::open(storage, now_ms, ctx.config.work_retention) {
-            Ok(l) => Some(l),
+            Ok(l) => Some(self.unwritten.carried_into(l)),
             Err(e) => {
                 tracing::warn!(pubkey = %self.pubkey, "dispatching without the work ledger: {e}");
                 None
@@ -62,8 +67,45 @@ impl Key {
             epoch,
             ledgerless_before,
             ledger,
+            unreadable_since: now_ms,
             after_takeover: takeover,
         });
+    }
+
+    /// Opens the ledger of the epoch we hold again, if it could not be
+    /// read so far.
+    fn reopen_ledger(&mut self, ctx: &Ctx, now_ms: u64) {
+        if self.work.as_ref().is_none_or(|w| w.ledger.is_some()) {
+            return;
+        }
+        let storage = ctx.world.ledger(&self.pubkey);
+        if let Ok(l) = Ledger::open(storage, now_ms, ctx.config.work_retention) {
+            let mut l = self.unwritten.carried_into(l);
+            if let Some(w) = self.work.as_mut() {
+                held(&mut l, &self.pubkey, w.epoch, &ctx.our_id, now_ms);
+                w.ledger = Some(l);
+            }
+            tracing::info!(pubkey = %self.pubkey, "the work ledger can be read again");
+        }
+    }
+
+    /// Forgets the ledger of the epoch we held, keeping the lines of ours
+    /// the disk refused (see [`Key::unwritten`]).
+    fn drop_work(&mut self) {
+        if let Some(l) = self.work.take().and_then(|w| w.ledger) {
+            self.unwritten.keep(l);
+        }
+    }
+
+    /// What the disk refused of ours, taken out of a key we leave.
+    pub(super) fn take_unwritten(&mut self) -> Unwritten {
+        self.drop_work();
+        std::mem::take(&mut self.unwritten)
+    }
+
+    /// Writes what the disk refused of ours before, if it takes it now.
+    pub(super) fn retry_unwritten(&mut self, ctx: &Ctx) {
+        retry(&mut self.unwritten, ctx, &self.pubkey);
     }
 
     /// Extension: we take part in this key's election and keep its ledger
@@ -95,7 +137,9 @@ impl Key {
     /// "taken now" (found by the simulator: the mention was never
     /// answered). A release or a stand-down keeps them in flight instead
     /// (see [`Key::step_down`]).
-    pub(super) fn end_takes(&mut self, now_ms: u64) {
+    pub(super) fn end_takes(&mut self, ctx: &Ctx) {
+        self.retry_unwritten(ctx);
+        let now_ms = unix_ms(ctx.world.now().wall);
         let Some(w) = self.work.as_mut() else {
             return;
         };
@@ -116,7 +160,9 @@ impl Key {
 
     /// Writes the lines the disk refused before, and rewrites a ledger
     /// that has grown to twice its live entries.
-    pub(super) fn compact_ledger(&mut self) {
+    pub(super) fn compact_ledger(&mut self, ctx: &Ctx) {
+        self.reopen_ledger(ctx, unix_ms(ctx.world.now().wall));
+        self.retry_unwritten(ctx);
         let Some(l) = self.work.as_mut().and_then(|w| w.ledger.as_mut()) else {
             return;
         };
@@ -142,6 +188,9 @@ impl Key {
         // is owed, and whether a take is granted, depend on it (a `done`
         // or `give_back` of ours needs only what we applied ourselves).
         let reads = matches!(op, WorkOp::Take(_) | WorkOp::Owed(_));
+        if reads {
+            self.reopen_ledger(ctx, now_ms);
+        }
         if let Some(l) = self
             .work
             .as_mut()
@@ -190,12 +239,27 @@ impl Key {
             return TakeOutcome::NotLeader;
         }
         let Some(w) = self.work.as_mut() else {
-            // Spec mode, or a fail-safe leader: no ledger applies.
-            return TakeOutcome::Granted { epoch: None };
+            // Spec mode: no ledger applies. A fail-safe leader (the lock
+            // file cannot be read, nor, most likely, the ledger beside it)
+            // acts unrecorded once that has lasted, as with an unreadable
+            // ledger.
+            let since = self.ledgerless_since.unwrap_or(0);
+            let waits = ctx.rules.profile.ledger
+                && !ledger::grants_without_ledger(since, now_ms, ctx.rules.stale);
+            return if waits {
+                TakeOutcome::Unavailable
+            } else {
+                TakeOutcome::Granted { epoch: None }
+            };
         };
         let epoch = w.epoch;
         let Some(l) = w.ledger.as_mut() else {
-            return TakeOutcome::Granted { epoch: Some(epoch) };
+            let bound = ctx.rules.stale;
+            return if ledger::grants_without_ledger(w.unreadable_since, now_ms, bound) {
+                TakeOutcome::Granted { epoch: Some(epoch) }
+            } else {
+                TakeOutcome::Unavailable
+            };
         };
         match l.index.verdict_with(id, epoch, lives) {
             Verdict::Done => TakeOutcome::Done,
@@ -206,13 +270,15 @@ impl Key {
                     epoch,
                     by: ctx.our_id.to_string(),
                     at_ms: now_ms,
-                    live: ctx.token().map(str::to_owned),
+                    live: ctx.token_for(&self.pubkey).map(str::to_owned),
                 };
-                if let Err(e) = l.append(&op) {
-                    // Never silent: dispatch, and say why it is unrecorded.
-                    tracing::warn!(pubkey = %self.pubkey, "a take the disk refused is kept, to be written later: {e}");
+                match l.append_now(&op) {
+                    Ok(()) => TakeOutcome::Granted { epoch: Some(epoch) },
+                    Err(e) => {
+                        tracing::warn!(pubkey = %self.pubkey, "a take the disk refused is not granted: {e}");
+                        TakeOutcome::Unavailable
+                    }
                 }
-                TakeOutcome::Granted { epoch: Some(epoch) }
             }
         }
     }
@@ -220,40 +286,36 @@ impl Key {
     /// A `done` or a `giveBack`. Accepted from the window that took the
     /// event (its presence token is on the take), at the take's epoch,
     /// whatever its leadership; and, for a `done`, from the leader (an
-    /// event it was handed some other way). `true` when recorded, or when
-    /// no ledger applies.
+    /// event it was handed some other way). `true` when recorded (or kept
+    /// while the disk refuses it), or when no ledger applies.
     fn settle(&mut self, ctx: &Ctx, id: &str, leads: bool, now_ms: u64, what: Settle) -> bool {
         let token = ctx.token();
-        let ours = |ix: &ledger::Index| {
-            ix.taker(id)
-                .filter(|(_, live)| live.is_some() && *live == token)
-                .map(|(epoch, _)| epoch)
+        if !ctx.rules.profile.ledger {
+            // Spec mode: no ledger applies.
+            return leads;
+        }
+        self.reopen_ledger(ctx, now_ms);
+        let held = self
+            .work
+            .as_mut()
+            .and_then(|w| Some((w.epoch, w.ledger.as_mut()?)));
+        let Some((held_epoch, l)) = held else {
+            // Not the holder any more (a fail-safe leader included: a take
+            // of ours at an epoch we held still needs its end), or our
+            // ledger cannot be read.
+            let mut open = opener(ctx, &self.pubkey, now_ms);
+            let line = (what, id, now_ms);
+            let recorded = (self.unwritten).settle(&mut open, token, &self.pubkey, line);
+            // A fail-safe leader's own dispatch needs no line.
+            return recorded || (leads && self.work.is_none());
         };
-        let Some(w) = self.work.as_mut() else {
-            if leads || !ctx.rules.profile.ledger {
-                // Spec mode, or a fail-safe leader: no ledger applies.
-                return leads;
-            }
-            // Not the holder any more: the ledger, opened for this line.
-            let storage = ctx.world.ledger(&self.pubkey);
-            let Ok(mut l) = Ledger::open(storage, now_ms, ctx.config.work_retention) else {
-                return false;
-            };
-            let Some(epoch) = ours(&l.index) else {
-                return false;
-            };
-            // Opened for this line: one the disk refuses is not kept.
-            return append(&mut l, &self.pubkey, what.op(id, epoch, now_ms)) && !l.has_pending();
-        };
-        let Some(l) = w.ledger.as_mut() else {
-            return true;
-        };
-        let epoch = match (ours(&l.index), what) {
+        let epoch = match (taken_by(&l.index, id, token), what) {
             (Some(epoch), _) => epoch,
-            (None, Settle::Done) if leads => w.epoch,
+            (None, Settle::Done) if leads => held_epoch,
             _ => return false,
         };
-        append(l, &self.pubkey, what.op(id, epoch, now_ms))
+        append(l, &self.pubkey, what.op(id, epoch, now_ms));
+        true
     }
 
     /// The queued events we must dispatch now, in order (the rule:
@@ -278,31 +340,23 @@ impl Key {
     }
 }
 
-/// How a turn ended.
-#[derive(Debug, Clone, Copy)]
-enum Settle {
-    Done,
-    GiveBack,
+/// Opens `pubkey`'s ledger, for lines written outside the epoch we hold.
+fn opener<'a>(
+    ctx: &'a Ctx,
+    pubkey: &'a crate::pubkey::AgentPubkey,
+    now_ms: u64,
+) -> impl FnMut() -> Result<Ledger, ledger::LedgerError> + 'a {
+    move || Ledger::open(ctx.world.ledger(pubkey), now_ms, ctx.config.work_retention)
 }
 
-impl Settle {
-    fn op(self, id: &str, epoch: u64, at_ms: u64) -> Op {
-        let id = id.to_owned();
-        match self {
-            Settle::Done => Op::Done { id, epoch, at_ms },
-            Settle::GiveBack => Op::GiveBack { id, epoch, at_ms },
-        }
+/// Writes what the disk refused of ours in `pubkey`'s ledger before, if it
+/// takes it now (also for keys we left, see [`super::Writer`]).
+pub(super) fn retry(u: &mut Unwritten, ctx: &Ctx, pubkey: &crate::pubkey::AgentPubkey) {
+    if u.is_empty() {
+        return;
     }
-}
-
-/// Applies and appends `op`. A line the disk refuses is still applied, and
-/// kept by the holder's ledger to be written as soon as the disk takes it
-/// (a warning says so): `true` either way.
-fn append(l: &mut Ledger, pubkey: &crate::pubkey::AgentPubkey, op: Op) -> bool {
-    if let Err(e) = l.append(&op) {
-        tracing::warn!(%pubkey, "the work ledger keeps a line the disk refused, to write it later: {e}");
-    }
-    true
+    let mut open = opener(ctx, pubkey, unix_ms(ctx.world.now().wall));
+    u.retry(&mut open, ctx.token(), pubkey);
 }
 
 /// Appends the `held` line of `by` at `epoch`, unless the ledger has it.

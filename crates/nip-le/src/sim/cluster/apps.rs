@@ -42,10 +42,8 @@ impl Sim {
                 Command::Work(pk, WorkOp::Owed(queue), WorkReply::Owed(r))
             })
             .unwrap_or_default();
-        if owed.is_empty() && !self.windows[w].app.poll_pending {
-            self.windows[w].app.poll_pending = true;
-            let (proc, at) = (self.windows[w].proc, self.now() + 1000 * MS);
-            self.push(at, Ev::Poll(proc));
+        if owed.is_empty() {
+            self.poll_later(w);
         }
         for id in owed {
             let took = self.call(w, |r| {
@@ -53,6 +51,10 @@ impl Sim {
             });
             match took {
                 Some(TakeOutcome::Granted { .. }) => {
+                    if self.disk_forced(&id) {
+                        self.forced_takes
+                            .insert(u64::from_str_radix(&id, 16).unwrap_or(u64::MAX));
+                    }
                     let t = self.now();
                     // Agent turns vary: a quarter to twice the mean.
                     let mean = self.opts.turn_ms;
@@ -63,8 +65,20 @@ impl Sim {
                     return;
                 }
                 Some(TakeOutcome::Done) => self.windows[w].app.drop_mention(&id),
+                // The disk refuses the take: kept, and asked again.
+                Some(TakeOutcome::Unavailable) => return self.poll_later(w),
                 _ => return,
             }
+        }
+    }
+
+    /// The app asks the ledger again in a second (an event in flight
+    /// elsewhere may be given back, a full disk may take writes again).
+    fn poll_later(&mut self, w: usize) {
+        if !self.windows[w].app.poll_pending {
+            self.windows[w].app.poll_pending = true;
+            let (proc, at) = (self.windows[w].proc, self.now() + 1000 * MS);
+            self.push(at, Ev::Poll(proc));
         }
     }
 
@@ -163,20 +177,55 @@ impl Sim {
         // Across hosts the run's driver counts the answers of every host.
         if answers.len() == 2 && self.host.is_none() {
             let first = answers[0].clone();
-            self.violation.get_or_insert(Violation::new(
-                t,
-                "answered twice",
-                format!(
-                    "mention {n} by {} at {} ms and by {by}",
-                    first.0,
-                    first.1 / MS
-                ),
-            ));
+            if self.forced_takes.contains(&n) {
+                self.forced_by_disk += 1;
+            } else {
+                self.violation.get_or_insert(Violation::new(
+                    t,
+                    "answered twice",
+                    format!(
+                        "mention {n} by {} at {} ms and by {by}",
+                        first.0,
+                        first.1 / MS
+                    ),
+                ));
+            }
         }
         self.windows[w].app.sending.remove(&id);
         self.windows[w].app.drop_mention(&id);
+        if self.windows[w].extended {
+            // Until its line is on disk (see `disk_forced`).
+            lock(&self.m).procs[proc]
+                .unwritten_done
+                .entry(id.clone())
+                .or_insert(t);
+        }
         self.record(w, WorkOp::Done(id));
         self.react(w);
+    }
+
+    /// Whether a take of mention `id` granted now is forced by the disk
+    /// to answer it again: a window answered it, its `done` is not on disk
+    /// (the disk refused the line, or the ledger could not be read to
+    /// check the take), and it had no round since the reply in which the
+    /// disk took writes: it died, quit, froze or starved first (see
+    /// [`super::Outcome::forced_by_disk`]). A window that had one and did
+    /// not write its line is a finding.
+    fn disk_forced(&self, id: &str) -> bool {
+        let n = u64::from_str_radix(id, 16).unwrap_or(u64::MAX);
+        let Some(answers) = self.answers.get(&n) else {
+            return false;
+        };
+        let s = lock(&self.m);
+        answers.iter().all(|(by, _)| {
+            s.procs.iter().any(|p| {
+                matches!(p.kind, Kind::Window { .. })
+                    && p.instance_id == *by
+                    && p.unwritten_done
+                        .get(id)
+                        .is_some_and(|&sent| p.writable_round_at <= sent)
+            })
+        })
     }
 
     /// A reply that never reached the relay: its app gives the mention back

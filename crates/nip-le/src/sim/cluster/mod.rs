@@ -18,7 +18,7 @@ use super::harness::{Harness, Next};
 use super::plan::{Fault, Options, Plan};
 use super::rng::Rng;
 use super::state::{Kind, ProcId, State};
-use super::world::{lock, Machine, SimWorld};
+use super::world::{lock, write_fault, Machine, SimWorld};
 
 mod above;
 mod across;
@@ -119,6 +119,11 @@ pub struct Sim {
     claims_open: Vec<(usize, u64)>,
     /// Claims made and honoured.
     claims: (u64, u64),
+    /// See [`Outcome::forced_by_disk`].
+    forced_by_disk: u64,
+    /// Mentions taken again while the disk forced it (see
+    /// `Sim::disk_forced`).
+    forced_takes: std::collections::BTreeSet<u64>,
 }
 
 /// What one run found.
@@ -142,6 +147,11 @@ pub struct Outcome {
     pub longest_silence_ns: u64,
     /// Writer rounds run.
     pub rounds: u64,
+    /// Mentions answered twice because the disk refused the first
+    /// answer's `done` line and its window had no round since in which the
+    /// disk took writes (it died, quit, froze or starved first): no
+    /// ledger can record a sent reply then. Counted, not failed.
+    pub forced_by_disk: u64,
     /// Claims made (a window's user claimed the agent).
     pub claims: u64,
     /// Of which the claimant acted within the stand-down.
@@ -196,6 +206,8 @@ impl Sim {
             same_instant: (0, u64::MAX),
             claims_open: Vec::new(),
             claims: (0, 0),
+            forced_by_disk: 0,
+            forced_takes: Default::default(),
         };
         sim.setup();
         sim
@@ -289,6 +301,12 @@ impl Sim {
         self.panics += panic_count() - before;
         let next = writer.next_tick();
         let proc = self.windows[w].proc;
+        {
+            let mut s = lock(&self.m);
+            if write_fault(&s).is_none() {
+                s.procs[proc].writable_round_at = s.t;
+            }
+        }
         self.after_round(proc, !go);
         if !go {
             self.windows[w].writer = None;
@@ -384,6 +402,7 @@ impl Sim {
             stale_cache_ns: self.checker.tally.stale_cache_ns,
             longest_silence_ns: self.checker.tally.longest_silence_ns,
             rounds: self.rounds_run,
+            forced_by_disk: self.forced_by_disk,
             claims: self.claims.0,
             claims_honoured: self.claims.1,
         }

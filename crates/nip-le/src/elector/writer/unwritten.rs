@@ -1,0 +1,150 @@
+//! What the disk refused of ours (ENOSPC, EIO, a read-only directory) in a
+//! work ledger we do not hold at the moment: a `done` whose reply was sent,
+//! a give-back. Kept and written on every wake-up until the disk takes it,
+//! whatever our leadership and after we left the key, or a successor would
+//! answer the event again (the simulator, with file faults). Only the
+//! process's end loses it.
+
+use crate::ledger::{Index, Ledger, LedgerError, Op};
+use crate::pubkey::AgentPubkey;
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settle {
+    /// The reply was sent.
+    Done,
+    /// The turn was cancelled.
+    GiveBack,
+}
+
+impl Settle {
+    /// Its ledger line.
+    pub(super) fn op(self, id: &str, epoch: u64, at_ms: u64) -> Op {
+        let id = id.to_owned();
+        match self {
+            Settle::Done => Op::Done { id, epoch, at_ms },
+            Settle::GiveBack => Op::GiveBack { id, epoch, at_ms },
+        }
+    }
+}
+
+/// The epoch of the take of `id` by the window whose presence token is
+/// `token`, if `index` shows one.
+pub(super) fn taken_by(index: &Index, id: &str, token: Option<&str>) -> Option<u64> {
+    index
+        .taker(id)
+        .filter(|(_, live)| live.is_some() && *live == token)
+        .map(|(epoch, _)| epoch)
+}
+
+/// Applies and appends `op`. A line the disk refuses is still applied, and
+/// kept to be written as soon as the disk takes it (a warning says so).
+pub(super) fn append(l: &mut Ledger, pubkey: &AgentPubkey, op: Op) {
+    if let Err(e) = l.append(&op) {
+        tracing::warn!(%pubkey, "the work ledger keeps a line the disk refused, to write it later: {e}");
+    }
+}
+
+/// At most this many settles wait for a ledger that cannot be read (one
+/// that stays unreadable, oversized or not a regular file, must not grow
+/// memory without bound); the oldest go first, with a warning.
+const MAX_UNSETTLED: usize = 1024;
+
+/// Our refused lines and settles of one key.
+#[derive(Debug, Default)]
+pub(super) struct Unwritten {
+    /// Lines applied there and not written yet.
+    ledger: Option<Ledger>,
+    /// Settles the ledger could not even be read for (whose take they end
+    /// is not known yet): done at the first read.
+    unsettled: Vec<(Settle, String, u64)>,
+}
+
+impl Unwritten {
+    /// Nothing is waiting.
+    pub(super) fn is_empty(&self) -> bool {
+        self.ledger.is_none() && self.unsettled.is_empty()
+    }
+
+    /// Keeps `l`'s refused lines, if it has any.
+    pub(super) fn keep(&mut self, l: Ledger) {
+        if l.has_pending() {
+            let l = self.carried_into(l);
+            self.ledger = Some(l);
+        }
+    }
+
+    /// `l`, a ledger of the same key opened since, with the lines kept here
+    /// carried into it (applied there, written first).
+    pub(super) fn carried_into(&mut self, mut l: Ledger) -> Ledger {
+        if let Some(older) = self.ledger.take() {
+            l.carry(older);
+        }
+        l
+    }
+
+    /// A `done` or give-back of ours while we do not hold the key: recorded
+    /// at the epoch of our take, if the ledger shows one (`false` if not);
+    /// kept, and `true`, while the disk refuses it.
+    pub(super) fn settle(
+        &mut self,
+        open: &mut dyn FnMut() -> Result<Ledger, LedgerError>,
+        token: Option<&str>,
+        pubkey: &AgentPubkey,
+        line: (Settle, &str, u64),
+    ) -> bool {
+        self.settle_or_keep(open, token, pubkey, line, true)
+    }
+
+    fn settle_or_keep(
+        &mut self,
+        open: &mut dyn FnMut() -> Result<Ledger, LedgerError>,
+        token: Option<&str>,
+        pubkey: &AgentPubkey,
+        (what, id, at_ms): (Settle, &str, u64),
+        first: bool,
+    ) -> bool {
+        let mut l = match self.ledger.take() {
+            Some(l) => l,
+            None => match open() {
+                Ok(l) => l,
+                Err(e) => {
+                    if first {
+                        tracing::warn!(%pubkey, "the work ledger cannot be read; the turn's end is kept, to be written later: {e}");
+                    }
+                    if self.unsettled.len() >= MAX_UNSETTLED {
+                        let (_, lost, _) = self.unsettled.remove(0);
+                        tracing::warn!(%pubkey, event = %lost, "too many turns' ends wait for an unreadable work ledger: the oldest is dropped");
+                    }
+                    self.unsettled.push((what, id.to_owned(), at_ms));
+                    return true;
+                }
+            },
+        };
+        let recorded = match taken_by(&l.index, id, token) {
+            Some(epoch) => {
+                append(&mut l, pubkey, what.op(id, epoch, at_ms));
+                true
+            }
+            None => false,
+        };
+        self.keep(l);
+        recorded
+    }
+
+    /// Writes what the disk takes now.
+    pub(super) fn retry(
+        &mut self,
+        open: &mut dyn FnMut() -> Result<Ledger, LedgerError>,
+        token: Option<&str>,
+        pubkey: &AgentPubkey,
+    ) {
+        for (what, id, at_ms) in std::mem::take(&mut self.unsettled) {
+            self.settle_or_keep(open, token, pubkey, (what, &id, at_ms), false);
+        }
+        if self.ledger.as_mut().is_some_and(|l| l.flush().is_ok()) {
+            self.ledger = None;
+            tracing::info!(%pubkey, "the work ledger's refused lines are written now");
+        }
+    }
+}
