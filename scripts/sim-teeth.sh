@@ -4,7 +4,8 @@
 # counts the seeds of the CI budget that find it: a defect of one host's
 # election against the one-host runs (300 extended + 250 mixed), a defect
 # of the etcd contender against the runs across hosts (200 fall-back + 60
-# stay-silent); 120 s each, without file and clock faults. Not part
+# stay-silent); 120 s each, without file and clock faults (durability
+# defects: without clock faults only). Not part
 # of the test command: it builds the CLI once per defect (a few minutes in
 # all). Without arguments, the unchanged HEAD runs first as a baseline.
 #
@@ -73,16 +74,34 @@ FILE[stand_down_gives_back]=$E/writer/key.rs; SUB[stand_down_gives_back]='s/    
 # A pause that restarts the hang timer on every late round (issue 18,
 # item 5): only the starvation faults show it.
 FILE[pause_every_round]=$E/machine/mod.rs; SUB[pause_every_round]='s/if self.pause_restarted.as_ref\(\) != Some\(r\) \{/if true {/'
+# Durability (issue 18, item 3), against the runs with file faults: a take
+# granted before its line is on disk, refused lines dropped when we stop
+# leading, or when we leave the key, a settle dropped while the ledger
+# cannot be read, a fail-safe leader that records no done of its earlier
+# take, or grants at once, an unreadable ledger granting at once, a line
+# glued onto a fragment lost, and an epoch issued since our last look
+# taken for the holder we saw.
+L=crates/nip-le/src/ledger
+FILE[take_unsynced]=$E/writer/work.rs;   SUB[take_unsynced]='s/match l.append_now\(&op\) \{/match l.append(\&op).or(Ok::<(), crate::error::Error>(())) {/'
+FILE[loss_drops_lines]=$E/writer/work.rs; SUB[loss_drops_lines]='s/(and_then\(\|w\| w.ledger\) \{\n\s*)self.unwritten.keep\(l\);/${1}drop(l);/'
+FILE[leave_drops_lines]=$E/writer/mod.rs; SUB[leave_drops_lines]='s/if !unwritten.is_empty\(\) \{/if false {/'
+FILE[unsettled_lost]=$E/writer/unwritten.rs; SUB[unsettled_lost]='s/self.unsettled.push\(\(what, id.to_owned\(\), at_ms\)\);/let _ = (what, at_ms);/'
+FILE[failsafe_done]=$E/writer/work.rs;   SUB[failsafe_done]='s/if !ctx.rules.profile.ledger \{\n(\s*)\/\/ Spec mode: no ledger applies./if !ctx.rules.profile.ledger || (self.work.is_none() \&\& leads) {\n${1}\/\/ Spec mode: no ledger applies./'
+FILE[failsafe_take]=$E/writer/work.rs;   SUB[failsafe_take]='s/let waits = ctx.rules.profile.ledger/let waits = false \&\& ctx.rules.profile.ledger/'
+FILE[unreadable_grants]=$L/index.rs;     SUB[unreadable_grants]='s/now_ms.saturating_sub\(unreadable_since\) > bound/true/'
+FILE[glued_line]=$L/index.rs;            SUB[glued_line]='s/    \(at > 0\)\n/    (at > usize::MAX - 1)\n/'
+FILE[unseen_epoch]=$E/machine/same_id.rs; SUB[unseen_epoch]='s/let stale_holder = self/let stale_holder = false \&\& self/'
 declare -A RUNS
+for d in take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch; do RUNS[$d]="extended::300:clocks mixed::250:clocks"; done
 for d in no_fence fallback_always steal early_handover revoke_claim revoke_sibling; do RUNS[$d]="hosts:fall-back:200 hosts:stay-silent:60"; done
 RUNS[pause_every_round]="extended::300:processes,holds,clocks,files,pids,children"
 # Latency only: no invariant breaks; the spec cluster's claims tell it.
 RUNS[spec_ticks]="extended::300 mixed::250 spec::300"
 
 defects=("$@")
-[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back pause_every_round)
+[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back pause_every_round take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch)
 FILE[none]=; SUB[none]=
-RUNS[none]="extended::300 mixed::250 spec::300 hosts:fall-back:200 hosts:stay-silent:60"
+RUNS[none]="extended::300 mixed::250 spec::300 hosts:fall-back:200 hosts:stay-silent:60 extended::300:clocks mixed::250:clocks"
 for d in "${defects[@]}"; do
   git checkout -q -- .
   [ "$d" = none ] || perl -0pi -e "${SUB[$d]}" "${FILE[$d]}"
