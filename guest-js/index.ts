@@ -107,7 +107,9 @@ export async function handleControlFrame(
 /**
  * Work ledger: takes `eventId` for an agent turn. Dispatch only when the
  * outcome is `granted`: it is granted to the leader alone, at its current
- * epoch, and only if the event is neither done nor taken now.
+ * epoch, and only if the event is neither done nor taken now, once its line
+ * is on disk. `unavailable`: the disk refuses the take for now (full,
+ * failing, read-only); keep the event queued and ask again in a moment.
  */
 export async function take(pubkey: string, eventId: string): Promise<TakeOutcome> {
   return await invoke<TakeOutcome>(cmd('take'), { pubkey, eventId })

@@ -208,6 +208,22 @@ fn after_a_predecessor_without_a_ledger_only_events_published_since_are_owed() {
 }
 
 #[test]
+fn the_ledgers_epochs_are_never_issued_again_when_the_epoch_mark_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = Elector::start(config(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    assert!(a.join(&pk()).unwrap());
+    let e1 = granted_epoch(a.work(&pk()).unwrap().take("answered").unwrap());
+    a.shutdown();
+    // A cleanup (or a restored backup) loses the epoch mark; the lock
+    // file is empty after the release.
+    std::fs::remove_file(nip_le::epoch::epoch_path(tmp.path(), &pk())).unwrap();
+    let b = Elector::start(config(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    assert!(b.join(&pk()).unwrap());
+    let e2 = granted_epoch(b.work(&pk()).unwrap().take("new").unwrap());
+    assert!(e2 > e1, "epoch {e2} issued again (the ledger holds {e1})");
+}
+
+#[test]
 fn a_ledger_that_cannot_be_read_never_silences_the_leader() {
     for hostile in [&b"x"[..], b"not json at all\n\xff\xfe"] {
         let tmp = tempfile::tempdir().unwrap();

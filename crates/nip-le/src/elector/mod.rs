@@ -378,7 +378,9 @@ impl Work {
     }
 
     /// Takes `id` for a turn: granted only to the leader, at its current
-    /// epoch, and only if the event is neither done nor taken now.
+    /// epoch, and only if the event is neither done nor taken now, once
+    /// its line is on disk ([`TakeOutcome::Unavailable`] while the disk
+    /// refuses it: ask again in a moment).
     pub fn take(&self, id: &str) -> Result<TakeOutcome> {
         crate::ledger::validate_event_id(id)?;
         if !self.may_act() {

@@ -87,6 +87,11 @@ pub(crate) enum Input<'a> {
     /// starts again, once per unchanged record (see
     /// [`KeyMachine::pause_noticed`]).
     Paused,
+    /// The work ledger shows this epoch issued (extension): a new holder's
+    /// epoch is above it, even when the epoch mark was lost (deleted, a
+    /// restored backup), or a take would be granted at an epoch the ledger
+    /// already holds takes of.
+    LedgerEpoch(u64),
     /// An error for the status, until the next look replaces it.
     Error(String),
 }
@@ -258,6 +263,10 @@ impl KeyMachine {
             }
             Input::Paused => {
                 self.pause_noticed(now.mono);
+                Decision::Nothing
+            }
+            Input::LedgerEpoch(e) => {
+                self.raise_epoch_floor(e);
                 Decision::Nothing
             }
             Input::Error(e) => {

@@ -6,7 +6,7 @@ use crate::error::Error;
 use crate::ledger::{self, Ledger, Op, Verdict};
 use crate::presence::PeerPresence;
 
-use super::super::machine::Probes;
+use super::super::machine::{Input, Probes};
 use super::super::types::{QueuedEvent, TakeOutcome};
 use super::context::{Ctx, FileProbes};
 use super::key::{Key, WorkState};
@@ -44,7 +44,10 @@ impl Key {
         let now_ms = unix_ms(ctx.world.now().wall);
         let storage = ctx.world.ledger(&self.pubkey);
         let mut ledger = match Ledger::open(storage, now_ms, ctx.config.work_retention) {
-            Ok(l) => Some(self.unwritten.carried_into(l)),
+            Ok(l) => {
+                self.note_ledger_epoch(ctx, &l);
+                Some(self.unwritten.carried_into(l))
+            }
             Err(e) => {
                 tracing::warn!(pubkey = %self.pubkey, "dispatching without the work ledger: {e}");
                 None
@@ -109,22 +112,43 @@ impl Key {
     }
 
     /// Extension: we take part in this key's election and keep its ledger
-    /// (a `held` line at epoch 0, appended without reading the ledger): a
-    /// record without an epoch naming our id is our harness child's, and
-    /// whoever replaces it knows that the ledger covers it, even if we
-    /// never held the lock and are gone by then.
+    /// (a `held` line at epoch 0): a record without an epoch naming our id
+    /// is our harness child's, and whoever replaces it knows that the
+    /// ledger covers it, even if we never held the lock and are gone by
+    /// then. The ledger's highest epoch raises our epoch floor before our
+    /// first look (see [`Input::LedgerEpoch`]).
     pub(super) fn note_member(&mut self, ctx: &Ctx) {
         if !ctx.rules.profile.ledger {
             return;
         }
+        let now_ms = unix_ms(ctx.world.now().wall);
         let op = Op::Held {
             epoch: 0,
             by: ctx.our_id.to_string(),
-            at_ms: unix_ms(ctx.world.now().wall),
+            at_ms: now_ms,
         };
         // Not worth a sync: a lost line only costs a fallback later.
-        if let Err(e) = ctx.world.ledger(&self.pubkey).append(&op.to_line(), false) {
+        let written = match Ledger::open(
+            ctx.world.ledger(&self.pubkey),
+            now_ms,
+            ctx.config.work_retention,
+        ) {
+            Ok(mut l) => {
+                self.note_ledger_epoch(ctx, &l);
+                l.append(&op)
+            }
+            Err(_) => ctx.world.ledger(&self.pubkey).append(&op.to_line(), false),
+        };
+        if let Err(e) = written {
             tracing::warn!(pubkey = %self.pubkey, "cannot note us in the work ledger: {e}");
+        }
+    }
+
+    /// Every epoch `l` shows was issued: ours come above them.
+    fn note_ledger_epoch(&mut self, ctx: &Ctx, l: &Ledger) {
+        let e = l.index.max_epoch();
+        if e > 0 {
+            self.m.step(Input::LedgerEpoch(e), ctx.world.now());
         }
     }
 
