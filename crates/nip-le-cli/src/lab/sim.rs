@@ -44,7 +44,7 @@ pub enum FaultKind {
     Holds,
     /// Pauses, suspends, wall steps.
     Clocks,
-    /// ENOSPC, EIO, read-only, a hung flock holder.
+    /// ENOSPC, EIO, read-only, a power loss.
     Files,
     /// Late wake-ups.
     Starvation,

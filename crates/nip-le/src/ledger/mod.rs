@@ -377,9 +377,11 @@ impl Ledger {
     /// [`Ledger::flush`]; the error says that it is not on disk yet.
     pub fn append(&mut self, op: &Op) -> Result<()> {
         self.index.apply(op);
+        // A `held` line is worth no sync (a lost one costs a fallback),
+        // unless refused lines go out with it.
+        let durable = !matches!(op, Op::Held { .. }) || !self.pending.is_empty();
         self.pending.extend(op.to_line());
-        // A `held` line is worth no sync: a lost one costs a fallback.
-        self.write_pending(!matches!(op, Op::Held { .. }))
+        self.write_pending(durable)
     }
 
     /// Appends one line and applies it only once the storage took it (with

@@ -73,6 +73,14 @@ pub enum Fault {
         /// How long.
         d: u64,
     },
+    /// The machine loses power: every process dies at once, a ledger keeps
+    /// what was synced and perhaps part of the rest (a fragment), a lock
+    /// file (never synced) keeps its record or comes back empty, the epoch
+    /// mark (synced) stays; everyone starts again after `restart_after`.
+    PowerLoss {
+        /// Until the windows start again.
+        restart_after: u64,
+    },
     /// A peer hangs holding the lock file's `flock` for `d` ns.
     HoldFlock {
         /// How long.
@@ -297,10 +305,11 @@ fn draw(rng: &mut Rng, mix: Mix, stale: u64) -> Option<Fault> {
             d,
             late: rng.range(0, stale / 4),
         },
-        12 if mix.files => match rng.range(0, 2) {
+        12 if mix.files => match rng.range(0, 3) {
             0 => Fault::Enospc { d },
             1 => Fault::Eio { d },
-            _ => Fault::ReadOnly { d },
+            2 => Fault::ReadOnly { d },
+            _ => Fault::PowerLoss { restart_after },
         },
         13 if mix.pids => Fault::PidReuse,
         14 if mix.holds => Fault::HoldFlock {

@@ -190,6 +190,9 @@ pub struct State {
     pub requests: BTreeMap<AgentPubkey, LeadRequest>,
     /// Work ledgers (`<pubkey>.work`).
     pub ledgers: BTreeMap<AgentPubkey, Vec<u8>>,
+    /// How much of each ledger is on disk (synced): a power loss keeps
+    /// that, and perhaps part of the rest.
+    pub ledger_synced: BTreeMap<AgentPubkey, usize>,
     /// Every process ever started.
     pub procs: Vec<Proc>,
     /// Pids of processes that exited, which an unrelated process may take.
@@ -224,6 +227,7 @@ impl State {
             files: BTreeMap::new(),
             requests: BTreeMap::new(),
             ledgers: BTreeMap::new(),
+            ledger_synced: BTreeMap::new(),
             procs: Vec::new(),
             next_pid: 1000,
             faults: Faults::default(),

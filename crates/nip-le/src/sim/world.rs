@@ -375,7 +375,7 @@ impl LedgerStorage for SimLedger {
         }
         Ok(s.ledgers.get(&self.pk).cloned().unwrap_or_default())
     }
-    fn append(&mut self, line: &[u8], _durable: bool) -> Result<()> {
+    fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
         let mut s = lock(&self.m);
         if let Some(e) = write_fault(&s) {
             // A full disk takes part of a write, as a real one may: a
@@ -390,10 +390,13 @@ impl LedgerStorage for SimLedger {
             }
             return Err(e);
         }
-        s.ledgers
-            .entry(self.pk)
-            .or_default()
-            .extend_from_slice(line);
+        let l = s.ledgers.entry(self.pk).or_default();
+        l.extend_from_slice(line);
+        let len = l.len();
+        if durable {
+            // `fdatasync`: everything written so far is on disk.
+            s.ledger_synced.insert(self.pk, len);
+        }
         written(&mut s, self.me, line);
         Ok(())
     }
@@ -403,6 +406,8 @@ impl LedgerStorage for SimLedger {
             return Err(e);
         }
         s.ledgers.insert(self.pk, body.to_vec());
+        // The temporary file and the directory are synced around the rename.
+        s.ledger_synced.insert(self.pk, body.len());
         written(&mut s, self.me, body);
         Ok(())
     }

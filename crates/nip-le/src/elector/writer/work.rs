@@ -41,6 +41,10 @@ impl Key {
         if self.work.as_ref().is_some_and(|w| w.epoch == epoch) {
             return;
         }
+        // The ledger of the epoch we held before (a lead regained at a new
+        // epoch) may keep lines the disk refused: kept, not dropped (the
+        // simulator: a give-back lost so, its event never answered).
+        self.drop_work();
         let now_ms = unix_ms(ctx.world.now().wall);
         let storage = ctx.world.ledger(&self.pubkey);
         let mut ledger = match Ledger::open(storage, now_ms, ctx.config.work_retention) {

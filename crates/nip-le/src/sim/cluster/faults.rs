@@ -136,6 +136,7 @@ impl Sim {
                 drop(s);
                 self.quiet_from = self.quiet_from.max(t + d);
             }
+            Fault::PowerLoss { restart_after } => self.power_loss(t + restart_after),
             Fault::HoldFlock { d } => self.hold_flock(t + d),
             Fault::PidReuse => {
                 let mut s = lock(&self.m);
@@ -205,6 +206,53 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// The machine loses power (see [`Fault::PowerLoss`]); everyone starts
+    /// again at `at`.
+    fn power_loss(&mut self, at: u64) {
+        for w in 0..self.windows.len() {
+            if self.windows[w].writer.is_some() {
+                self.kill(w);
+                self.restart(w, at);
+            }
+        }
+        let peers: Vec<usize> = (0..self.harnesses.len())
+            .filter(|&h| !self.windows.iter().any(|w| w.child == Some(h)))
+            .collect();
+        let mut restart = Vec::new();
+        let mut s = lock(&self.m);
+        for h in peers {
+            let proc = self.harnesses[h].proc;
+            if s.procs[proc].alive {
+                s.procs[proc].alive = false;
+                restart.push(format!("{}r", s.procs[proc].instance_id));
+            }
+        }
+        let state = &mut *s;
+        for (pk, bytes) in state.ledgers.iter_mut() {
+            let synced = state
+                .ledger_synced
+                .get(pk)
+                .copied()
+                .unwrap_or(0)
+                .min(bytes.len());
+            let kept = synced + self.rng.range(0, (bytes.len() - synced) as u64) as usize;
+            bytes.truncate(kept);
+            state.ledger_synced.insert(*pk, kept);
+        }
+        for f in s.files.values_mut() {
+            f.held_until = 0;
+            f.pending = None;
+            if self.rng.chance(0.5) {
+                f.bytes.clear();
+            }
+        }
+        drop(s);
+        for id in restart {
+            self.push(at, Ev::StartPeer(id));
+        }
+        self.quiet_from = self.quiet_from.max(at);
     }
 
     /// Someone holds the lock file's `flock` until `until`: every locked

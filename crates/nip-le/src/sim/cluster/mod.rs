@@ -63,6 +63,8 @@ enum Ev {
     Contender(ProcId, u64),
     /// A window (its process) starts an agent harness child with its id.
     StartChild(ProcId),
+    /// A harness peer starts (after a power loss).
+    StartPeer(String),
 }
 
 /// One window.
@@ -496,6 +498,7 @@ impl Sim {
             Ev::Rejoin(proc) => self.rejoin(proc),
             Ev::Contender(proc, gen) => self.contender_due(proc, gen),
             Ev::StartChild(proc) => self.start_child(proc),
+            Ev::StartPeer(id) => self.start_harness(id),
         }
     }
 
