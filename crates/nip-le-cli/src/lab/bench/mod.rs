@@ -271,8 +271,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
         .filter(|_| wanted("in-process"))
     {
         match scenarios::in_process(mode) {
-            Ok((ns, us)) => println!(
-                "in-process [{}]: is_leader {ns:.1} ns median (LeaderFlag), refresh of a led key {us:.1} µs median (round trip through the writer)",
+            Ok((ns, us, (take_done, take_done_p99))) => println!(
+                "in-process [{}]: is_leader {ns:.1} ns median (LeaderFlag), refresh of a led key {us:.1} µs median (round trip through the writer), take + done of a mention {take_done:.1} µs median, {take_done_p99:.1} µs p99",
                 mode.as_str(),
             ),
             Err(e) => println!("in-process [{}]: failed: {e}", mode.as_str()),

@@ -418,8 +418,8 @@ impl Bench {
 /// In-process costs of the current build: `is_leader` through a
 /// [`nip_le::LeaderFlag`] (ns, median of 200 batches of 100k calls) and a
 /// refresh of one key we lead, round trip through the writer (µs, median of
-/// 2000).
-pub fn in_process(mode: Mode) -> std::io::Result<(f64, f64)> {
+/// 2000), and one mention's take and done (µs, median and p99 of 1000).
+pub fn in_process(mode: Mode) -> std::io::Result<(f64, f64, (f64, f64))> {
     let tmp = tempfile::tempdir()?;
     let mut c = Config::new(tmp.path());
     c.mode = mode;
@@ -443,5 +443,25 @@ pub fn in_process(mode: Mode) -> std::io::Result<(f64, f64)> {
         e.refresh_now();
         acq.push(t.elapsed().as_nanos() as f64 / 1000.0);
     }
-    Ok((super::median(batches), super::median(acq)))
+    // One mention's way through the work ledger: take, then done, each a
+    // synced append in extended mode (nothing in spec mode).
+    let work = e.work(&pk).map_err(std::io::Error::other)?;
+    let mut per_mention = Vec::new();
+    for i in 0..1000 {
+        let id = format!("bench-{i}");
+        let t = Instant::now();
+        let took = work.take(&id).map_err(std::io::Error::other)?;
+        if !took.granted() {
+            return Err(std::io::Error::other(format!("take refused: {took:?}")));
+        }
+        work.done(&id).map_err(std::io::Error::other)?;
+        per_mention.push(t.elapsed().as_nanos() as f64 / 1000.0);
+    }
+    per_mention.sort_by(f64::total_cmp);
+    let p99 = super::pct(&per_mention, 99.0);
+    Ok((
+        super::median(batches),
+        super::median(acq),
+        (super::pct(&per_mention, 50.0), p99),
+    ))
 }
