@@ -91,22 +91,22 @@ FILE[failsafe_take]=$E/writer/work.rs;   SUB[failsafe_take]='s/let waits = ctx.r
 FILE[unreadable_grants]=$L/index.rs;     SUB[unreadable_grants]='s/now_ms.saturating_sub\(unreadable_since\) > bound/true/'
 FILE[glued_line]=$L/index.rs;            SUB[glued_line]='s/    \(at > 0\)\n/    (at > usize::MAX - 1)\n/'
 FILE[unseen_epoch]=$E/machine/same_id.rs; SUB[unseen_epoch]='s/let stale_holder = self/let stale_holder = false \&\& self/'
-# With power losses (a file fault too): a take or a done not synced, the
-# refused lines flushed by a `held` line without a sync, and a lead
+# With power losses (a file fault too): a done or give-back not synced,
+# refused lines flushed by an unsynced line without a sync, and a lead
 # regained at a new epoch that drops the former epoch's refused lines.
-FILE[take_not_synced]=$L/mod.rs;         SUB[take_not_synced]='s/match self.storage.append\(&bytes, true\) \{/match self.storage.append(\&bytes, false) {/'
-FILE[done_not_synced]=$L/mod.rs;         SUB[done_not_synced]='s/let durable = !matches!\(op, Op::Held \{ .. \}\) \|\| !self.pending.is_empty\(\);/let durable = false;/'
-FILE[held_flush_unsynced]=$L/mod.rs;     SUB[held_flush_unsynced]='s/ \|\| !self.pending.is_empty\(\);/;/'
+# (Takes are not synced: with them synced as well, 0 of 300 seeds differ.)
+FILE[done_not_synced]=$L/mod.rs;         SUB[done_not_synced]='s/matches!\(op, Op::Done \{ .. \} \| Op::GiveBack \{ .. \}\) \|\| !self.pending.is_empty\(\)/!self.pending.is_empty()/'
+FILE[held_flush_unsynced]=$L/mod.rs;     SUB[held_flush_unsynced]='s/ \|\| !self.pending.is_empty\(\)\n/\n/'
 FILE[regain_drops_lines]=$E/writer/work.rs; SUB[regain_drops_lines]='s/(simulator: a give-back lost so, its event never answered\).\n\s*)self.drop_work\(\);/${1}self.work = None;/'
 declare -A RUNS
-for d in take_not_synced done_not_synced held_flush_unsynced regain_drops_lines take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch; do RUNS[$d]="extended::300:clocks mixed::250:clocks"; done
+for d in done_not_synced held_flush_unsynced regain_drops_lines take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch; do RUNS[$d]="extended::300:clocks mixed::250:clocks"; done
 for d in no_fence fallback_always steal early_handover revoke_claim revoke_sibling; do RUNS[$d]="hosts:fall-back:200 hosts:stay-silent:60"; done
 RUNS[pause_every_round]="extended::300:processes,holds,clocks,files,pids,children"
 # Latency only: no invariant breaks; the spec cluster's claims tell it.
 RUNS[spec_ticks]="extended::300 mixed::250 spec::300"
 
 defects=("$@")
-[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back pause_every_round take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch take_not_synced done_not_synced held_flush_unsynced regain_drops_lines)
+[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back pause_every_round take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch done_not_synced held_flush_unsynced regain_drops_lines)
 FILE[none]=; SUB[none]=
 RUNS[none]="extended::300 mixed::250 spec::300 hosts:fall-back:200 hosts:stay-silent:60 extended::300:clocks mixed::250:clocks"
 for d in "${defects[@]}"; do

@@ -377,17 +377,26 @@ impl Ledger {
     /// [`Ledger::flush`]; the error says that it is not on disk yet.
     pub fn append(&mut self, op: &Op) -> Result<()> {
         self.index.apply(op);
-        // A `held` line is worth no sync (a lost one costs a fallback),
-        // unless refused lines go out with it.
-        let durable = !matches!(op, Op::Held { .. }) || !self.pending.is_empty();
+        let durable = self.durable(op);
         self.pending.extend(op.to_line());
         self.write_pending(durable)
     }
 
+    /// Whether appending `op` waits for the disk (`fdatasync`). A `done`
+    /// or give-back does: lost to a power cut, its event would be answered
+    /// again or never. A take does not: a power cut ends every taker, and
+    /// a dead taker's take is owed again whether or not its line survived
+    /// (the simulator with power losses: 0 of 300 seeds fail with takes
+    /// unsynced, 59 with dones unsynced). A `held` line costs a fallback
+    /// at most. Refused lines that go out with it are synced.
+    fn durable(&self, op: &Op) -> bool {
+        matches!(op, Op::Done { .. } | Op::GiveBack { .. }) || !self.pending.is_empty()
+    }
+
     /// Appends one line and applies it only once the storage took it (with
-    /// the lines it refused before, first): a take must be on disk before
-    /// its turn starts, or a successor, or this window after a crash, would
-    /// grant it again. A refused line is neither applied nor kept.
+    /// the lines it refused before, first): a take must be in the file
+    /// before its turn starts, or a successor would grant it again. A
+    /// refused line is neither applied nor kept.
     pub fn append_now(&mut self, op: &Op) -> Result<()> {
         let mut bytes = Vec::with_capacity(self.pending.len() + 257);
         if self.torn {
@@ -395,7 +404,8 @@ impl Ledger {
         }
         bytes.extend(&self.pending);
         bytes.extend(op.to_line());
-        match self.storage.append(&bytes, true) {
+        let durable = self.durable(op);
+        match self.storage.append(&bytes, durable) {
             Ok(()) => {
                 self.index.apply(op);
                 self.pending.clear();
