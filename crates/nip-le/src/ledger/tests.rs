@@ -279,6 +279,8 @@ fn held_lines_name_the_ledgers_keepers_and_survive_compaction() {
 struct Disk {
     bytes: Vec<u8>,
     full: bool,
+    /// How much of `bytes` a sync covered.
+    synced: usize,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -288,7 +290,7 @@ impl LedgerStorage for Shared {
     fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError> {
         Ok(self.0.lock().unwrap().bytes.clone())
     }
-    fn append(&mut self, line: &[u8], _durable: bool) -> Result<()> {
+    fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
         let mut d = self.0.lock().unwrap();
         if d.full {
             d.bytes.extend_from_slice(&line[..line.len() / 2]);
@@ -298,6 +300,9 @@ impl LedgerStorage for Shared {
             ));
         }
         d.bytes.extend_from_slice(line);
+        if durable {
+            d.synced = d.bytes.len();
+        }
         Ok(())
     }
     fn replace(&mut self, body: &[u8]) -> Result<()> {
@@ -369,4 +374,31 @@ fn an_unreadable_ledger_delays_takes_for_the_stale_bound_then_never_silences_the
         Duration::from_millis(u64::MAX - 1)
     ));
     assert!(!grants_without_ledger(0, u64::MAX, Duration::MAX));
+}
+
+#[test]
+fn dones_and_give_backs_are_synced_takes_and_held_lines_only_written_unless_refused_lines_go_with_them(
+) {
+    let disk = Shared::default();
+    let mut l = Ledger::open(Box::new(disk.clone()), 0, HOUR).unwrap();
+    let synced = || disk.0.lock().unwrap().synced;
+    let len = || disk.0.lock().unwrap().bytes.len();
+    l.append_now(&take_by("a", 1, "7-aaaa")).unwrap();
+    assert_eq!(synced(), 0, "a take is written, not synced");
+    l.append(&done("a", 1, 2)).unwrap();
+    assert_eq!(synced(), len(), "a done is synced");
+    let held = Op::Held {
+        epoch: 1,
+        by: "x".into(),
+        at_ms: 3,
+    };
+    l.append(&held).unwrap();
+    assert!(synced() < len(), "a held line is not");
+    // A done the disk refused goes out with the next line: synced then,
+    // whatever that line is.
+    disk.0.lock().unwrap().full = true;
+    assert!(l.append(&done("b", 1, 4)).is_err());
+    disk.0.lock().unwrap().full = false;
+    l.append(&held).unwrap();
+    assert_eq!(synced(), len(), "the refused done went out unsynced");
 }
