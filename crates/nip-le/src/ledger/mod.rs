@@ -398,25 +398,10 @@ impl Ledger {
     /// before its turn starts, or a successor would grant it again. A
     /// refused line is neither applied nor kept.
     pub fn append_now(&mut self, op: &Op) -> Result<()> {
-        let mut bytes = Vec::with_capacity(self.pending.len() + 257);
-        if self.torn {
-            bytes.push(b'\n');
-        }
-        bytes.extend(&self.pending);
-        bytes.extend(op.to_line());
         let durable = self.durable(op);
-        match self.storage.append(&bytes, durable) {
-            Ok(()) => {
-                self.index.apply(op);
-                self.pending.clear();
-                self.torn = false;
-                Ok(())
-            }
-            Err(e) => {
-                self.torn = true;
-                Err(e)
-            }
-        }
+        self.write_out(&op.to_line(), durable)?;
+        self.index.apply(op);
+        Ok(())
     }
 
     /// Writes the lines the storage refused before, if it takes them now.
@@ -425,16 +410,23 @@ impl Ledger {
     }
 
     fn write_pending(&mut self, durable: bool) -> Result<()> {
-        if self.pending.is_empty() {
+        self.write_out(&[], durable)
+    }
+
+    /// One append of the refused lines, then `extra`: once it succeeds,
+    /// nothing is pending and the file ends with a whole line.
+    fn write_out(&mut self, extra: &[u8], durable: bool) -> Result<()> {
+        if self.pending.is_empty() && extra.is_empty() {
             return Ok(());
         }
-        let mut bytes = Vec::with_capacity(self.pending.len() + 1);
+        let mut bytes = Vec::with_capacity(self.pending.len() + extra.len() + 1);
         if self.torn {
             // A blank line is skipped; a fragment it ends is one skipped
             // line, never glued onto ours.
             bytes.push(b'\n');
         }
         bytes.extend(&self.pending);
+        bytes.extend(extra);
         match self.storage.append(&bytes, durable) {
             Ok(()) => {
                 self.pending.clear();
