@@ -188,9 +188,11 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
             .map(<[u8]>::to_vec)
             .ok_or(LedgerError::Rewritten)
     }
-    /// Appends one line (one write on a descriptor opened for appending),
-    /// on disk before it returns when `durable` (a take, a done, a give
-    /// back: one lost to a power cut would be answered again or never).
+    /// Appends lines (one write on a descriptor opened for appending),
+    /// synced before it returns when `durable` (a done or give-back: one
+    /// lost to a power cut would be answered again or never; see
+    /// [`Ledger::append`]). Lines written whole count as written even if
+    /// the sync fails: every process reads them.
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()>;
     /// Replaces the whole ledger with `body` (compaction).
     fn replace(&mut self, body: &[u8]) -> Result<()>;
@@ -200,13 +202,12 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
 #[derive(Debug)]
 pub struct FileLedger {
     path: PathBuf,
-    append: Option<File>,
 }
 
 impl FileLedger {
-    /// The ledger file at `path` (opened lazily).
+    /// The ledger file at `path` (opened for each read and append).
     pub fn new(path: PathBuf) -> Self {
-        Self { path, append: None }
+        Self { path }
     }
 }
 
@@ -248,23 +249,23 @@ impl LedgerStorage for FileLedger {
     }
 
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
-        if self.append.is_none() {
-            let mut o = open_options(Create::IfMissing);
-            o.append(true);
-            let f = o.open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-            if !f
-                .metadata()
-                .map_err(|e| Error::io(&self.path, e))?
-                .is_file()
-            {
-                return Err(Error::io(
-                    &self.path,
-                    std::io::Error::other("not a regular file"),
-                ));
-            }
-            self.append = Some(f);
+        // Opened for each append: a handle kept across appends would write
+        // into the old file after another process's compaction renamed a
+        // new one over it (a kept `done` of a former holder, lost). An
+        // open costs microseconds; the sync of a `done`, a tenth of a ms.
+        let mut o = open_options(Create::IfMissing);
+        o.append(true);
+        let mut f = o.open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        if !f
+            .metadata()
+            .map_err(|e| Error::io(&self.path, e))?
+            .is_file()
+        {
+            return Err(Error::io(
+                &self.path,
+                std::io::Error::other("not a regular file"),
+            ));
         }
-        let f = self.append.as_mut().expect("opened above");
         f.write_all(line).map_err(|e| Error::io(&self.path, e))?;
         // Written whole, the lines are what every process reads: failing
         // them now would leave a take that nobody, ourselves included, may
@@ -277,7 +278,7 @@ impl LedgerStorage for FileLedger {
         Ok(())
     }
 
-    /// A new file renamed over the old one; appends continue on the new one.
+    /// A new file renamed over the old one.
     fn replace(&mut self, body: &[u8]) -> Result<()> {
         let tmp = self
             .path
@@ -293,10 +294,13 @@ impl LedgerStorage for FileLedger {
             let _ = std::fs::remove_file(&tmp);
             return Err(Error::io(&self.path, e));
         }
-        self.append = None;
         Ok(())
     }
 }
+
+/// What ends a fragment a failed write may have left (see
+/// [`Ledger::append_now`]): JSON cannot continue with `!`.
+const TORN_END: &[u8] = b"!\n";
 
 /// One agent's ledger, as its holder uses it.
 #[derive(Debug)]
@@ -371,10 +375,11 @@ impl Ledger {
         }
     }
 
-    /// Applies one line and appends it. A line the storage refuses
-    /// (ENOSPC, EIO) is still applied here, so a take is never granted
-    /// twice, and is kept to be written, in order, with the next append or
-    /// [`Ledger::flush`]; the error says that it is not on disk yet.
+    /// Applies one line and appends it (a `done`, a give-back, a `held`
+    /// line; takes go through [`Ledger::append_now`]). A line the storage
+    /// refuses (ENOSPC, EIO) is still applied here and kept to be written,
+    /// in order, with the next append or [`Ledger::flush`]; the error says
+    /// that it is not on disk yet.
     pub fn append(&mut self, op: &Op) -> Result<()> {
         self.index.apply(op);
         let durable = self.durable(op);
@@ -421,9 +426,12 @@ impl Ledger {
         }
         let mut bytes = Vec::with_capacity(self.pending.len() + extra.len() + 1);
         if self.torn {
-            // A blank line is skipped; a fragment it ends is one skipped
-            // line, never glued onto ours.
-            bytes.push(b'\n');
+            // A fragment a failed write left is ended by a character no
+            // line ends with: one skipped line, never glued onto ours, and
+            // never completed into the line it began (a take reported
+            // `Unavailable` must not land after all). A blank or stray
+            // line is skipped.
+            bytes.extend(TORN_END);
         }
         bytes.extend(&self.pending);
         bytes.extend(extra);

@@ -402,3 +402,59 @@ fn dones_and_give_backs_are_synced_takes_and_held_lines_only_written_unless_refu
     l.append(&held).unwrap();
     assert_eq!(synced(), len(), "the refused done went out unsynced");
 }
+
+#[test]
+fn a_take_refused_after_all_but_its_newline_was_written_never_lands() {
+    // The write failed after the whole line but its newline (ENOSPC at the
+    // last byte): the take was answered `Unavailable` and must stay out.
+    #[derive(Debug, Clone, Default)]
+    struct LastByteFails(std::sync::Arc<std::sync::Mutex<(Vec<u8>, bool)>>);
+    impl LedgerStorage for LastByteFails {
+        fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError> {
+            Ok(self.0.lock().unwrap().0.clone())
+        }
+        fn append(&mut self, line: &[u8], _durable: bool) -> Result<()> {
+            let mut d = self.0.lock().unwrap();
+            if std::mem::replace(&mut d.1, false) {
+                d.0.extend_from_slice(&line[..line.len() - 1]);
+                return Err(Error::io(
+                    "k.work",
+                    std::io::Error::from(std::io::ErrorKind::StorageFull),
+                ));
+            }
+            d.0.extend_from_slice(line);
+            Ok(())
+        }
+        fn replace(&mut self, body: &[u8]) -> Result<()> {
+            self.0.lock().unwrap().0 = body.to_vec();
+            Ok(())
+        }
+    }
+    let disk = LastByteFails::default();
+    let mut l = Ledger::open(Box::new(disk.clone()), 0, HOUR).unwrap();
+    disk.0.lock().unwrap().1 = true;
+    assert!(l.append_now(&take_by("a", 1, "7-aaaa")).is_err());
+    assert_eq!(l.index.verdict("a", 1), Verdict::Owed, "not applied here");
+    l.append(&done("b", 1, 2)).unwrap();
+    let reread = Index::parse(&disk.0.lock().unwrap().0, 0, HOUR);
+    assert_eq!(reread.verdict("a", 1), Verdict::Owed, "nor on disk");
+    assert_eq!(reread.verdict("b", 1), Verdict::Done);
+}
+
+#[test]
+fn a_line_appended_after_another_process_compacted_lands_in_the_new_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    // A former holder, and the successor that compacts under it.
+    let mut old = Ledger::load(path.clone(), 0, HOUR).unwrap();
+    old.append_now(&take_by("a", 1, "7-aaaa")).unwrap();
+    let mut new = Ledger::load(path.clone(), 0, HOUR).unwrap();
+    new.compact().unwrap();
+    old.append(&done("a", 1, 2)).unwrap();
+    let reread = Index::parse(&std::fs::read(&path).unwrap(), 0, HOUR);
+    assert_eq!(
+        reread.verdict("a", 1),
+        Verdict::Done,
+        "written into the replaced file"
+    );
+}

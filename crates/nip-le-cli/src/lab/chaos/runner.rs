@@ -467,6 +467,8 @@ impl Runner {
 /// record is there), or SIGKILL.
 fn end_child(mut child: Instance, graceful: bool) {
     if graceful {
+        // A child stopped with its window must run to exit gracefully.
+        let _ = child.signal(libc::SIGCONT);
         let _ = child.signal(libc::SIGTERM);
         if child.wait_exit(Duration::from_secs(5)).is_some() {
             return;

@@ -37,6 +37,8 @@ pub(super) struct WorkState {
     pub(super) ledger: Option<Ledger>,
     /// Since when (unix ms) the ledger cannot be read.
     pub(super) unreadable_since: u64,
+    /// Whether the disk refused the last take (logged once per spell).
+    pub(super) refusing: bool,
     /// We took the lock over (the holder died, hung or went): what it
     /// took is owed at once, even if it lives on (a hung holder that
     /// resumes is fenced and sends nothing). After a hand-over or a claim

@@ -176,9 +176,13 @@ impl Writer {
     /// tick).
     pub(crate) fn next_tick(&self) -> Option<Instant> {
         let now = self.ctx.world.now().mono;
+        // Lines of keys we left still wait for the disk: a wake-up each
+        // refresh writes them, even with no key left.
+        let unwritten = (!self.left_unwritten.is_empty()).then(|| now + self.ctx.rules.refresh);
         self.keys
             .values()
             .map(|k| k.next_wake(&self.ctx, now))
+            .chain(unwritten)
             .min()
     }
 

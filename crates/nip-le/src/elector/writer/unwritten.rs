@@ -1,9 +1,10 @@
 //! What the disk refused of ours (ENOSPC, EIO, a read-only directory) in a
-//! work ledger we do not hold at the moment: a `done` whose reply was sent,
-//! a give-back. Kept and written on every wake-up until the disk takes it,
-//! whatever our leadership and after we left the key, or a successor would
-//! answer the event again (the simulator, with file faults). Only the
-//! process's end loses it.
+//! work ledger outside the epoch we hold (or while the ledger of our epoch
+//! cannot be read): a `done` whose reply was sent, a give-back. Kept and
+//! written on every wake-up until the disk takes it, whatever our
+//! leadership and after we left the key, or a successor would answer the
+//! event again (the simulator, with file faults). Only the process's end
+//! loses it.
 
 use crate::ledger::{Index, Ledger, LedgerError, Op};
 use crate::pubkey::AgentPubkey;
@@ -93,25 +94,13 @@ impl Unwritten {
         pubkey: &AgentPubkey,
         line: (Settle, &str, u64),
     ) -> bool {
-        self.settle_or_keep(open, token, pubkey, line, true)
-    }
-
-    fn settle_or_keep(
-        &mut self,
-        open: &mut dyn FnMut() -> Result<Ledger, LedgerError>,
-        token: Option<&str>,
-        pubkey: &AgentPubkey,
-        (what, id, at_ms): (Settle, &str, u64),
-        first: bool,
-    ) -> bool {
+        let (what, id, at_ms) = line;
         let mut l = match self.ledger.take() {
             Some(l) => l,
             None => match open() {
                 Ok(l) => l,
                 Err(e) => {
-                    if first {
-                        tracing::warn!(%pubkey, "the work ledger cannot be read; the turn's end is kept, to be written later: {e}");
-                    }
+                    tracing::warn!(%pubkey, "the work ledger cannot be read; the turn's end is kept, to be written later: {e}");
                     if self.unsettled.len() >= MAX_UNSETTLED {
                         let (_, lost, _) = self.unsettled.remove(0);
                         tracing::warn!(%pubkey, event = %lost, "too many turns' ends wait for an unreadable work ledger: the oldest is dropped");
@@ -139,8 +128,20 @@ impl Unwritten {
         token: Option<&str>,
         pubkey: &AgentPubkey,
     ) {
-        for (what, id, at_ms) in std::mem::take(&mut self.unsettled) {
-            self.settle_or_keep(open, token, pubkey, (what, &id, at_ms), false);
+        if !self.unsettled.is_empty() {
+            // One read for them all; none while it cannot be read.
+            let l = match self.ledger.take() {
+                Some(l) => Ok(l),
+                None => open(),
+            };
+            if let Ok(mut l) = l {
+                for (what, id, at_ms) in std::mem::take(&mut self.unsettled) {
+                    if let Some(epoch) = taken_by(&l.index, &id, token) {
+                        append(&mut l, pubkey, what.op(&id, epoch, at_ms));
+                    }
+                }
+                self.keep(l);
+            }
         }
         if self.ledger.as_mut().is_some_and(|l| l.flush().is_ok()) {
             self.ledger = None;

@@ -75,6 +75,7 @@ impl Key {
             ledgerless_before,
             ledger,
             unreadable_since: now_ms,
+            refusing: false,
             after_takeover: takeover,
         });
     }
@@ -151,7 +152,8 @@ impl Key {
     /// Every epoch `l` shows was issued: ours come above them.
     fn note_ledger_epoch(&mut self, ctx: &Ctx, l: &Ledger) {
         let e = l.index.max_epoch();
-        if e > 0 {
+        // A hostile line near `u64::MAX` would leave no epoch to issue.
+        if e > 0 && e < u64::MAX / 2 {
             self.m.step(Input::LedgerEpoch(e), ctx.world.now());
         }
     }
@@ -198,7 +200,13 @@ impl Key {
             tracing::info!(pubkey = %self.pubkey, "the work ledger's refused lines are written now");
         }
         if l.index.wants_compaction() {
-            if let Err(e) = l.compact() {
+            // What others appended since (a former holder's late `done`)
+            // goes into the rewrite, not under it.
+            let compacted = match l.refresh(unix_ms(ctx.world.now().wall)) {
+                Ok(()) => l.compact().map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = compacted {
                 tracing::warn!(pubkey = %self.pubkey, "cannot compact the work ledger: {e}");
             }
         }
@@ -300,10 +308,20 @@ impl Key {
                     at_ms: now_ms,
                     live: ctx.token_for(&self.pubkey).map(str::to_owned),
                 };
-                match l.append_now(&op) {
-                    Ok(()) => TakeOutcome::Granted { epoch: Some(epoch) },
-                    Err(e) => {
-                        tracing::warn!(pubkey = %self.pubkey, "a take the disk refused is not granted: {e}");
+                let refused = l.append_now(&op).err();
+                // Said once per spell of refusals, not at every retry.
+                match (refused, std::mem::replace(&mut w.refusing, false)) {
+                    (None, was) => {
+                        if was {
+                            tracing::info!(pubkey = %self.pubkey, "takes are written again");
+                        }
+                        TakeOutcome::Granted { epoch: Some(epoch) }
+                    }
+                    (Some(e), was) => {
+                        if !was {
+                            tracing::warn!(pubkey = %self.pubkey, "a take the disk refused is not granted (asked again until it takes it): {e}");
+                        }
+                        w.refusing = true;
                         TakeOutcome::Unavailable
                     }
                 }
@@ -339,6 +357,9 @@ impl Key {
         };
         let epoch = match (taken_by(&l.index, id, token), what) {
             (Some(epoch), _) => epoch,
+            // A take at our epoch without a token (our presence did not
+            // list the key then): ours, only the holder takes at it.
+            (None, _) if l.index.taker(id) == Some((held_epoch, None)) => held_epoch,
             (None, Settle::Done) if leads => held_epoch,
             _ => return false,
         };

@@ -51,9 +51,12 @@ impl Sim {
             });
             match took {
                 Some(TakeOutcome::Granted { .. }) => {
+                    // Judged per grant: the answer this turn sends.
+                    let grant = (self.windows[w].proc, id.clone());
                     if self.disk_forced(&id) {
-                        self.forced_takes
-                            .insert(u64::from_str_radix(&id, 16).unwrap_or(u64::MAX));
+                        self.forced_takes.insert(grant);
+                    } else {
+                        self.forced_takes.remove(&grant);
                     }
                     let t = self.now();
                     // Agent turns vary: a quarter to twice the mean.
@@ -177,7 +180,7 @@ impl Sim {
         // Across hosts the run's driver counts the answers of every host.
         if answers.len() == 2 && self.host.is_none() {
             let first = answers[0].clone();
-            if self.forced_takes.contains(&n) {
+            if self.forced_takes.contains(&(proc, id.clone())) {
                 self.forced_by_disk += 1;
             } else {
                 self.violation.get_or_insert(Violation::new(
@@ -223,7 +226,7 @@ impl Sim {
                     && p.instance_id == *by
                     && p.unwritten_done
                         .get(id)
-                        .is_some_and(|&sent| p.writable_round_at <= sent)
+                        .is_some_and(|&sent| p.writable_round_at < sent)
             })
         })
     }

@@ -211,6 +211,7 @@ impl Sim {
     /// The machine loses power (see [`Fault::PowerLoss`]); everyone starts
     /// again at `at`.
     fn power_loss(&mut self, at: u64) {
+        self.power_back = self.power_back.max(at);
         for w in 0..self.windows.len() {
             if self.windows[w].writer.is_some() {
                 self.kill(w);

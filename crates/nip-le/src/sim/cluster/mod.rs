@@ -123,9 +123,11 @@ pub struct Sim {
     claims: (u64, u64),
     /// See [`Outcome::forced_by_disk`].
     forced_by_disk: u64,
+    /// Until when the power is off (see [`Fault::PowerLoss`]).
+    power_back: u64,
     /// Mentions taken again while the disk forced it (see
     /// `Sim::disk_forced`).
-    forced_takes: std::collections::BTreeSet<u64>,
+    forced_takes: std::collections::BTreeSet<(ProcId, String)>,
 }
 
 /// What one run found.
@@ -210,6 +212,7 @@ impl Sim {
             claims: (0, 0),
             forced_by_disk: 0,
             forced_takes: Default::default(),
+            power_back: 0,
         };
         sim.setup();
         sim
@@ -493,6 +496,11 @@ impl Sim {
                 s.mono_lag += d;
                 let t = s.t;
                 s.advance(t);
+            }
+            // Nothing starts while the power is off.
+            Ev::Start(id, extended) if self.now() < self.power_back => {
+                let at = self.power_back;
+                self.push(at, Ev::Start(id, extended));
             }
             Ev::Start(id, extended) => self.start_window(id, extended),
             Ev::Rejoin(proc) => self.rejoin(proc),
