@@ -54,6 +54,10 @@ else
   echo "clippy not installed; skipping lints"
 fi
 
+echo "== cross-target checks: macOS (Apple silicon, Intel) and Windows"
+command -v rustup >/dev/null 2>&1 || { echo "missing: rustup (the cross-target checks add their targets with it)" >&2; exit 1; }
+bash scripts/cross-check.sh
+
 echo "== cargo doc -D warnings (engine, plugin)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli
 
