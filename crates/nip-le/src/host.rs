@@ -26,8 +26,8 @@ pub const MAX_FIELD_BYTES: usize = 255;
 pub struct Here {
     /// The host name, when it can be read.
     pub host: Option<String>,
-    /// The boot id (Linux: `/proc/sys/kernel/random/boot_id`), when there
-    /// is one.
+    /// The boot id (Linux: `/proc/sys/kernel/random/boot_id`; macOS:
+    /// `kern.bootsessionuuid`), when there is one.
     pub boot: Option<String>,
 }
 
@@ -68,9 +68,35 @@ fn boot_id() -> Option<String> {
     Some(s.trim().to_owned())
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(target_os = "macos")]
+fn boot_id() -> Option<String> {
+    let mut buf = [0u8; 64];
+    let mut len = buf.len();
+    // SAFETY: sysctlbyname writes at most `len` bytes into our buffer and
+    // stores the length it wrote; the name is a NUL-terminated literal.
+    let rc = unsafe {
+        libc::sysctlbyname(
+            c"kern.bootsessionuuid".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (rc == 0).then(|| boot_from_sysctl(&buf[..len.min(buf.len())]))?
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 fn boot_id() -> Option<String> {
     None
+}
+
+/// The boot id in what `sysctlbyname("kern.bootsessionuuid")` returned: a
+/// C string (a UUID), without its NUL; nothing for anything else.
+pub fn boot_from_sysctl(bytes: &[u8]) -> Option<String> {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let s = std::str::from_utf8(&bytes[..end]).ok()?.trim();
+    valid_field(s).then(|| s.to_owned())
 }
 
 /// Where a record was written, as seen from here.
@@ -111,8 +137,13 @@ pub fn network_fs(dir: &Path) -> Option<&'static str> {
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st)
     })?;
-    // The magic numbers of linux/magic.h (and fs/smb, fs/ceph, fs/afs).
-    match st.f_type as u64 {
+    network_fs_by_magic(st.f_type as u64)
+}
+
+/// The network filesystem of a Linux `statfs` magic number, if it is one
+/// (linux/magic.h, and fs/smb, fs/ceph, fs/afs).
+pub fn network_fs_by_magic(magic: u64) -> Option<&'static str> {
+    match magic {
         0x6969 => Some("nfs"),
         0x517b => Some("smb"),
         0xff53_4d42 => Some("cifs"),
@@ -126,8 +157,92 @@ pub fn network_fs(dir: &Path) -> Option<&'static str> {
     }
 }
 
+/// The network filesystem `dir` sits on, if it does (macOS: by `statfs`'s
+/// `f_fstypename`).
+#[cfg(target_os = "macos")]
+pub fn network_fs(dir: &Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    let st = dir.ancestors().find_map(|d| {
+        let c = std::ffi::CString::new(d.as_os_str().as_bytes()).ok()?;
+        // SAFETY: statfs writes into the struct we pass; the path is a
+        // valid C string.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st)
+    })?;
+    let name: Vec<u8> = st
+        .f_fstypename
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    network_fs_by_name(std::str::from_utf8(&name).ok()?)
+}
+
+/// The network filesystem of a macOS (BSD) `f_fstypename`, if it is one.
+pub fn network_fs_by_name(name: &str) -> Option<&'static str> {
+    match name {
+        "nfs" => Some("nfs"),
+        "smbfs" => Some("smbfs"),
+        "afpfs" => Some("afpfs"),
+        "webdav" => Some("webdav"),
+        "cifs" => Some("cifs"),
+        "ftp" => Some("ftp"),
+        "macfuse" | "osxfuse" | "fusefs" => Some("fuse (possibly remote, e.g. sshfs)"),
+        _ => None,
+    }
+}
+
+/// The network filesystem `dir` sits on, if it does (Windows: a UNC path,
+/// or a drive `GetDriveTypeW` calls remote).
+#[cfg(windows)]
+pub fn network_fs(dir: &Path) -> Option<&'static str> {
+    use std::os::windows::ffi::OsStrExt;
+    let path = dir.to_string_lossy();
+    let root = match windows_root(&path)? {
+        WindowsRoot::Unc => return Some("a network share (UNC path)"),
+        WindowsRoot::Drive(letter) => format!("{letter}:\\"),
+    };
+    let wide: Vec<u16> = std::ffi::OsStr::new(&root)
+        .encode_wide()
+        .chain([0])
+        .collect();
+    // SAFETY: a NUL-terminated UTF-16 root path.
+    let kind = unsafe { windows_sys::Win32::Storage::FileSystem::GetDriveTypeW(wide.as_ptr()) };
+    // `DRIVE_REMOTE` of WinBase.h (windows-sys puts it behind another
+    // feature, `Win32_System_WindowsProgramming`).
+    const DRIVE_REMOTE: u32 = 4;
+    (kind == DRIVE_REMOTE).then_some("a network drive (GetDriveTypeW: remote)")
+}
+
+/// The root a Windows path names: a UNC share (`\\server\share`,
+/// `\\?\UNC\…`, also with forward slashes) or a drive letter (`C:\…`,
+/// `\\?\C:\…`); `None` for a relative path.
+pub fn windows_root(path: &str) -> Option<WindowsRoot> {
+    let p = path.replace('/', "\\");
+    let rest = p.strip_prefix(r"\\?\").unwrap_or(&p);
+    if rest.starts_with(r"UNC\") || (rest.starts_with(r"\\") && rest.len() > 2) {
+        return Some(WindowsRoot::Unc);
+    }
+    let mut chars = rest.chars();
+    match (chars.next(), chars.next()) {
+        (Some(letter), Some(':')) if letter.is_ascii_alphabetic() => {
+            Some(WindowsRoot::Drive(letter.to_ascii_uppercase()))
+        }
+        _ => None,
+    }
+}
+
+/// See [`windows_root`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowsRoot {
+    /// A network share.
+    Unc,
+    /// A drive letter, upper case.
+    Drive(char),
+}
+
 /// The network filesystem `dir` sits on (not detected on this platform).
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
 pub fn network_fs(_dir: &Path) -> Option<&'static str> {
     None
 }
@@ -189,6 +304,54 @@ mod tests {
         assert!(!valid_field(""));
         assert!(!valid_field("a\nb"));
         assert!(!valid_field(&"x".repeat(256)));
+    }
+
+    #[test]
+    fn macos_boot_session_uuids_are_read_from_the_sysctl_bytes() {
+        let uuid = "1A2B3C4D-0000-4000-8000-00000000000A";
+        let mut bytes = uuid.as_bytes().to_vec();
+        bytes.push(0);
+        bytes.extend([0xff; 8]);
+        assert_eq!(boot_from_sysctl(&bytes).as_deref(), Some(uuid));
+        assert_eq!(boot_from_sysctl(uuid.as_bytes()).as_deref(), Some(uuid));
+        for hostile in [&b""[..], b"\0", b"\xff\xfe\0", b"a\nb\0"] {
+            assert_eq!(boot_from_sysctl(hostile), None, "{hostile:?}");
+        }
+        assert_eq!(boot_from_sysctl(&[b'x'; 300]), None, "too long");
+    }
+
+    #[test]
+    fn network_filesystems_are_named_on_every_platform() {
+        assert_eq!(network_fs_by_magic(0x6969), Some("nfs"));
+        assert_eq!(network_fs_by_magic(0xef53), None, "ext4");
+        assert_eq!(network_fs_by_magic(0x0102_1994), None, "tmpfs");
+        for (name, remote) in [
+            ("nfs", true),
+            ("smbfs", true),
+            ("afpfs", true),
+            ("webdav", true),
+            ("macfuse", true),
+            ("apfs", false),
+            ("hfs", false),
+            ("msdos", false),
+            ("", false),
+        ] {
+            assert_eq!(network_fs_by_name(name).is_some(), remote, "{name}");
+        }
+        use WindowsRoot::{Drive, Unc};
+        for (path, root) in [
+            (r"C:\Users\me\AppData", Some(Drive('C'))),
+            ("d:/buzz/locks", Some(Drive('D'))),
+            (r"\\?\C:\Users", Some(Drive('C'))),
+            (r"\\server\share\locks", Some(Unc)),
+            ("//server/share", Some(Unc)),
+            (r"\\?\UNC\server\share", Some(Unc)),
+            ("relative\\dir", None),
+            ("", None),
+            (r"\\", None),
+        ] {
+            assert_eq!(windows_root(path), root, "{path}");
+        }
     }
 
     #[test]
