@@ -71,6 +71,13 @@ fi
 cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^ureq ' \
   || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
 cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
+echo "== one dirs and one windows-sys: the engine's are Tauri's (on every target)"
+for c in dirs windows-sys; do
+  theirs=$(cargo tree -p tauri --target all -e normal --prefix none | grep -E "^$c v" | sed 's/ (\*)//' | sort -u)
+  for v in $(cargo tree -p nip-le --target all -e normal --prefix none | grep -E "^$c v" | sed 's/ (\*)//;s/ /@/' | sort -u); do
+    grep -qx "${v/@/ }" <<<"$theirs" || { echo "the engine's ${v/@/ } is not the one Tauri uses: $theirs" >&2; exit 1; }
+  done
+done
 echo "== the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
 cargo test -p tauri-plugin-leader-election --features etcd --test etcd
 
