@@ -31,6 +31,12 @@ npm run build
 # it): it must be what the build makes of guest-js.
 git diff --quiet -- api-iife.js || { echo "api-iife.js is stale: commit the output of npm run build" >&2; exit 1; }
 npm test
+echo "== guest-js against the lowest @tauri-apps/api it accepts (^2.0.0): typecheck at 2.0.0, vitest at 2.7.0 (the first whose mocks deliver events)"
+npm install --no-save --no-audit --no-fund @tauri-apps/api@2.0.0
+npm run typecheck
+npm install --no-save --no-audit --no-fund @tauri-apps/api@2.7.0
+npm test
+npm ci --no-audit --no-fund
 echo "== npm pack: dist-js, types and README, built by prepack"
 pack=$(npm pack --dry-run --json 2>/dev/null)
 for f in dist-js/index.js dist-js/index.cjs dist-js/index.d.ts dist-js/bindings/LeadershipChange.d.ts README.md CHANGELOG.md LICENSE-MIT LICENSE-APACHE package.json; do
