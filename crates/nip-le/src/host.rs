@@ -123,21 +123,25 @@ pub fn origin(host: Option<&str>, boot: Option<&str>, here: &Here) -> Origin {
     }
 }
 
-/// The network filesystem `dir` sits on, if it does (Linux: by `statfs`'s
-/// magic number). `flock` there may not exclude across hosts.
-#[cfg(target_os = "linux")]
-pub fn network_fs(dir: &Path) -> Option<&'static str> {
+/// `statfs` of `dir`, or of its nearest existing ancestor: the directory
+/// may not exist yet, and that ancestor is where it will be created.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+fn statfs_of(dir: &Path) -> Option<libc::statfs> {
     use std::os::unix::ffi::OsStrExt;
-    // The directory may not exist yet: its nearest existing ancestor is
-    // where it will be created.
-    let st = dir.ancestors().find_map(|d| {
+    dir.ancestors().find_map(|d| {
         let c = std::ffi::CString::new(d.as_os_str().as_bytes()).ok()?;
         // SAFETY: statfs writes into the struct we pass; the path is a
         // valid C string.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st)
-    })?;
-    network_fs_by_magic(st.f_type as u64)
+    })
+}
+
+/// The network filesystem `dir` sits on, if it does (Linux: by `statfs`'s
+/// magic number). `flock` there may not exclude across hosts.
+#[cfg(target_os = "linux")]
+pub fn network_fs(dir: &Path) -> Option<&'static str> {
+    network_fs_by_magic(statfs_of(dir)?.f_type as u64)
 }
 
 /// The network filesystem of a Linux `statfs` magic number, if it is one
@@ -161,14 +165,7 @@ pub fn network_fs_by_magic(magic: u64) -> Option<&'static str> {
 /// `f_fstypename`).
 #[cfg(target_os = "macos")]
 pub fn network_fs(dir: &Path) -> Option<&'static str> {
-    use std::os::unix::ffi::OsStrExt;
-    let st = dir.ancestors().find_map(|d| {
-        let c = std::ffi::CString::new(d.as_os_str().as_bytes()).ok()?;
-        // SAFETY: statfs writes into the struct we pass; the path is a
-        // valid C string.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st)
-    })?;
+    let st = statfs_of(dir)?;
     let name: Vec<u8> = st
         .f_fstypename
         .iter()
