@@ -274,11 +274,14 @@ fn held_lines_name_the_ledgers_keepers_and_survive_compaction() {
 }
 
 /// A disk that refuses writes while full, keeping half of each refused
-/// write (a short write on ENOSPC).
+/// write (a short write on ENOSPC), or refuses the next write after all
+/// but its last byte.
 #[derive(Debug, Default)]
 struct Disk {
     bytes: Vec<u8>,
     full: bool,
+    /// The next write fails at its last byte.
+    fail_last_byte: bool,
     /// How much of `bytes` a sync covered.
     synced: usize,
 }
@@ -292,8 +295,10 @@ impl LedgerStorage for Shared {
     }
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
         let mut d = self.0.lock().unwrap();
-        if d.full {
-            d.bytes.extend_from_slice(&line[..line.len() / 2]);
+        let last = std::mem::take(&mut d.fail_last_byte);
+        if d.full || last {
+            let kept = if last { line.len() - 1 } else { line.len() / 2 };
+            d.bytes.extend_from_slice(&line[..kept]);
             return Err(Error::io(
                 "k.work",
                 std::io::Error::from(std::io::ErrorKind::StorageFull),
@@ -407,36 +412,13 @@ fn dones_and_give_backs_are_synced_takes_and_held_lines_only_written_unless_refu
 fn a_take_refused_after_all_but_its_newline_was_written_never_lands() {
     // The write failed after the whole line but its newline (ENOSPC at the
     // last byte): the take was answered `Unavailable` and must stay out.
-    #[derive(Debug, Clone, Default)]
-    struct LastByteFails(std::sync::Arc<std::sync::Mutex<(Vec<u8>, bool)>>);
-    impl LedgerStorage for LastByteFails {
-        fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError> {
-            Ok(self.0.lock().unwrap().0.clone())
-        }
-        fn append(&mut self, line: &[u8], _durable: bool) -> Result<()> {
-            let mut d = self.0.lock().unwrap();
-            if std::mem::replace(&mut d.1, false) {
-                d.0.extend_from_slice(&line[..line.len() - 1]);
-                return Err(Error::io(
-                    "k.work",
-                    std::io::Error::from(std::io::ErrorKind::StorageFull),
-                ));
-            }
-            d.0.extend_from_slice(line);
-            Ok(())
-        }
-        fn replace(&mut self, body: &[u8]) -> Result<()> {
-            self.0.lock().unwrap().0 = body.to_vec();
-            Ok(())
-        }
-    }
-    let disk = LastByteFails::default();
+    let disk = Shared::default();
     let mut l = Ledger::open(Box::new(disk.clone()), 0, HOUR).unwrap();
-    disk.0.lock().unwrap().1 = true;
+    disk.0.lock().unwrap().fail_last_byte = true;
     assert!(l.append_now(&take_by("a", 1, "7-aaaa")).is_err());
     assert_eq!(l.index.verdict("a", 1), Verdict::Owed, "not applied here");
     l.append(&done("b", 1, 2)).unwrap();
-    let reread = Index::parse(&disk.0.lock().unwrap().0, 0, HOUR);
+    let reread = Index::parse(&disk.0.lock().unwrap().bytes, 0, HOUR);
     assert_eq!(reread.verdict("a", 1), Verdict::Owed, "nor on disk");
     assert_eq!(reread.verdict("b", 1), Verdict::Done);
 }
