@@ -30,7 +30,7 @@ pub enum ErrorKind {
     /// The plugin has shut down (the app is exiting).
     ShutDown,
     /// The app does not let its webviews act on this agent (see
-    /// `Builder::allow_agents`).
+    /// `Builder::allow_agents` and `LeaderElection::allow_agent`).
     NotAllowed,
 }
 
@@ -54,8 +54,9 @@ pub enum Error {
     #[error("background task failed: {0}")]
     Task(String),
     /// A webview named an agent the app does not let its webviews join,
-    /// claim or release (deny by default: see `Builder::allow_agents`).
-    #[error("webviews may not act on agent {0}: the app does not list it")]
+    /// claim or release (deny by default: see `Builder::allow_agents` and
+    /// `LeaderElection::allow_agent`).
+    #[error("webviews may not act on agent {0}: the app does not allow it")]
     NotAllowed(nip_le::AgentPubkey),
 }
 

@@ -2,7 +2,8 @@
 //! commands use: the engine's elector, with string pubkeys validated at the
 //! boundary.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use nip_le::{AgentPubkey, Elector, LeaderFlag, LeadershipChange};
 use tokio::sync::broadcast;
@@ -25,9 +26,10 @@ pub struct LeaderElection {
     elector: Arc<Elector>,
     /// The agents the builder named, joined at setup.
     launch_agents: Arc<[AgentPubkey]>,
-    /// The agents webviews may act on: the launch agents and the builder's
-    /// allow-list. Everything else is denied to them.
-    webview_agents: Arc<[AgentPubkey]>,
+    /// The agents webviews may act on: the launch agents, the builder's
+    /// allow-list, every agent the app joined from Rust, and those it
+    /// allowed at runtime. Everything else is denied to them.
+    webview_agents: Arc<RwLock<BTreeSet<AgentPubkey>>>,
     /// The takes of each webview's page (see [`crate::turns`]).
     turns: Arc<crate::turns::Turns>,
 }
@@ -42,28 +44,61 @@ impl LeaderElection {
         launch_agents: Vec<AgentPubkey>,
         allowed: Vec<AgentPubkey>,
     ) -> Self {
-        let mut webview_agents = launch_agents.clone();
-        webview_agents.extend(allowed);
-        webview_agents.sort();
-        webview_agents.dedup();
+        let webview_agents = launch_agents.iter().cloned().chain(allowed).collect();
         Self {
             elector: Arc::new(elector),
             launch_agents: launch_agents.into(),
-            webview_agents: webview_agents.into(),
+            webview_agents: Arc::new(RwLock::new(webview_agents)),
             turns: Arc::default(),
         }
     }
 
     /// Whether a webview may act on `pubkey` (join, leave, claim, release,
-    /// control frames, the work ledger): only on the agents the app listed.
-    /// The app's own Rust code is not restricted.
+    /// control frames, the work ledger): only on the agents the app allows
+    /// (the launch agents, [`crate::Builder::allow_agents`], the agents it
+    /// joined from Rust and [`LeaderElection::allow_agent`]). The app's own
+    /// Rust code is not restricted.
     pub fn check_webview_may_act(&self, pubkey: &str) -> Result<()> {
         let k = key(pubkey)?;
-        if self.webview_agents.binary_search(&k).is_ok() {
+        let allowed = self
+            .webview_agents
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        if allowed.contains(&k) {
             Ok(())
         } else {
             Err(crate::Error::NotAllowed(k))
         }
+    }
+
+    /// Lets the webviews act on `pubkey` from now on: join, leave, claim
+    /// and release it, hand its control frames over and use its work
+    /// ledger. For an agent the app learns after launch (after login);
+    /// [`LeaderElection::join`] from Rust allows its agent too. Idempotent;
+    /// fails only for an invalid pubkey.
+    pub fn allow_agent(&self, pubkey: &str) -> Result<()> {
+        self.allow(key(pubkey)?);
+        Ok(())
+    }
+
+    fn allow(&self, k: AgentPubkey) {
+        self.webview_agents
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(k);
+    }
+
+    /// The webviews may no longer act on `pubkey` (every command naming it
+    /// fails with `notAllowed`), a launch agent included. The window stays
+    /// in its election: [`LeaderElection::leave`] ends that. Returns whether
+    /// the agent was allowed.
+    pub fn disallow_agent(&self, pubkey: &str) -> Result<bool> {
+        let k = key(pubkey)?;
+        Ok(self
+            .webview_agents
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&k))
     }
 
     /// Joins the builder's agents, in one message to the engine.
@@ -91,10 +126,14 @@ impl LeaderElection {
         Ok(self.elector.leader_flag(&key(pubkey)?)?)
     }
 
-    /// Joins an agent's election and claims at once. Idempotent. Waits for
-    /// the writer: call it off the UI thread.
+    /// Joins an agent's election and claims at once, and lets the webviews
+    /// act on it (see [`LeaderElection::allow_agent`]). Idempotent. Waits
+    /// for the writer: call it off the UI thread.
     pub fn join(&self, pubkey: &str) -> Result<bool> {
-        Ok(self.elector.join(&key(pubkey)?)?)
+        let k = key(pubkey)?;
+        let leads = self.elector.join(&k)?;
+        self.allow(k);
+        Ok(leads)
     }
 
     /// Leaves an agent's election, releasing its lock if this window held it.

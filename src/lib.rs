@@ -154,11 +154,15 @@ impl Builder {
 
     /// Agents the webviews may join, leave, claim and release (and whose
     /// control frames and work ledger they may use), besides the launch
-    /// agents ([`Builder::agent`]), which they may always act on. Webviews
-    /// can act on no other agent: a command naming one fails with
-    /// `notAllowed` (deny by default), so a compromised webview cannot take
-    /// the lock of an agent this app does not run. The app's own Rust code
-    /// ([`LeaderElectionExt`]) is not restricted. Validated at setup.
+    /// agents ([`Builder::agent`]) and every agent the app joins from Rust
+    /// ([`LeaderElection::join`]). Webviews can act on no other agent: a
+    /// command naming one fails with `notAllowed` (deny by default), so a
+    /// compromised webview cannot take the lock of an agent this app does
+    /// not run. The list changes at runtime with
+    /// [`LeaderElection::allow_agent`] and
+    /// [`LeaderElection::disallow_agent`] (an agent learned after login).
+    /// The app's own Rust code ([`LeaderElectionExt`]) is not restricted.
+    /// Validated at setup.
     pub fn allow_agents<I: IntoIterator<Item = S>, S: Into<String>>(mut self, pubkeys: I) -> Self {
         self.allowed.extend(pubkeys.into_iter().map(Into::into));
         self
@@ -306,7 +310,22 @@ fn page_gone<R: Runtime>(app: &tauri::AppHandle<R>, label: &str) {
     }
 }
 
-/// The plugin with every default.
+/// The plugin with every default, and no agent at launch: the webviews may
+/// act on none until the app's Rust side joins one
+/// ([`LeaderElection::join`]) or allows one ([`LeaderElection::allow_agent`]),
+/// for instance once the user has signed in:
+///
+/// ```
+/// use tauri_plugin_leader_election::LeaderElectionExt;
+///
+/// fn signed_in<R: tauri::Runtime>(app: &tauri::AppHandle<R>, agent: &str) {
+///     // The webviews may now join it, claim it and use its work ledger.
+///     if let Err(e) = app.leader_election().allow_agent(agent) {
+///         eprintln!("not an agent key: {e}");
+///     }
+/// }
+/// # let _ = signed_in::<tauri::test::MockRuntime>;
+/// ```
 pub fn init<R: Runtime>() -> TauriPlugin<R> {
     Builder::new().build()
 }
