@@ -279,6 +279,16 @@ export class LeaderGate {
     return await done(key, eventId)
   }
 
+  /**
+   * The reply to `eventId` was sent, and recorded done by the app's Rust
+   * side (the command that sent it called `Work::done` right after the
+   * send, as the README's `send_reply` does): the gate stops tracking it as
+   * in flight, with no IPC. {@link LeaderGate.done} would record it again.
+   */
+  sent(pubkey: string, eventId: string): void {
+    this.flying(pubkey.toLowerCase()).delete(eventId)
+  }
+
   /** Gives `eventId` back after a cancelled turn (see {@link giveBack}). */
   async giveBack(pubkey: string, eventId: string): Promise<void> {
     const key = pubkey.toLowerCase()

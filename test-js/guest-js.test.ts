@@ -206,6 +206,22 @@ describe('LeaderGate', () => {
     gate.dispose()
   })
 
+  it('forgets a turn the Rust side recorded done, with no IPC, and gives back only the rest on a hard-steal', async () => {
+    const gate = await LeaderGate.create()
+    expect(await gate.take(A, 'e1')).toEqual({ outcome: 'granted', epoch: 7 })
+    expect(await gate.take(A, 'e2')).toEqual({ outcome: 'granted', epoch: 7 })
+    const before = pluginCalls().length
+    gate.sent(A.toUpperCase(), 'e1') // send_reply called Work::done in Rust
+    expect(pluginCalls().length).toBe(before)
+    expect(gate.inFlightOf(A)).toEqual(['e2'])
+    await emit(CHANGED_EVENT, change(A, false, 'stood_down', true))
+    await new Promise((r) => setTimeout(r, 0))
+    const given = pluginCalls().filter((c) => c.cmd === 'plugin:leader-election|give_back')
+    expect(given.map((c) => c.args)).toEqual([{ pubkey: A, eventId: 'e2' }])
+    expect(pluginCalls().some((c) => c.cmd === 'plugin:leader-election|done')).toBe(false)
+    gate.dispose()
+  })
+
   it('keeps an event that arrives while its status read is in flight', async () => {
     let releaseStatus: (s: Status) => void = () => {}
     clearMocks()

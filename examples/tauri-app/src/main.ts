@@ -212,7 +212,7 @@ async function work(agent: string): Promise<void> {
       // reply is sent: the gate's view can lag the engine's under load.
       const sent = await invoke<boolean>('reply', { mention: m.id, agent })
       if (!sent) break
-      await gate.done(agent, m.id) // clears the gate's in-flight entry
+      gate.sent(agent, m.id) // `reply` recorded it done: no second done
       queueOf(agent).shift()
       renderQueue()
       await renderFeed()
