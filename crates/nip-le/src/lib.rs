@@ -59,7 +59,7 @@ pub mod record;
 pub mod sim;
 mod start;
 
-pub use config::{Config, Mode};
+pub use config::{Backend, Config, Mode};
 pub use control::{ControlFrame, ControlResult};
 pub use elector::{
     ChangeReason, ClaimOutcome, ElectionStatus, Elector, GlobalHolder, GlobalStatus, HolderStatus,

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use nip_le::{
-    AgentPubkey, ChangeReason, ClaimOutcome, Config, ControlResult, Elector, Error, InstanceId,
-    Mode,
+    AgentPubkey, Backend, ChangeReason, ClaimOutcome, Config, ControlResult, Elector, Error,
+    InstanceId, Mode,
 };
 
 /// Plain NIP behaviour (the extended mode has its own tests below).
@@ -28,10 +28,17 @@ fn pair() -> (tempfile::TempDir, Elector, Elector) {
     pair_with(config)
 }
 
-fn pair_with(cfg: fn(&std::path::Path) -> Config) -> (tempfile::TempDir, Elector, Elector) {
+type Cfg = fn(&std::path::Path) -> Config;
+
+fn pair_with(cfg: Cfg) -> (tempfile::TempDir, Elector, Elector) {
+    pair_of(cfg, cfg)
+}
+
+/// `a` with `cfg_a`, `b` with `cfg_b`, in one lock directory.
+fn pair_of(cfg_a: Cfg, cfg_b: Cfg) -> (tempfile::TempDir, Elector, Elector) {
     let tmp = tempfile::tempdir().unwrap();
-    let a = Elector::start(cfg(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
-    let b = Elector::start(cfg(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    let a = Elector::start(cfg_a(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(cfg_b(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
     (tmp, a, b)
 }
 
@@ -40,6 +47,13 @@ fn pair_with(cfg: fn(&std::path::Path) -> Config) -> (tempfile::TempDir, Elector
 fn extended(dir: &std::path::Path) -> Config {
     let mut c = config(dir);
     c.mode = Mode::Extended;
+    c
+}
+
+/// [`extended`] on the portable backend: what macOS and Windows run.
+fn portable(dir: &std::path::Path) -> Config {
+    let mut c = extended(dir);
+    c.backend = Backend::Portable;
     c
 }
 
@@ -275,7 +289,22 @@ fn lock_dir_is_created_private() {
 
 #[test]
 fn extended_release_and_shutdown_hand_the_lock_to_a_live_sibling() {
-    let (t, a, b) = pair_with(extended);
+    release_and_shutdown_hand_over(pair_with(extended));
+}
+
+#[test]
+fn portable_release_and_shutdown_hand_the_lock_to_a_live_sibling() {
+    release_and_shutdown_hand_over(pair_with(portable));
+}
+
+/// Both backends in one lock directory: each reads the other's presence.
+#[test]
+fn native_and_portable_hand_over_to_each_other() {
+    release_and_shutdown_hand_over(pair_of(extended, portable));
+    release_and_shutdown_hand_over(pair_of(portable, extended));
+}
+
+fn release_and_shutdown_hand_over((t, a, b): (tempfile::TempDir, Elector, Elector)) {
     let k = pk('1');
     a.join(&k).unwrap();
     b.join(&k).unwrap();
@@ -316,7 +345,15 @@ fn extended_release_and_shutdown_hand_the_lock_to_a_live_sibling() {
 
 #[test]
 fn extended_claim_is_handed_straight_to_the_target() {
-    let (_t, a, b) = pair_with(extended);
+    claim_hands_over(pair_with(extended));
+}
+
+#[test]
+fn portable_claim_is_handed_straight_to_the_target() {
+    claim_hands_over(pair_with(portable));
+}
+
+fn claim_hands_over((_t, a, b): (tempfile::TempDir, Elector, Elector)) {
     let k = pk('1');
     a.join(&k).unwrap();
     b.join(&k).unwrap();
@@ -331,6 +368,33 @@ fn extended_claim_is_handed_straight_to_the_target() {
     assert!(!a.is_leader(&k));
     let c = ra.blocking_recv().unwrap();
     assert_eq!((c.is_leader, c.reason), (false, ChangeReason::StoodDown));
+}
+
+/// The portable backend writes what Windows writes: a presence file of its
+/// own (no slot in the token), no boot id; and a leader that leaves its
+/// presence (an elector shut down without a sibling) is seen by the
+/// directory watch, not by a refresh.
+#[test]
+fn portable_records_carry_a_presence_file_token_and_no_boot() {
+    let (t, a, b) = pair_with(portable);
+    let k = pk('2');
+    a.join(&k).unwrap();
+    let path = nip_le::lockfile::lock_path(t.path(), &k);
+    let rec = nip_le::lockfile::read_unguarded(&path)
+        .unwrap()
+        .record()
+        .cloned()
+        .unwrap();
+    let token = rec.live.expect("a presence token");
+    assert!(!token.contains("-s"), "{token}");
+    assert!(t.path().join(format!("{token}.live")).exists());
+    assert!(!t.path().join("presence.live").exists());
+    assert_eq!(rec.boot, None);
+    assert!(rec.host.is_some());
+    b.join(&k).unwrap();
+    assert!(!b.is_leader(&k));
+    a.shutdown();
+    assert!(wait_until(|| b.is_leader(&k)), "b never led");
 }
 
 #[test]
@@ -398,7 +462,8 @@ fn extended_does_not_evict_a_live_holder_for_an_old_claimed_at_but_spec_does() {
     // wall-clock rule takes it.
     let tmp = tempfile::tempdir().unwrap();
     let k = pk('1');
-    let mut sleeper = nip_le::presence::Presence::create(tmp.path(), "sleeper").unwrap();
+    let mut sleeper =
+        nip_le::presence::Presence::create(tmp.path(), "sleeper", nip_le::Backend::Native).unwrap();
     sleeper.set_keys([k]).unwrap();
     let old = std::time::SystemTime::now() - Duration::from_secs(3600);
     let record = nip_le::record::encode_record(

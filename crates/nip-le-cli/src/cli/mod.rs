@@ -26,6 +26,12 @@ pub struct TimingArgs {
     /// self-fencing) or `spec` (exactly the NIP) [default: extended].
     #[arg(long)]
     pub mode: Option<nip_le::Mode>,
+    /// `native` (Linux: shared presence file, inotify, pidfd, boot id) or
+    /// `portable` (what macOS and Windows run: presence files, the
+    /// `notify` watch, holder polls, no boot id) [default: $NIP_LE_BACKEND
+    /// or native].
+    #[arg(long)]
+    pub backend: Option<nip_le::Backend>,
 }
 
 /// Cross-host leadership on etcd, shared by `run` and `status`.
@@ -107,6 +113,10 @@ pub fn config_from(
     if let Some(m) = t.mode {
         c.mode = m;
     }
+    c.backend = match t.backend {
+        Some(b) => b,
+        None => nip_le::config::backend_from_env()?,
+    };
     c.validate()?;
     Ok(c)
 }

@@ -59,6 +59,56 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// Environment variable that selects the [`Backend`] of
+/// [`Config::default_from_env`] (`native` or `portable`).
+pub const BACKEND_ENV: &str = "NIP_LE_BACKEND";
+
+/// Which platform code an extended elector runs. Both speak the same files
+/// and interoperate in one lock directory; only how an elector announces
+/// itself and learns of changes differs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The platform's fast paths. On Linux: one shared presence file with a
+    /// byte-range (OFD) lock per elector, inotify with change-only masks,
+    /// a `pidfd` per watched holder and the kernel's boot id. On macOS and
+    /// Windows this is the same code as [`Backend::Portable`] (plus the
+    /// boot id on macOS).
+    #[default]
+    Native,
+    /// What macOS and Windows run, selectable on Linux so that it is tested
+    /// there: one presence file per elector (an exclusive `flock` and a
+    /// `.info` body), the `notify` crate's directory watch, one polling
+    /// thread per watched holder (stopped when the key is left), no
+    /// `pidfd` and no boot id in records.
+    Portable,
+}
+
+impl Backend {
+    /// `native` or `portable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Native => "native",
+            Backend::Portable => "portable",
+        }
+    }
+
+    /// Whether this build runs the Linux fast paths for this choice.
+    pub(crate) fn linux_fast_paths(self) -> bool {
+        cfg!(target_os = "linux") && self == Backend::Native
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "native" => Ok(Backend::Native),
+            "portable" => Ok(Backend::Portable),
+            other => Err(format!("unknown backend {other:?} (native or portable)")),
+        }
+    }
+}
+
 /// Why a configuration was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -89,6 +139,9 @@ pub enum ConfigError {
     /// The cross-host configuration is not usable.
     #[error("{0}")]
     Etcd(String),
+    /// `NIP_LE_BACKEND` names no backend.
+    #[error("{BACKEND_ENV}: {0}")]
+    Backend(String),
     /// No home directory to derive the default lock directory from.
     #[error("cannot determine the home directory; set {LOCK_DIR_ENV} or a lock dir")]
     NoHome,
@@ -111,6 +164,9 @@ pub struct Config {
     pub lock_wait: Duration,
     /// Extensions on (default) or the plain NIP.
     pub mode: Mode,
+    /// The platform code of extended mode ([`Backend::Native`] by default;
+    /// spec mode uses none of it).
+    pub backend: Backend,
     /// Extension: how long the work ledger remembers a taken or done event
     /// (24 h by default). An event older than this is owed again if it is
     /// still queued: keep it above the age of the oldest event a window
@@ -132,6 +188,7 @@ impl Config {
             stand_down: DEFAULT_STAND_DOWN,
             lock_wait: DEFAULT_LOCK_WAIT,
             mode: Mode::default(),
+            backend: Backend::default(),
             work_retention: DEFAULT_WORK_RETENTION,
             #[cfg(feature = "etcd")]
             etcd: None,
@@ -139,9 +196,20 @@ impl Config {
     }
 
     /// NIP defaults with the lock directory from `BUZZ_LEADER_LOCK_DIR`, or
-    /// `<home>/.buzz/leader-locks`.
+    /// `<home>/.buzz/leader-locks`, and the backend from `NIP_LE_BACKEND`
+    /// when set (an escape hatch: `portable` turns the Linux fast paths
+    /// off without a rebuild).
     pub fn default_from_env() -> Result<Self, ConfigError> {
-        Ok(Self::new(default_lock_dir()?))
+        let mut c = Self::new(default_lock_dir()?);
+        c.backend = backend_from_env()?;
+        Ok(c)
+    }
+
+    /// How often the portable backend probes a watched holder for its
+    /// death (a crash; a graceful exit is seen at once): a twentieth of
+    /// the refresh, within 10 ms to 250 ms (250 ms at the NIP's defaults).
+    pub fn holder_poll(&self) -> Duration {
+        (self.refresh / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))
     }
 
     /// Checks every invariant; tests and the CLI go through this too.
@@ -180,6 +248,21 @@ impl Config {
     }
 }
 
+/// `NIP_LE_BACKEND` when set and non-empty, else [`Backend::Native`].
+pub fn backend_from_env() -> Result<Backend, ConfigError> {
+    backend_of(std::env::var(BACKEND_ENV))
+}
+
+fn backend_of(var: Result<String, std::env::VarError>) -> Result<Backend, ConfigError> {
+    match var {
+        Ok(v) if !v.is_empty() => v.parse().map_err(ConfigError::Backend),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(Backend::Native),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(ConfigError::Backend(format!("not UTF-8: {v:?}")))
+        }
+    }
+}
+
 /// `BUZZ_LEADER_LOCK_DIR` when set and non-empty, else
 /// `<home>/.buzz/leader-locks` (the platform's home on Windows).
 pub fn default_lock_dir() -> Result<PathBuf, ConfigError> {
@@ -202,6 +285,34 @@ mod tests {
         assert_eq!(c.stale, Duration::from_secs(10));
         assert_eq!(c.stand_down, Duration::from_secs(10));
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn backends_parse_and_default_to_native() {
+        assert_eq!(Config::new("/tmp/x").backend, Backend::Native);
+        for b in [Backend::Native, Backend::Portable] {
+            assert_eq!(b.as_str().parse::<Backend>(), Ok(b));
+        }
+        for bad in ["", "Native", "fast", "portable "] {
+            assert!(bad.parse::<Backend>().is_err(), "{bad:?}");
+        }
+        use std::env::VarError;
+        assert_eq!(backend_of(Err(VarError::NotPresent)), Ok(Backend::Native));
+        assert_eq!(backend_of(Ok(String::new())), Ok(Backend::Native));
+        assert_eq!(backend_of(Ok("portable".into())), Ok(Backend::Portable));
+        assert!(matches!(
+            backend_of(Ok("../x".into())),
+            Err(ConfigError::Backend(_))
+        ));
+        assert!(!Backend::Portable.linux_fast_paths());
+        assert_eq!(Config::new("/x").holder_poll(), Duration::from_millis(250));
+        let mut c = Config::new("/x");
+        c.refresh = Duration::from_millis(50);
+        assert_eq!(c.holder_poll(), Duration::from_millis(10));
+        assert_eq!(
+            Backend::Native.linux_fast_paths(),
+            cfg!(target_os = "linux")
+        );
     }
 
     #[test]

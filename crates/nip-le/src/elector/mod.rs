@@ -119,7 +119,8 @@ impl Elector {
         upper: upper::UpperBuilder,
     ) -> Result<Self> {
         config.validate()?;
-        let mut sources = WakeSources::new(&config.lock_dir).map_err(|e| Error::io("<poll>", e))?;
+        let mut sources = WakeSources::new(&config.lock_dir, config.backend, config.holder_poll())
+            .map_err(|e| Error::io("<poll>", e))?;
         if Profile::of(config.mode).watch {
             sources.watch_dir();
         }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::control::{self, LeadRequest};
 use crate::error::Result;
 use crate::host::{self, Here};
@@ -98,6 +98,7 @@ pub(crate) trait World: Send {
 /// the wake sources of [`super::wake`].
 pub(crate) struct SystemWorld {
     dir: PathBuf,
+    backend: Backend,
     sources: WakeSources<Command>,
     stores: StoreFactory,
     pid: u32,
@@ -111,6 +112,7 @@ impl SystemWorld {
     ) -> Self {
         Self {
             dir: config.lock_dir.clone(),
+            backend: config.backend,
             sources,
             stores,
             pid: liveness::current_pid(),
@@ -132,7 +134,12 @@ impl World for SystemWorld {
         self.pid
     }
     fn here(&self) -> Arc<Here> {
-        Arc::new(host::here().clone())
+        let mut here = host::here().clone();
+        // Portable Linux runs what Windows runs: no boot id in records.
+        if cfg!(target_os = "linux") && !self.backend.linux_fast_paths() {
+            here.boot = None;
+        }
+        Arc::new(here)
     }
     fn random(&mut self) -> u128 {
         uuid::Uuid::new_v4().as_u128()
@@ -158,7 +165,11 @@ impl World for SystemWorld {
         presence::live_siblings(&self.dir, pk, except_token)
     }
     fn create_presence(&mut self, instance_id: &str) -> Result<Box<dyn PresenceLock>> {
-        Ok(Box::new(Presence::create(&self.dir, instance_id)?))
+        Ok(Box::new(Presence::create(
+            &self.dir,
+            instance_id,
+            self.backend,
+        )?))
     }
 
     fn read_request(&self, pk: &AgentPubkey) -> Option<LeadRequest> {

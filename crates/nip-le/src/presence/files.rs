@@ -259,21 +259,6 @@ pub fn probe_holder(dir: &Path, token: &str) -> HolderPresence {
     }
 }
 
-/// Blocks until the holder of `token` is gone (its presence lock is
-/// released), or returns at once if there is no such file. For platforms
-/// without a process handle to poll: run it on a thread of its own.
-pub fn wait_gone(dir: &Path, token: &str) {
-    if !valid_token(token) {
-        return;
-    }
-    let Ok(f) = open_existing(&presence_path(dir, token)) else {
-        return;
-    };
-    if fs4::FileExt::lock_shared(&f).is_ok() {
-        let _ = fs4::FileExt::unlock(&f);
-    }
-}
-
 /// Every live participant of `key`'s election except `except_token`,
 /// ordered by token. A file caught mid-rewrite is skipped (the caller then
 /// falls back to the NIP's release).
@@ -360,7 +345,6 @@ mod tests {
         let token = p.token().to_owned();
         drop(p);
         assert_eq!(probe(tmp.path(), &token, &pk('f')), PeerPresence::Gone);
-        wait_gone(tmp.path(), &token); // returns at once
         let mut names: Vec<_> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -480,19 +464,6 @@ mod tests {
         }
         // Everyone left: nothing remains.
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
-    }
-
-    #[test]
-    fn wait_gone_returns_when_the_holder_goes() {
-        let tmp = tempfile::tempdir().unwrap();
-        let p = Presence::create(tmp.path(), "me").unwrap();
-        let token = p.token().to_owned();
-        let dir = tmp.path().to_owned();
-        let waiter = std::thread::spawn(move || wait_gone(&dir, &token));
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!waiter.is_finished());
-        drop(p);
-        waiter.join().unwrap();
     }
 
     #[test]

@@ -22,32 +22,96 @@
 //! be read or parsed counts as a live holder (the hang rule still bounds
 //! it), never as a dead one.
 //!
-//! Two backends, one API:
-//! * Linux ([`slots`]): one shared file per lock directory,
-//!   `presence.live`, created once; each elector holds an OFD byte-range
-//!   lock on a slot of its own and writes its body in that slot's region.
-//!   Creating a file costs an inode allocation (about 0.6 ms on an ext4
-//!   root, serialised on the directory): 64 windows starting together then
-//!   create nothing, not 64 files. Token: `<pid>-<16 hex>-s<slot>`.
-//! * elsewhere ([`files`]): one file per elector, `<token>.live`, with an
-//!   exclusive `flock` (macOS has no OFD locks, and a process-wide `fcntl`
-//!   lock would be dropped by closing any other descriptor of the file).
-//!   Token: `<pid>-<16 hex>`.
+//! Two backends, one API, and both read everywhere (a probe or a sibling
+//! search dispatches on the token, so electors of either backend share one
+//! lock directory):
+//! * Linux, [`Backend::Native`] ([`slots`]): one shared file per lock
+//!   directory, `presence.live`, created once; each elector holds an OFD
+//!   byte-range lock on a slot of its own and writes its body in that
+//!   slot's region. Creating a file costs an inode allocation (about
+//!   0.6 ms on an ext4 root, serialised on the directory): 64 windows
+//!   starting together then create nothing, not 64 files. Token:
+//!   `<pid>-<16 hex>-s<slot>`.
+//! * macOS, Windows, and Linux with [`Backend::Portable`] ([`files`]): one
+//!   file per elector, `<token>.live`, with an exclusive `flock` (macOS has
+//!   no OFD locks, and a process-wide `fcntl` lock would be dropped by
+//!   closing any other descriptor of the file). Token: `<pid>-<16 hex>`.
 
-// The portable backend is compiled (and tested) everywhere, and used where
-// the slots backend is not available.
 pub mod files;
 #[cfg(target_os = "linux")]
 pub mod slots;
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
+use crate::config::Backend;
+use crate::error::Result;
 use crate::pubkey::AgentPubkey;
 
-#[cfg(not(target_os = "linux"))]
-pub use files::{live_siblings, probe_holder, wait_gone, Presence};
-#[cfg(target_os = "linux")]
-pub use slots::{live_siblings, probe_holder, wait_gone, Presence};
+/// Our presence lock, of the backend the configuration chose.
+#[derive(Debug)]
+pub enum Presence {
+    /// One file per elector.
+    Files(files::Presence),
+    /// A slot of the shared file (Linux).
+    #[cfg(target_os = "linux")]
+    Slots(slots::Presence),
+}
+
+impl Presence {
+    /// Creates our presence in `dir` with `backend`'s code, listing no key
+    /// yet.
+    pub fn create(dir: &Path, instance_id: &str, backend: Backend) -> Result<Self> {
+        #[cfg(target_os = "linux")]
+        if backend.linux_fast_paths() {
+            return Ok(Presence::Slots(slots::Presence::create(dir, instance_id)?));
+        }
+        let _ = backend;
+        Ok(Presence::Files(files::Presence::create(dir, instance_id)?))
+    }
+
+    /// Lists `keys` as the elections we take part in.
+    pub fn set_keys(&mut self, keys: impl IntoIterator<Item = AgentPubkey>) -> Result<()> {
+        match self {
+            Presence::Files(p) => p.set_keys(keys),
+            #[cfg(target_os = "linux")]
+            Presence::Slots(p) => p.set_keys(keys),
+        }
+    }
+
+    /// The token written into our records.
+    pub fn token(&self) -> &str {
+        match self {
+            Presence::Files(p) => p.token(),
+            #[cfg(target_os = "linux")]
+            Presence::Slots(p) => p.token(),
+        }
+    }
+}
+
+/// Probes the holder of `token` without blocking, with the backend that
+/// made the token (a slot names the shared file).
+pub fn probe_holder(dir: &Path, token: &str) -> HolderPresence {
+    #[cfg(target_os = "linux")]
+    if matches!(parse_token(token), Some((_, Some(_)))) {
+        return slots::probe_holder(dir, token);
+    }
+    files::probe_holder(dir, token)
+}
+
+/// Every live participant of `key`'s election except `except_token`, of
+/// either backend, ordered by token.
+pub fn live_siblings(dir: &Path, key: &AgentPubkey, except_token: &str) -> Vec<Sibling> {
+    #[allow(unused_mut)]
+    let mut out = files::live_siblings(dir, key, except_token);
+    #[cfg(target_os = "linux")]
+    {
+        out.extend(slots::live_siblings(dir, key, except_token));
+        out.sort_by(|a, b| a.token.cmp(&b.token));
+    }
+    out
+}
 
 /// Whether `t` is a well-formed presence token: `<1-10 digits>-<16 hex>`,
 /// optionally followed by `-s<1-5 digits>` (a slot). Anything else in a

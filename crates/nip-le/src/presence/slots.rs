@@ -73,21 +73,6 @@ fn is_held(f: &File, slot: u32) -> std::io::Result<bool> {
     Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
 }
 
-/// Blocks until slot `slot` is free (a shared lock on its byte).
-fn wait_free(f: &File, slot: u32) -> std::io::Result<()> {
-    let mut fl = flock_of(slot, libc::F_RDLCK as libc::c_short);
-    loop {
-        // SAFETY: fcntl on a valid fd with a flock we own.
-        if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLKW, &mut fl) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 fn slot_offset(slot: u32) -> u64 {
     u64::from(slot) * SLOT_BYTES
 }
@@ -254,17 +239,6 @@ pub fn probe_holder(dir: &Path, token: &str) -> HolderPresence {
     }
 }
 
-/// Blocks until the holder of `token` is gone (its slot's lock is free),
-/// or returns at once if there is no such slot.
-pub fn wait_gone(dir: &Path, token: &str) {
-    let Some((_, Some(slot))) = parse_token(token) else {
-        return;
-    };
-    if let Ok(f) = open_regular_file(&presence_path(dir), Create::No) {
-        let _ = wait_free(&f, slot);
-    }
-}
-
 /// Every live participant of `key`'s election except `except_token`,
 /// ordered by token. A body caught mid-rewrite is skipped (the caller then
 /// falls back to the NIP's release).
@@ -330,9 +304,8 @@ mod tests {
         let (token, slot) = (p.token().to_owned(), p.slot);
         drop(p);
         assert_eq!(probe(tmp.path(), &token, &pk('f')), PeerPresence::Gone);
-        wait_gone(tmp.path(), &token); // returns at once
-                                       // The freed slot is taken again, under a new token: the old one
-                                       // stays gone.
+        // The freed slot is taken again, under a new token: the old one
+        // stays gone.
         let mut again = Presence::create(tmp.path(), "again").unwrap();
         assert_eq!(again.slot, slot);
         again.set_keys([pk('f')]).unwrap();
@@ -370,19 +343,6 @@ mod tests {
         assert_eq!(libc::WEXITSTATUS(status), 0);
         assert!(!is_held(&f, 0).unwrap(), "the dead child's slot is free");
         assert!(try_take(&f, 0).unwrap());
-    }
-
-    #[test]
-    fn wait_gone_returns_when_the_holder_goes() {
-        let tmp = tempfile::tempdir().unwrap();
-        let p = Presence::create(tmp.path(), "me").unwrap();
-        let token = p.token().to_owned();
-        let dir = tmp.path().to_owned();
-        let waiter = std::thread::spawn(move || wait_gone(&dir, &token));
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!waiter.is_finished());
-        drop(p);
-        waiter.join().unwrap();
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use nip_le::Mode;
+use nip_le::{Backend, Mode};
 
 use scenarios::Bench;
 
@@ -55,6 +55,9 @@ pub struct Variant {
     pub exe: PathBuf,
     /// `--mode` of its instances.
     pub mode: Mode,
+    /// `--backend` of its instances (`None`: an earlier build, which may
+    /// not know the flag, or spec mode, which uses no backend).
+    pub backend: Option<Backend>,
     /// An earlier build (`--before`).
     pub before: bool,
 }
@@ -113,12 +116,22 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             label: "spec".into(),
             exe: exe.clone(),
             mode: Mode::Spec,
+            backend: None,
             before: false,
         },
         Variant {
             label: "ext".into(),
+            exe: exe.clone(),
+            mode: Mode::Extended,
+            backend: Some(Backend::Native),
+            before: false,
+        },
+        // What macOS and Windows run, on this machine.
+        Variant {
+            label: "portable".into(),
             exe,
             mode: Mode::Extended,
+            backend: Some(Backend::Portable),
             before: false,
         },
     ];
@@ -128,6 +141,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
                 label: label.into(),
                 exe: before.clone(),
                 mode,
+                backend: None,
                 before: true,
             });
         }
@@ -266,16 +280,19 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     }
     eprintln!("\r{:100}", "");
     let failed = print_table(&variants, &mut table);
-    for mode in [Mode::Spec, Mode::Extended]
-        .into_iter()
-        .filter(|_| wanted("in-process"))
+    for (label, mode, backend) in [
+        ("spec", Mode::Spec, Backend::Native),
+        ("extended", Mode::Extended, Backend::Native),
+        ("portable", Mode::Extended, Backend::Portable),
+    ]
+    .into_iter()
+    .filter(|_| wanted("in-process"))
     {
-        match scenarios::in_process(mode) {
+        match scenarios::in_process(mode, backend) {
             Ok((ns, us, (take_done, take_done_p99))) => println!(
-                "in-process [{}]: is_leader {ns:.1} ns median (LeaderFlag), refresh of a led key {us:.1} µs median (round trip through the writer), take + done of a mention {take_done:.1} µs median, {take_done_p99:.1} µs p99",
-                mode.as_str(),
+                "in-process [{label}]: is_leader {ns:.1} ns median (LeaderFlag), refresh of a led key {us:.1} µs median (round trip through the writer), take + done of a mention {take_done:.1} µs median, {take_done_p99:.1} µs p99",
             ),
-            Err(e) => println!("in-process [{}]: failed: {e}", mode.as_str()),
+            Err(e) => println!("in-process [{label}]: failed: {e}"),
         }
     }
     Ok(if failed {

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use nip_le::{AgentPubkey, Config, Elector, InstanceId, Mode};
+use nip_le::{AgentPubkey, Backend, Config, Elector, InstanceId, Mode};
 
 use super::{Row, Variant};
 use crate::lab::cluster::{
@@ -50,6 +50,9 @@ impl Bench {
             ms(self.cfg.stand_down),
         );
         o.extra_args = vec!["--mode".into(), v.mode.as_str().into()];
+        if let Some(b) = v.backend {
+            o.extra_args.extend(["--backend".into(), b.as_str().into()]);
+        }
         if v.before {
             // An earlier build has no `--relay`; its claims use the lead
             // request in both modes.
@@ -342,7 +345,8 @@ impl Bench {
         let tmp = tempfile::tempdir()?;
         let pk = random_pubkey();
         nip_le::lockfile::ensure_dir(tmp.path()).map_err(std::io::Error::other)?;
-        let mut holder = nip_le::presence::Presence::create(tmp.path(), "slept-leader")
+        let backend = v.backend.unwrap_or_default();
+        let mut holder = nip_le::presence::Presence::create(tmp.path(), "slept-leader", backend)
             .map_err(std::io::Error::other)?;
         holder.set_keys([pk]).map_err(std::io::Error::other)?;
         let record = nip_le::record::encode_record(
@@ -419,10 +423,11 @@ impl Bench {
 /// [`nip_le::LeaderFlag`] (ns, median of 200 batches of 100k calls) and a
 /// refresh of one key we lead, round trip through the writer (µs, median of
 /// 2000), and one mention's take and done (µs, median and p99 of 1000).
-pub fn in_process(mode: Mode) -> std::io::Result<(f64, f64, (f64, f64))> {
+pub fn in_process(mode: Mode, backend: Backend) -> std::io::Result<(f64, f64, (f64, f64))> {
     let tmp = tempfile::tempdir()?;
     let mut c = Config::new(tmp.path());
     c.mode = mode;
+    c.backend = backend;
     let e = Elector::start(c, InstanceId::random()).map_err(std::io::Error::other)?;
     let pk = random_pubkey();
     e.join(&pk).map_err(std::io::Error::other)?;

@@ -78,6 +78,10 @@ pub struct ChaosArgs {
     /// Cross-host runs: the etcd lease TTL in seconds.
     #[arg(long, default_value_t = 2)]
     etcd_ttl_s: u64,
+    /// The extended instances' `--backend` (`portable`: what macOS and
+    /// Windows run) [default: $NIP_LE_BACKEND or native].
+    #[arg(long)]
+    backend: Option<nip_le::Backend>,
 }
 
 /// Runs chaos; fails on a split-brain the NIP does not force.
@@ -93,6 +97,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         stale_ms: Some(a.stale_ms),
         stand_down_ms: Some(a.stand_down_ms),
         mode: None,
+        backend: a.backend,
     };
     // The same validation every instance will apply.
     let cfg = crate::cli::config_from(Some(tmp.path().join("locks")), &timings, None)?;
@@ -113,6 +118,8 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     if let Some(t) = a.turn_ms {
         opts.extra_args = vec!["--turn-ms".into(), t.to_string()];
     }
+    opts.extra_args
+        .extend(["--backend".into(), cfg.backend.as_str().into()]);
     let spec = a.spec.unwrap_or(if a.turn_ms.is_some() || a.hosts > 1 {
         0
     } else {
@@ -122,8 +129,9 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         .seed
         .unwrap_or_else(|| unix_ms() ^ (u64::from(std::process::id()) << 32));
     println!(
-        "nip-le chaos: {} extended + {spec} spec instances, {} s, refresh {} ms, stale {} ms{}, seed {seed}",
+        "nip-le chaos: {} extended ({} backend) + {spec} spec instances, {} s, refresh {} ms, stale {} ms{}, seed {seed}",
         a.extended,
+        cfg.backend.as_str(),
         a.seconds,
         a.refresh_ms,
         a.stale_ms,

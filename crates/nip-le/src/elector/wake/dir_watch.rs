@@ -1,19 +1,89 @@
-//! The directory watch, per platform: inotify on Linux, the `notify`
-//! crate elsewhere.
+//! The directory watch, per backend: inotify on native Linux, the `notify`
+//! crate on macOS, Windows and portable Linux.
 
 use super::*;
 
-/// The directory watch, and a watch of each joined key's lock file.
+/// The directory watch of the configured backend.
+pub(super) enum DirWatch {
+    /// Native Linux.
+    #[cfg(target_os = "linux")]
+    Inotify(InotifyWatch),
+    /// Everything else.
+    Notify(NotifyWatch),
+}
+
+impl DirWatch {
+    pub(super) fn start<C: Send + 'static>(
+        dir: &Path,
+        poll: &Poll,
+        mailbox: Mailbox<C>,
+        backend: Backend,
+    ) -> std::io::Result<Self> {
+        #[cfg(target_os = "linux")]
+        if backend.linux_fast_paths() {
+            return InotifyWatch::start(dir, poll).map(DirWatch::Inotify);
+        }
+        let _ = (poll, backend);
+        NotifyWatch::start(dir, mailbox).map(DirWatch::Notify)
+    }
+
+    /// Watches `pubkey`'s lock file for writes (inotify; the `notify`
+    /// watch of the directory sees them already).
+    pub(super) fn watch_file(&mut self, pubkey: &AgentPubkey, path: &Path) {
+        match self {
+            #[cfg(target_os = "linux")]
+            DirWatch::Inotify(w) => w.watch_file(pubkey, path),
+            DirWatch::Notify(_) => {
+                let _ = (pubkey, path);
+            }
+        }
+    }
+
+    /// Stops watching `pubkey`'s lock file.
+    pub(super) fn unwatch_file(&mut self, pubkey: &AgentPubkey) {
+        match self {
+            #[cfg(target_os = "linux")]
+            DirWatch::Inotify(w) => w.unwatch_file(pubkey),
+            DirWatch::Notify(_) => {
+                let _ = pubkey;
+            }
+        }
+    }
+
+    /// Reads what is queued on the watch's fd (inotify; the `notify`
+    /// watcher posts to the mailbox from its own thread).
+    #[cfg(target_os = "linux")]
+    pub(super) fn read<C>(&mut self, out: &mut Woken<C>) {
+        if let DirWatch::Inotify(w) = self {
+            w.read(out);
+        }
+    }
+
+    /// Stops the watch (dropping the `notify` watcher stops its thread).
+    pub(super) fn stop(self, poll: &Poll) {
+        match self {
+            #[cfg(target_os = "linux")]
+            DirWatch::Inotify(w) => w.stop(poll),
+            DirWatch::Notify(w) => {
+                let _ = poll;
+                drop(w);
+            }
+        }
+    }
+}
+
+/// The inotify watch of the directory, and a watch of each joined key's
+/// lock file.
 #[cfg(target_os = "linux")]
-pub(super) struct DirWatch {
+pub(super) struct InotifyWatch {
     ino: inotify::Inotify,
     buf: Vec<u8>,
     files: HashMap<AgentPubkey, inotify::WatchDescriptor>,
 }
 
 #[cfg(target_os = "linux")]
-impl DirWatch {
-    pub(super) fn start<C>(dir: &Path, poll: &Poll, _mailbox: Mailbox<C>) -> std::io::Result<Self> {
+impl InotifyWatch {
+    fn start(dir: &Path, poll: &Poll) -> std::io::Result<Self> {
         use inotify::{Inotify, WatchMask};
         use std::os::fd::AsRawFd;
         let ino = Inotify::init()?;
@@ -45,7 +115,7 @@ impl DirWatch {
     /// written. A file that does not exist yet (our acquire could not
     /// create it) is watched from a later look; the tick is the bound
     /// meanwhile.
-    pub(super) fn watch_file(&mut self, pubkey: &AgentPubkey, path: &Path) {
+    fn watch_file(&mut self, pubkey: &AgentPubkey, path: &Path) {
         use inotify::WatchMask;
         if self.files.contains_key(pubkey) {
             return;
@@ -56,14 +126,14 @@ impl DirWatch {
         }
     }
 
-    pub(super) fn unwatch_file(&mut self, pubkey: &AgentPubkey) {
+    fn unwatch_file(&mut self, pubkey: &AgentPubkey) {
         if let Some(wd) = self.files.remove(pubkey) {
             let _ = self.ino.watches().remove(wd);
         }
     }
 
     /// Reads every queued event (the fd is non-blocking).
-    pub(super) fn read<C>(&mut self, out: &mut Woken<C>) {
+    fn read<C>(&mut self, out: &mut Woken<C>) {
         use inotify::EventMask;
         loop {
             match self.ino.read_events(&mut self.buf) {
@@ -115,27 +185,23 @@ impl DirWatch {
         }
     }
 
-    pub(super) fn stop(self, poll: &Poll) {
+    fn stop(self, poll: &Poll) {
         use std::os::fd::AsRawFd;
         let raw = self.ino.as_raw_fd();
         let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
     }
 }
 
-/// The directory watch: the `notify` crate's watcher, whose callback posts
-/// keys to the mailbox. Dropping it stops its thread.
-#[cfg(not(target_os = "linux"))]
-pub(super) struct DirWatch {
+/// The `notify` crate's watcher of the directory (FSEvents on macOS,
+/// `ReadDirectoryChangesW` on Windows, inotify with `notify`'s own masks on
+/// portable Linux), whose callback posts keys to the mailbox. Dropping it
+/// stops its thread.
+pub(super) struct NotifyWatch {
     _watcher: notify::RecommendedWatcher,
 }
 
-#[cfg(not(target_os = "linux"))]
-impl DirWatch {
-    pub(super) fn start<C: Send + 'static>(
-        dir: &Path,
-        _poll: &Poll,
-        mailbox: Mailbox<C>,
-    ) -> std::io::Result<Self> {
+impl NotifyWatch {
+    fn start<C: Send + 'static>(dir: &Path, mailbox: Mailbox<C>) -> std::io::Result<Self> {
         use notify::{EventKind, RecursiveMode, Watcher};
         let handler = move |res: notify::Result<notify::Event>| {
             let Ok(ev) = res else { return };
@@ -160,6 +226,4 @@ impl DirWatch {
             .map_err(std::io::Error::other)?;
         Ok(Self { _watcher: w })
     }
-
-    pub(super) fn stop(self, _poll: &Poll) {}
 }

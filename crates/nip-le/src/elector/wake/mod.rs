@@ -18,15 +18,15 @@
 //!   dropped its locks). It is opened only after the holder's presence lock
 //!   was seen held, so the pid cannot have been recycled.
 //!
-//! Elsewhere (and on a Linux without `pidfd_open`) the directory watch is the
-//! `notify` crate's watcher, owned and dropped by the writer, and a holder's
-//! death is a thread blocked on a shared lock of its presence file. Such a
-//! thread cannot be interrupted: when the watch is dropped it is cancelled
-//! and ends (without waking anyone) when that holder exits.
+//! On macOS and Windows, and on Linux with [`Backend::Portable`] (which
+//! runs exactly that code, so that it is tested), the directory watch is
+//! the `notify` crate's watcher, owned and dropped by the writer, and a
+//! holder's death is a thread that polls its presence lock
+//! ([`holder_poll`]), stopped and joined when the watch is dropped. A
+//! native Linux without `pidfd_open` polls too.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::Duration;
 
@@ -34,13 +34,16 @@ use std::time::Duration;
 use mio::Interest;
 use mio::{Events, Poll, Token};
 
+use crate::config::Backend;
 use crate::lockfile;
 use crate::presence;
 use crate::pubkey::AgentPubkey;
 
 mod dir_watch;
+mod holder_poll;
 
 use dir_watch::DirWatch;
+use holder_poll::HolderPoll;
 
 const MAILBOX: Token = Token(0);
 #[cfg(target_os = "linux")]
@@ -58,7 +61,7 @@ pub(crate) enum Msg<C> {
     /// a helper thread).
     Key(AgentPubkey),
     /// A holder is gone: its presence file was removed (reported by the
-    /// `notify` watcher) or its waiter thread returned.
+    /// `notify` watcher) or its holder poll found it gone.
     PresenceGone(String),
 }
 
@@ -152,11 +155,21 @@ pub(crate) struct WakeSources<C> {
     holder_of: HashMap<AgentPubkey, String>,
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     next_token: usize,
+    /// Which platform code runs.
+    backend: Backend,
+    /// How often a holder poll probes.
+    holder_poll: Duration,
 }
 
 impl<C: Send + 'static> WakeSources<C> {
-    /// The mailbox only (spec mode: the tick is the only other clock).
-    pub(crate) fn new(dir: &Path) -> std::io::Result<Self> {
+    /// The mailbox only (spec mode: the tick is the only other clock);
+    /// the watches, when asked for, run `backend`'s code and poll a
+    /// holder every `holder_poll` where they poll.
+    pub(crate) fn new(
+        dir: &Path,
+        backend: Backend,
+        holder_poll: Duration,
+    ) -> std::io::Result<Self> {
         let poll = Poll::new()?;
         let waker = Arc::new(mio::Waker::new(poll.registry(), MAILBOX)?);
         let (tx, rx) = mpsc::channel();
@@ -175,6 +188,8 @@ impl<C: Send + 'static> WakeSources<C> {
             holders: HashMap::new(),
             holder_of: HashMap::new(),
             next_token: FIRST_HOLDER,
+            backend,
+            holder_poll,
         })
     }
 
@@ -191,7 +206,7 @@ impl<C: Send + 'static> WakeSources<C> {
             tracing::warn!("not watching {}: {e}", self.dir.display());
             return false;
         }
-        match DirWatch::start(&self.dir, &self.poll, self.mailbox.clone()) {
+        match DirWatch::start(&self.dir, &self.poll, self.mailbox.clone(), self.backend) {
             Ok(w) => {
                 self.dir_watch = Some(w);
                 true
@@ -243,7 +258,7 @@ impl<C: Send + 'static> WakeSources<C> {
                 Msg::PresenceGone(token) => out.gone.push(token),
             }
         }
-        // A watched holder that left without exiting (or whose waiter thread
+        // A watched holder that left without exiting (or whose holder poll
         // returned): stop trusting the watch and look again.
         for token in std::mem::take(&mut out.gone) {
             self.holder_gone(&token, &mut out);
@@ -265,22 +280,16 @@ impl<C: Send + 'static> WakeSources<C> {
     /// Watches `pubkey`'s lock file for writes, if it exists and is not
     /// watched yet (Linux; elsewhere the directory watch sees everything).
     pub(crate) fn watch_lock_file(&mut self, pubkey: &AgentPubkey, path: &Path) {
-        #[cfg(target_os = "linux")]
         if let Some(w) = self.dir_watch.as_mut() {
             w.watch_file(pubkey, path);
         }
-        #[cfg(not(target_os = "linux"))]
-        let _ = (pubkey, path);
     }
 
     /// Stops watching `pubkey`'s lock file.
     pub(crate) fn unwatch_lock_file(&mut self, pubkey: &AgentPubkey) {
-        #[cfg(target_os = "linux")]
         if let Some(w) = self.dir_watch.as_mut() {
             w.unwatch_file(pubkey);
         }
-        #[cfg(not(target_os = "linux"))]
-        let _ = pubkey;
     }
 
     /// Watches the holder of `pubkey`'s lock (its presence `token`) for its
@@ -306,7 +315,7 @@ impl<C: Send + 'static> WakeSources<C> {
         };
         if !self.holders.contains_key(token) {
             // The holder may be gone since the look: a pidfd of an exited
-            // process is readable at once, a waiter thread returns at once,
+            // process is readable at once, a poll reports it at its first probe,
             // and a process already reaped makes the watch fail: look again
             // then.
             match self.start_holder_watch(token) {
@@ -335,6 +344,9 @@ impl<C: Send + 'static> WakeSources<C> {
 
     #[cfg(target_os = "linux")]
     fn start_holder_watch(&mut self, token: &str) -> Option<HolderWatch> {
+        if !self.backend.linux_fast_paths() {
+            return self.start_holder_poll(token);
+        }
         if let Some(pid) = presence::token_pid(token) {
             match pidfd::open(pid) {
                 Ok(fd) => {
@@ -356,37 +368,27 @@ impl<C: Send + 'static> WakeSources<C> {
                 Err(_) => {}
             }
         }
-        self.start_holder_thread(token)
+        self.start_holder_poll(token)
     }
 
     #[cfg(not(target_os = "linux"))]
     fn start_holder_watch(&mut self, token: &str) -> Option<HolderWatch> {
-        self.start_holder_thread(token)
+        self.start_holder_poll(token)
     }
 
-    fn start_holder_thread(&mut self, token: &str) -> Option<HolderWatch> {
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let (dir, t, mailbox, c) = (
+    fn start_holder_poll(&mut self, token: &str) -> Option<HolderWatch> {
+        let poll = HolderPoll::start(
             self.dir.clone(),
             token.to_owned(),
+            self.holder_poll,
             self.mailbox.clone(),
-            Arc::clone(&cancelled),
         );
-        let spawned = std::thread::Builder::new()
-            .name("nip-le-holder".into())
-            .spawn(move || {
-                presence::wait_gone(&dir, &t);
-                if !c.load(Ordering::Acquire) {
-                    let _ = mailbox.send(Msg::PresenceGone(t));
-                }
-            });
-        if spawned.is_err() {
+        if poll.is_none() {
             tracing::warn!(
                 "cannot start a holder watch thread; the refresh tick remains the bound"
             );
-            return None;
         }
-        Some(HolderWatch::Thread { cancelled })
+        poll.map(HolderWatch::Poll)
     }
 
     /// The pidfd with this mio token became readable: its process exited.
@@ -427,9 +429,7 @@ enum HolderWatch {
         mio: Token,
         fd: std::os::fd::OwnedFd,
     },
-    Thread {
-        cancelled: Arc<AtomicBool>,
-    },
+    Poll(HolderPoll),
 }
 
 impl HolderWatch {
@@ -442,9 +442,9 @@ impl HolderWatch {
                 let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
                 drop(fd);
             }
-            HolderWatch::Thread { cancelled } => {
+            HolderWatch::Poll(p) => {
                 let _ = poll;
-                cancelled.store(true, Ordering::Release);
+                p.stop();
             }
         }
     }
