@@ -48,7 +48,7 @@ pub use models::Status;
 /// The engine's types that cross IPC or that an app handles: one vocabulary
 /// from the engine to the webview.
 pub use nip_le::{
-    ChangeReason, ClaimOutcome, ControlResult, ElectionStatus, HolderStatus, LeaderFlag,
+    Backend, ChangeReason, ClaimOutcome, ControlResult, ElectionStatus, HolderStatus, LeaderFlag,
     LeadershipChange, LockState, Mode, QueuedEvent, TakeOutcome, Work, ELECTION_ID_ENV,
 };
 
@@ -81,6 +81,7 @@ pub struct Builder {
     lock_wait: Option<Duration>,
     work_retention: Option<Duration>,
     mode: Option<Mode>,
+    backend: Option<Backend>,
     agents: Vec<String>,
     allowed: Vec<String>,
     election_id: Option<String>,
@@ -137,6 +138,14 @@ impl Builder {
     /// the default, `Mode::Extended`, keeps them on.
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = Some(mode);
+        self
+    }
+
+    /// The platform code of extended mode: `Backend::Native` (the
+    /// default, or `$NIP_LE_BACKEND`) or `Backend::Portable`, which runs on
+    /// Linux what macOS and Windows run (see `docs/platforms.md`).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = Some(backend);
         self
     }
 
@@ -225,6 +234,10 @@ impl Builder {
         if let Some(m) = self.mode {
             c.mode = m;
         }
+        c.backend = match self.backend {
+            Some(b) => b,
+            None => nip_le::config::backend_from_env().map_err(nip_le::Error::from)?,
+        };
         #[cfg(feature = "etcd")]
         {
             c.etcd = self.etcd.clone();
