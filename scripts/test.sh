@@ -64,6 +64,18 @@ echo "== cross-target checks: macOS (Apple silicon, Intel) and Windows"
 command -v rustup >/dev/null 2>&1 || { echo "missing: rustup (the cross-target checks add their targets with it)" >&2; exit 1; }
 bash scripts/cross-check.sh
 
+echo "== the declared minimum Rust (rust-version): the workspace, and the engine for macOS and Windows"
+# Its own target dir: a second toolchain would invalidate the main build cache.
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
+rustup toolchain list | grep -q "^$msrv-" || rustup toolchain install "$msrv" --profile minimal
+for t in aarch64-apple-darwin x86_64-pc-windows-gnu; do
+  rustup target list --toolchain "$msrv" --installed | grep -qx "$t" || rustup target add --toolchain "$msrv" "$t"
+done
+CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked --workspace --all-targets
+for t in aarch64-apple-darwin x86_64-pc-windows-gnu; do
+  CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked -q -p nip-le --all-features --target "$t"
+done
+
 echo "== cargo doc -D warnings (engine, plugin)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli
 
