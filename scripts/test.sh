@@ -44,6 +44,9 @@ for f in dist-js/index.js dist-js/index.cjs dist-js/index.d.ts dist-js/bindings/
 done
 echo "== example app frontend (installs the API package from this checkout, as the README says)"
 npm run build:example
+echo "== the README's code blocks are examples/readme-app's files, its TypeScript type-checks against guest-js, its links resolve"
+node scripts/readme-check.mjs
+npx tsc -p examples/readme-app/tsconfig.json
 
 # --- Rust --------------------------------------------------------------------
 echo "== cargo fmt --check"
@@ -124,6 +127,8 @@ cargo package --list --allow-dirty -p tauri-plugin-leader-election | grep -qx CH
 
 echo "== cargo build of the example app"
 cargo build -p leader-election-example
+echo "== cargo build of the README's app (examples/readme-app: its Cargo.toml line, capability and Rust block)"
+cargo build -p readme-app
 
 echo "== end-to-end in real webviews"
 bash scripts/e2e.sh

@@ -191,7 +191,7 @@ impl Builder {
     /// it holds. Defaults: host id = the hostname (every window of a host
     /// must share it), lease TTL 10 s, fall back to host-local leadership
     /// while etcd is unreachable. See [`Builder::etcd_config`] to change
-    /// them, and the README's "Across hosts" for the failure model.
+    /// them, and `docs/cross-host.md` for the failure model.
     #[cfg(feature = "etcd")]
     pub fn etcd<I: IntoIterator<Item = S>, S: Into<String>>(mut self, endpoints: I) -> Self {
         let host = nip_le::host::here().host.clone().unwrap_or_default();

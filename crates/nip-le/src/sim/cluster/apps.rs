@@ -137,7 +137,7 @@ impl Sim {
     /// A reply reaches the relay: answered, and recorded done whatever the
     /// window's leadership is by now. A window killed, quit or gone from
     /// the key meanwhile never sent it, nor one frozen past the stale
-    /// bound (README: the work ledger's limits).
+    /// bound (docs/work-ledger.md: what remains).
     pub(super) fn sent(&mut self, proc: ProcId, id: String) {
         let Some(w) = self.window_of(proc) else {
             return;
