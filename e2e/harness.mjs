@@ -229,6 +229,16 @@ export async function launch(n = 3, env = {}, name = '') {
     })
     windows.push({ name, driver, pid, alive: true })
   }
+  // The windows run the backend this run asked for (NIP_LE_BACKEND): the
+  // portable one leaves a presence file per window, the native one a slot
+  // each in one shared file.
+  const locks = path.join(tmp, 'locks')
+  const portable = shared.NIP_LE_BACKEND === 'portable'
+  await waitFor(`${portable ? 'portable' : 'native'} presence in the lock dir`, 10_000, () => {
+    const names = fs.existsSync(locks) ? fs.readdirSync(locks) : []
+    const own = names.filter((f) => /^\d+-[0-9a-f]{16}\.live$/.test(f)).length
+    return portable ? own === n && !names.includes('presence.live') : own === 0 && names.includes('presence.live')
+  })
 }
 
 /** Ends every window, driver and Xvfb, and removes the suite's files. */

@@ -85,6 +85,12 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-
 echo "== cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
 cargo test --workspace
 
+echo "== the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
+# The engine's in-process tests of both backends ran above (tests/elector.rs,
+# tests/leaks.rs); here every `nip-le run` the suites spawn inherits it.
+NIP_LE_BACKEND=portable cargo test -p nip-le-cli --test multiprocess --test pauses --test lock_holds \
+  --test mixed --test turns --test children --test interop --test hostile_fs
+
 echo "== the engine links no CLI dependency, and no etcd client unless asked"
 if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile|ureq) '; then
   echo "the plugin pulls a CLI-only or etcd-only crate (above)" >&2; exit 1
@@ -132,12 +138,18 @@ cargo build -p readme-app
 
 echo "== end-to-end in real webviews"
 bash scripts/e2e.sh
+echo "== end-to-end in real webviews, every window on the portable backend"
+NIP_LE_BACKEND=portable bash scripts/e2e.sh
 
 echo "== chaos: 60 s of random faults on a mixed cluster"
 cargo run -q -p nip-le-cli -- chaos --seconds 60
 
 echo "== chaos: 60 s of random faults on extended instances working a queue (exactly once)"
 cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60
+
+echo "== chaos on the portable backend: the mixed cluster, and the queue worked exactly once"
+cargo run -q -p nip-le-cli -- chaos --seconds 45 --backend portable
+cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --backend portable
 
 echo "== chaos: the same with harness children sharing their windows' ids (INTEROP.md's writer)"
 cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --children

@@ -456,9 +456,19 @@ fn extended_claim_target_that_hangs_after_the_handoff_is_replaced_after_the_stal
     let lost = b
         .wait_after(cb, ms(REFRESH_MS) + MARGIN, |r| r.event() == "leadership")
         .expect("b silent after SIGCONT");
-    assert_eq!(
-        (lost.is_leader(), lost.reason()),
-        (Some(false), Some(ChangeReason::Lost))
+    // Lost when b's first look after SIGCONT reads a's record; fenced when
+    // the SIGSTOP landed inside a look that had read b's own record (its
+    // validity ran out meanwhile). The portable backend's watch wakes b a
+    // little later after the handover, so the stop lands there more often.
+    // Either way b stops acting at once, and says so.
+    assert_eq!(lost.is_leader(), Some(false));
+    assert!(
+        matches!(
+            lost.reason(),
+            Some(ChangeReason::Lost | ChangeReason::Fenced)
+        ),
+        "{:?}",
+        lost.reason()
     );
 }
 
