@@ -89,7 +89,7 @@ echo "== the portable backend (what macOS and Windows run) on this machine: ever
 # The engine's in-process tests of both backends ran above (tests/elector.rs,
 # tests/leaks.rs); here every `nip-le run` the suites spawn inherits it.
 NIP_LE_BACKEND=portable cargo test -p nip-le-cli --test multiprocess --test pauses --test lock_holds \
-  --test mixed --test turns --test children --test interop --test hostile_fs
+  --test mixed --test turns --test children --test interop --test hostile_fs --test agent
 
 echo "== the engine links no CLI dependency, and no etcd client unless asked"
 if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile|ureq) '; then

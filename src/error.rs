@@ -67,7 +67,8 @@ impl Error {
         match self {
             Error::Engine(E::Pubkey(_)) => ErrorKind::InvalidPubkey,
             Error::Engine(E::InstanceId(_)) => ErrorKind::InvalidElectionId,
-            Error::Engine(E::Config(_)) => ErrorKind::InvalidConfig,
+            // An agent command is configuration too.
+            Error::Engine(E::Config(_) | E::AgentCommand(_)) => ErrorKind::InvalidConfig,
             Error::Engine(E::NotJoined(_)) => ErrorKind::NotJoined,
             Error::Engine(E::ControlFrame(_)) => ErrorKind::InvalidControlFrame,
             Error::Engine(E::EventId(_)) => ErrorKind::InvalidEventId,

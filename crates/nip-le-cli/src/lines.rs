@@ -83,6 +83,19 @@ pub enum Line {
         /// What went wrong.
         message: String,
     },
+    /// `--agent-cmd`: the supervised agent started, exited by itself (it
+    /// is restarted after the backoff), was stopped by us, or could not
+    /// start.
+    Agent {
+        /// The agent key.
+        pubkey: String,
+        /// When, unix ms.
+        at_ms: u64,
+        /// What happened (`what`: `started`, `exited`, `stopped`,
+        /// `spawn_failed`), with the pid.
+        #[serde(flatten)]
+        agent: nip_le::agent::AgentEvent,
+    },
     /// Last line, after a signal released every lock.
     Stopped,
 }
@@ -261,6 +274,7 @@ impl Line {
             Line::Status(_) => "status",
             Line::ControlResult { .. } => "control_result",
             Line::Error { .. } => "error",
+            Line::Agent { .. } => "agent",
             Line::Stopped => "stopped",
         }
     }
@@ -277,6 +291,25 @@ impl Line {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agent_lines_round_trip() {
+        let l = Line::Agent {
+            pubkey: "ab".repeat(32),
+            at_ms: 7,
+            agent: nip_le::agent::AgentEvent::Exited {
+                pid: 42,
+                code: None,
+                signal: Some(9),
+            },
+        };
+        let text = l.to_json();
+        assert!(
+            text.starts_with(r#"{"event":"agent","#) && text.contains(r#""what":"exited""#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), l);
+    }
 
     #[test]
     fn lines_round_trip_with_the_event_tag_first() {

@@ -18,7 +18,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Join one election and report leadership as JSON lines on stdout.
-    Run(cli::run::RunArgs),
+    Run(Box<cli::run::RunArgs>),
     /// List every lock file in a directory with its holder and state.
     Status(cli::status::StatusArgs),
     /// Spawn several instances in a temporary directory and narrate an
@@ -35,6 +35,9 @@ enum Command {
     /// several windows, harness peers and their apps on a simulated machine
     /// in virtual time, with faults; exit 1 on any violation.
     Sim(lab::sim::SimArgs),
+    /// Stand in for upstream's agent harness (its instance lease, and a
+    /// reply to every mention while it runs), for `run --agent-cmd` tests.
+    StandInAgent(lab::stand_in::StandInArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,13 +49,14 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Run(a) => cli::run::run(a),
+        Command::Run(a) => cli::run::run(*a),
         Command::Status(a) => cli::status::status(a),
         Command::Demo(a) => lab::demo::demo(a),
         Command::Bench(a) => lab::bench::bench(a),
         #[cfg(unix)]
         Command::Chaos(a) => lab::chaos::chaos(a),
         Command::Sim(a) => lab::sim::sim(a),
+        Command::StandInAgent(a) => lab::stand_in::stand_in(a),
     };
     match result {
         Ok(code) => code,

@@ -70,6 +70,9 @@ pub enum Error {
     /// The elector has been shut down.
     #[error("the elector has been shut down")]
     ShutDown,
+    /// A supervised agent command is unusable (see [`crate::agent`]).
+    #[error("invalid agent command: {0}")]
+    AgentCommand(String),
 }
 
 impl Error {

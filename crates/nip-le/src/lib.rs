@@ -23,7 +23,8 @@
 //! * `global` (feature `etcd`): extension, one prompter per agent across
 //!   hosts, on etcd;
 //! * [`elector`]: many keys, one writer thread, a lock-free snapshot for
-//!   readers, and change events.
+//!   readers, and change events;
+//! * [`agent`]: extension, an agent process that runs only while we lead.
 //!
 //! ```no_run
 //! use nip_le::{AgentPubkey, Config, Elector, InstanceId};
@@ -39,6 +40,7 @@
 
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod config;
 pub mod control;
 pub mod election;

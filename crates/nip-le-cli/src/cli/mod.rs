@@ -1,6 +1,8 @@
 //! The commands users and outside tools run: `run` and `status`, and the
 //! timing flags every command shares.
 
+pub mod agent;
+mod replies;
 pub mod run;
 pub mod status;
 

@@ -15,14 +15,14 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use clap::Args;
-use nip_le::{
-    AgentPubkey, Elector, InstanceId, LeaderFlag, LeadershipChange, QueuedEvent, TakeOutcome, Work,
-};
+use nip_le::agent::AgentSupervisor;
+use nip_le::{AgentPubkey, Elector, InstanceId, LeadershipChange};
 use serde_json::Value;
 
+use super::replies::{Feed, Turns};
 use super::{EtcdArgs, TimingArgs};
 use crate::lab::feed::FeedFollower;
-use crate::lines::{Leadership, Line, MentionLine, ReplyLine, StatusLine, TurnOutcome};
+use crate::lines::{Leadership, Line, StatusLine, TurnOutcome};
 use crate::unix_ms;
 
 /// Options of `nip-le run`.
@@ -65,9 +65,11 @@ pub struct RunArgs {
     relay: Option<PathBuf>,
     #[command(flatten)]
     etcd: EtcdArgs,
+    #[command(flatten)]
+    agent: super::agent::AgentArgs,
 }
 
-enum Msg {
+pub(super) enum Msg {
     Line(String),
     Signal,
     Change(LeadershipChange),
@@ -101,6 +103,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
     let mut config = super::config_from(a.lock_dir, &a.timings, a.lock_wait_ms)?;
     config.etcd = a.etcd.config();
     config.validate()?;
+    let agent_cmd = a.agent.command()?;
     let id = match a.instance_id {
         Some(s) => InstanceId::new(s)?,
         None => InstanceId::from_env()?,
@@ -172,8 +175,11 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
             }
         }
     }
+    let agent = agent_cmd
+        .map(|c| super::agent::supervise(&elector, &pubkey, c, tx.clone()))
+        .transpose()?;
     drop(tx);
-    serve(elector, pubkey, a.relay.as_deref(), rx);
+    serve(elector, agent, pubkey, a.relay.as_deref(), rx);
     emit(&Line::Stopped);
     Ok(ExitCode::SUCCESS)
 }
@@ -249,7 +255,13 @@ fn send_claim_frame(relay: &Path, id: &InstanceId) -> std::io::Result<()> {
 }
 
 /// The main loop: the one writer of stdout.
-fn serve(elector: Elector, pubkey: AgentPubkey, relay: Option<&Path>, rx: mpsc::Receiver<Msg>) {
+fn serve(
+    elector: Elector,
+    mut agent: Option<AgentSupervisor>,
+    pubkey: AgentPubkey,
+    relay: Option<&Path>,
+    rx: mpsc::Receiver<Msg>,
+) {
     let (mut seen, mut replied) = (0u64, 0u64);
     let mut elector = Some(elector);
     for msg in rx {
@@ -312,8 +324,13 @@ fn serve(elector: Elector, pubkey: AgentPubkey, relay: Option<&Path>, rx: mpsc::
                 _ => {}
             },
             Msg::Signal => {
-                // Release, then let the change thread drain: it ends with
-                // ChangesClosed once the elector is gone.
+                // The agent first (SIGTERM, its grace), so the successor's
+                // finds the instance lease free; then release, and let the
+                // change thread drain: it ends with ChangesClosed once the
+                // elector is gone.
+                if let Some(a) = agent.take() {
+                    a.stop();
+                }
                 if let Some(e) = elector.take() {
                     e.shutdown();
                 }
@@ -361,239 +378,4 @@ fn status_line(e: &Elector, seen: u64, replied: u64) -> Line {
         replies_sent: replied,
         at_ms: unix_ms(),
     }))
-}
-
-/// The mention feed of the first key.
-struct Feed {
-    mentions: PathBuf,
-    replies: PathBuf,
-    offset: u64,
-    flag: LeaderFlag,
-    leader_since: Arc<AtomicU64>,
-    id: InstanceId,
-}
-
-impl Feed {
-    /// Follows the feed from `offset`; for each new complete line with an
-    /// `"id"`, replies (one append write) iff we lead at that moment. A line
-    /// that carries its publication time (`"at_ms"`) is answered only if we
-    /// led since before it was published: an instance that was stopped, and
-    /// resumed as the new leader, does not answer a backlog its predecessor
-    /// answered.
-    fn follow(&self, tx: &mpsc::Sender<Msg>) {
-        let mut feed = FeedFollower::from_offset(&self.mentions, self.offset);
-        loop {
-            std::thread::sleep(Duration::from_millis(5));
-            for v in feed.poll() {
-                let Ok(m) = serde_json::from_value::<MentionLine>(v) else {
-                    continue;
-                };
-                let leading = self.flag.is_leader()
-                    && m.at_ms
-                        .is_none_or(|t| self.leader_since.load(Ordering::SeqCst) <= t);
-                let mid = m.id;
-                let error = if leading {
-                    append_reply(&self.replies, &mid, &self.id)
-                        .err()
-                        .map(|e| e.to_string())
-                } else {
-                    None
-                };
-                let msg = Msg::Mention {
-                    id: mid,
-                    replied: leading && error.is_none(),
-                    error,
-                };
-                if tx.send(msg).is_err() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-fn append_reply(replies: &Path, mention: &Value, id: &InstanceId) -> std::io::Result<()> {
-    let reply = ReplyLine {
-        mention: mention.clone(),
-        instance_id: id.as_str().to_owned(),
-        at_ms: unix_ms(),
-    };
-    let line = format!(
-        "{}\n",
-        serde_json::to_string(&reply).expect("strings and numbers")
-    );
-    let mut f = OpenOptions::new().create(true).append(true).open(replies)?;
-    // One write(2) of a short line on an O_APPEND file: lines from several
-    // instances never interleave.
-    f.write_all(line.as_bytes())
-}
-
-/// Sends a `turn` line; false once the main loop is gone.
-fn report_turn(
-    tx: &mpsc::Sender<Msg>,
-    id: &Value,
-    outcome: TurnOutcome,
-    epoch: Option<u64>,
-) -> bool {
-    let line = Line::Turn {
-        id: id.clone(),
-        outcome,
-        epoch,
-        at_ms: unix_ms(),
-    };
-    tx.send(Msg::Report(line)).is_ok()
-}
-
-/// `--turn-ms`: the mention feed worked as an agent would, one turn at a
-/// time, through the work ledger.
-struct Turns {
-    mentions: PathBuf,
-    replies: PathBuf,
-    turn: Duration,
-    /// How long a mention the ledger did not owe us when we began to lead
-    /// waits to be owed after all (see [`Turns::run`]).
-    settle: Duration,
-    work: Work,
-    leader_since: Arc<AtomicU64>,
-    id: InstanceId,
-}
-
-/// The text of a mention id (ids are strings in every feed we write).
-fn id_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-impl Turns {
-    /// Every instance queues every mention, from the feed's beginning (as a
-    /// client fetches recent events when it connects). While leading: on
-    /// becoming leader, drop from the queue what the ledger says is not
-    /// owed; then take the first queued mention, work it for the turn, and
-    /// reply, unless leadership was lost meanwhile.
-    fn run(&self, tx: &mpsc::Sender<Msg>) {
-        let mut feed = FeedFollower::from_offset(&self.mentions, 0);
-        let mut queue: std::collections::VecDeque<(Value, QueuedEvent)> = Default::default();
-        // The queue is filtered through `owed` once per leadership period:
-        // `filtered` drops whenever we do not lead (the engine's flag, which
-        // can be ahead of `leader_since`, set by the change thread).
-        let mut filtered_since = u64::MAX;
-        let mut filtered = false;
-        // What `owed` left out when we began to lead: a mention done, or
-        // one still in flight with the window we took over from (after a
-        // claim its turn ends, and gives the mention back, a moment later).
-        // Asked again until `settle` has passed, then dropped.
-        let mut parked: Vec<(Value, QueuedEvent)> = Vec::new();
-        let mut parked_until = std::time::Instant::now();
-        loop {
-            for v in feed.poll() {
-                let Ok(m) = serde_json::from_value::<MentionLine>(v) else {
-                    continue;
-                };
-                let e = QueuedEvent {
-                    id: id_text(&m.id),
-                    published_ms: m.at_ms,
-                };
-                let line = Line::Mention {
-                    id: m.id.clone(),
-                    replied: false,
-                    error: None,
-                    at_ms: unix_ms(),
-                };
-                if tx.send(Msg::Report(line)).is_err() {
-                    return;
-                }
-                queue.push_back((m.id, e));
-            }
-            if !self.work.may_act() {
-                filtered = false;
-            }
-            if !self.work.may_act() || (queue.is_empty() && parked.is_empty()) {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
-            let since = self.leader_since.load(Ordering::SeqCst);
-            if !filtered || since != filtered_since {
-                let events: Vec<QueuedEvent> = queue.iter().map(|(_, e)| e.clone()).collect();
-                if let Ok(owed) = self.work.owed(&events) {
-                    let (kept, left): (Vec<_>, Vec<_>) =
-                        queue.drain(..).partition(|(_, e)| owed.contains(&e.id));
-                    queue.extend(kept);
-                    parked = left;
-                    parked_until = std::time::Instant::now() + self.settle;
-                    (filtered, filtered_since) = (true, since);
-                }
-                continue;
-            }
-            if !parked.is_empty() {
-                if std::time::Instant::now() >= parked_until {
-                    parked.clear();
-                } else {
-                    let events: Vec<QueuedEvent> = parked.iter().map(|(_, e)| e.clone()).collect();
-                    if let Ok(owed) = self.work.owed(&events) {
-                        let (back, left): (Vec<_>, Vec<_>) =
-                            parked.drain(..).partition(|(_, e)| owed.contains(&e.id));
-                        parked = left;
-                        for m in back.into_iter().rev() {
-                            queue.push_front(m);
-                        }
-                    }
-                }
-            }
-            let Some((raw, e)) = queue.front().cloned() else {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            };
-            let epoch = match self.work.take(&e.id) {
-                Ok(TakeOutcome::Granted { epoch }) => epoch,
-                // Ours already (a turn that did not end): work it.
-                Ok(TakeOutcome::AlreadyTaken) => None,
-                Ok(TakeOutcome::Done) => {
-                    queue.pop_front();
-                    continue;
-                }
-                Ok(TakeOutcome::NotLeader) | Err(_) => continue,
-                // The disk refuses the take: ask again in a moment.
-                Ok(TakeOutcome::Unavailable) => {
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            };
-            if !report_turn(tx, &raw, TurnOutcome::Started, epoch) {
-                return;
-            }
-            let outcome = self.turn(&raw, &e.id);
-            if outcome == TurnOutcome::Replied {
-                queue.pop_front();
-            }
-            if !report_turn(tx, &raw, outcome, epoch) {
-                return;
-            }
-        }
-    }
-
-    /// One turn: the simulated agent works for `turn`, checking the fence
-    /// every millisecond; then, still leading, the reply (one write) and at
-    /// once `done`. A loss of leadership gives the mention back.
-    fn turn(&self, raw: &Value, id: &str) -> TurnOutcome {
-        let end = std::time::Instant::now() + self.turn;
-        loop {
-            if !self.work.may_act() {
-                let _ = self.work.give_back(id);
-                return TurnOutcome::Cancelled;
-            }
-            let left = end.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            std::thread::sleep(left.min(Duration::from_millis(1)));
-        }
-        if append_reply(&self.replies, raw, &self.id).is_err() {
-            let _ = self.work.give_back(id);
-            return TurnOutcome::Cancelled;
-        }
-        let _ = self.work.done(id);
-        TurnOutcome::Replied
-    }
 }

@@ -7,7 +7,9 @@
 //! * [`chaos`]: random faults on a mixed cluster, with a pure analysis.
 //! * [`etcd`]: a real etcd on loopback for the cross-host tests;
 //! * [`sim`]: seeds of the deterministic simulator (`nip_le::sim`), in
-//!   virtual time.
+//!   virtual time;
+//! * [`stand_in`]: a stand-in for upstream's agent harness and its
+//!   instance lease, for the supervised-agent tests.
 
 pub mod bench;
 #[cfg(unix)]
@@ -17,3 +19,4 @@ pub mod demo;
 pub mod etcd;
 pub mod feed;
 pub mod sim;
+pub mod stand_in;

@@ -1,0 +1,118 @@
+//! `nip-le stand-in-agent`: stands in for upstream's agent harness
+//! (`buzz-acp`) in the supervised-agent tests. Like it, it takes an
+//! exclusive, non-blocking `flock` on its instance lease,
+//! `<lease dir>/<pubkey>__<sha256(relay url)>.lock` (directory 0700, file
+//! 0600), for its whole life, and refuses to start while another process
+//! holds it. While it runs it answers every mention published after it
+//! started: one reply line each, naming its pid and the election id it was
+//! given.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use nip_le::AgentPubkey;
+use sha2::{Digest, Sha256};
+
+use crate::lab::feed::FeedFollower;
+use crate::unix_ms;
+
+/// Options of `nip-le stand-in-agent`.
+#[derive(Args, Debug)]
+pub struct StandInArgs {
+    /// The agent's public key.
+    #[arg(long)]
+    pubkey: String,
+    /// The relay it serves (part of the lease's name).
+    #[arg(long)]
+    relay_url: String,
+    /// Where the leases live (upstream:
+    /// `<data_local_dir>/buzz/buzz-acp-runtime-leases`).
+    #[arg(long)]
+    lease_dir: PathBuf,
+    /// The mention feed (JSON lines with an "id"), followed from its end.
+    #[arg(long)]
+    mentions: PathBuf,
+    /// Where replies are appended.
+    #[arg(long)]
+    replies: PathBuf,
+}
+
+/// The lease file of `pubkey` on `relay` (the URL trimmed of blanks and a
+/// trailing slash, then hashed).
+pub fn lease_path(dir: &Path, pubkey: &AgentPubkey, relay: &str) -> PathBuf {
+    let url = relay.trim().trim_end_matches('/');
+    let hash = Sha256::digest(url.as_bytes());
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("{pubkey}__{hex}.lock"))
+}
+
+/// Runs until SIGTERM/SIGINT; exit 1 when the lease is held.
+pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
+    let pubkey = AgentPubkey::parse(&a.pubkey)?;
+    let io = |p: &Path| {
+        let p = p.to_owned();
+        move |e| nip_le::Error::Io { path: p, source: e }
+    };
+    std::fs::create_dir_all(&a.lease_dir).map_err(io(&a.lease_dir))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&a.lease_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(&a.lease_dir))?;
+    }
+    let path = lease_path(&a.lease_dir, &pubkey, &a.relay_url);
+    let mut open = OpenOptions::new();
+    open.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    let lease = open.open(&path).map_err(io(&path))?;
+    match fs4::FileExt::try_lock(&lease) {
+        Ok(()) => {}
+        Err(fs4::TryLockError::WouldBlock) => {
+            eprintln!(
+                "another buzz-acp process is already active for agent {pubkey} on {}",
+                a.relay_url
+            );
+            return Ok(ExitCode::from(1));
+        }
+        Err(fs4::TryLockError::Error(e)) => return Err(io(&path)(e)),
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).map_err(|e| {
+            nip_le::Error::Io {
+                path: "<signal handler>".into(),
+                source: std::io::Error::other(e),
+            }
+        })?;
+    }
+    let election_id = std::env::var(nip_le::ELECTION_ID_ENV).unwrap_or_default();
+    let mut feed = FeedFollower::from_end(&a.mentions);
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+        for v in feed.poll() {
+            let Some(id) = v.get("id") else { continue };
+            let reply = serde_json::json!({
+                "mention": id,
+                "instance_id": election_id,
+                "agent_pid": std::process::id(),
+                "at_ms": unix_ms(),
+            });
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&a.replies)
+                .and_then(|mut f| f.write_all(format!("{reply}\n").as_bytes()))
+                .map_err(io(&a.replies))?;
+        }
+    }
+    drop(lease);
+    Ok(ExitCode::SUCCESS)
+}

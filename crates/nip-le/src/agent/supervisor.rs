@@ -1,0 +1,222 @@
+//! The supervisor's thread: it feeds the rules ([`AgentMachine`]) with the
+//! leadership (a [`LeaderFlag`] read at every wake-up and every `poll`) and
+//! the child's exits, and carries out what they decide.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::broadcast;
+
+use super::machine::{Action, AgentMachine, Input, State};
+use super::process::{self, Agent};
+use super::{AgentCommand, AgentEvent, AgentReport};
+use crate::elector::{Elector, LeaderFlag};
+use crate::error::{Error, Result};
+use crate::pubkey::AgentPubkey;
+
+enum Msg {
+    Exited(u32),
+    Stop,
+}
+
+/// A leader-gated agent process for one agent key (see [`super`]).
+/// Dropping it (or [`AgentSupervisor::stop`]) stops the child and waits
+/// for it (at most the grace).
+#[derive(Debug)]
+pub struct AgentSupervisor {
+    tx: mpsc::Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+    events: broadcast::Sender<AgentReport>,
+    /// Subscribed before the thread started: the first `subscribe` gets it.
+    first: Mutex<Option<broadcast::Receiver<AgentReport>>>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Msg::Exited(_) => "Exited",
+            Msg::Stop => "Stop",
+        })
+    }
+}
+
+impl AgentSupervisor {
+    /// Supervises `cmd` for `pubkey`, which `elector` must have joined: the
+    /// command runs while the elector may act for the key.
+    pub fn start(elector: &Elector, pubkey: &AgentPubkey, cmd: AgentCommand) -> Result<Self> {
+        cmd.validate().map_err(Error::AgentCommand)?;
+        let flag = elector.leader_flag(pubkey)?;
+        let id = elector.instance_id().as_str().to_owned();
+        let (tx, rx) = mpsc::channel();
+        let (events, first) = broadcast::channel(256);
+        let run = Run {
+            cmd,
+            id,
+            pubkey: *pubkey,
+            flag,
+            rx,
+            tx: tx.clone(),
+            events: events.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("nip-le-agent".into())
+            .spawn(move || run.run())
+            .map_err(|e| Error::io("<agent supervisor thread>", e))?;
+        Ok(Self {
+            tx,
+            thread: Some(thread),
+            events,
+            first: Mutex::new(Some(first)),
+        })
+    }
+
+    /// Reports of what the agent process does: the first call's receiver
+    /// has every report since [`AgentSupervisor::start`] (the first
+    /// `started` included), later ones those from the moment they
+    /// subscribe.
+    pub fn subscribe(&self) -> broadcast::Receiver<AgentReport> {
+        let first = self.first.lock().ok().and_then(|mut f| f.take());
+        first.unwrap_or_else(|| self.events.subscribe())
+    }
+
+    /// Stops the child (SIGTERM, the grace, SIGKILL) and the supervisor.
+    pub fn stop(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for AgentSupervisor {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+/// The supervisor thread's state.
+struct Run {
+    cmd: AgentCommand,
+    id: String,
+    pubkey: AgentPubkey,
+    flag: LeaderFlag,
+    rx: mpsc::Receiver<Msg>,
+    tx: mpsc::Sender<Msg>,
+    events: broadcast::Sender<AgentReport>,
+}
+
+impl Run {
+    fn run(self) {
+        let mut m = AgentMachine::new(self.cmd.timings);
+        let mut agent: Option<Agent> = None;
+        let mut stopping = false;
+        let mut inputs = VecDeque::from([Input::Look]);
+        loop {
+            let may_act = !stopping && self.flag.is_leader();
+            while let Some(input) = inputs.pop_front() {
+                for action in m.step(input, may_act, Instant::now()) {
+                    self.carry_out(action, &mut agent, &mut inputs);
+                }
+            }
+            if stopping && matches!(m.state(), State::Idle) {
+                return;
+            }
+            let now = Instant::now();
+            let wake = m
+                .next_deadline()
+                .map_or(self.cmd.poll, |d| d.saturating_duration_since(now))
+                .min(self.cmd.poll);
+            let msg = match self.rx.recv_timeout(wake) {
+                Ok(msg) => msg,
+                Err(RecvTimeoutError::Timeout) => {
+                    inputs.push_back(Input::Look);
+                    continue;
+                }
+                // Unreachable while we hold `tx`; stop all the same.
+                Err(RecvTimeoutError::Disconnected) => Msg::Stop,
+            };
+            match msg {
+                Msg::Stop => {
+                    stopping = true;
+                    inputs.push_back(Input::Look);
+                }
+                Msg::Exited(pid) => {
+                    let by_us = matches!(m.state(), State::Stopping { pid: p, .. } if p == pid);
+                    let killed = m.killed();
+                    if let Some(a) = agent.take_if(|a| a.pid() == pid) {
+                        let status = a.reap();
+                        let event = match (by_us, status) {
+                            (true, _) => AgentEvent::Stopped { pid, killed },
+                            (false, Ok(s)) => {
+                                let (code, signal) = process::ended(&s);
+                                AgentEvent::Exited { pid, code, signal }
+                            }
+                            (false, Err(_)) => AgentEvent::Exited {
+                                pid,
+                                code: None,
+                                signal: None,
+                            },
+                        };
+                        self.report(event);
+                    }
+                    inputs.push_back(Input::Exited(pid));
+                }
+            }
+        }
+    }
+
+    fn carry_out(&self, action: Action, agent: &mut Option<Agent>, inputs: &mut VecDeque<Input>) {
+        match action {
+            Action::Spawn => {
+                let tx = self.tx.clone();
+                let spawned = Agent::spawn(&self.cmd, &self.id, move |pid| {
+                    let _ = tx.send(Msg::Exited(pid));
+                });
+                match spawned {
+                    Ok(a) => {
+                        let pid = a.pid();
+                        *agent = Some(a);
+                        self.report(AgentEvent::Started { pid });
+                        inputs.push_back(Input::Spawned(pid));
+                    }
+                    Err(e) => {
+                        tracing::warn!(pubkey = %self.pubkey, "cannot start the agent: {e}");
+                        self.report(AgentEvent::SpawnFailed {
+                            error: e.to_string(),
+                        });
+                        inputs.push_back(Input::SpawnFailed);
+                    }
+                }
+            }
+            Action::Terminate(pid) => {
+                if let Some(a) = agent.as_mut().filter(|a| a.pid() == pid) {
+                    a.terminate();
+                }
+            }
+            Action::Kill(pid) => {
+                if let Some(a) = agent.as_mut().filter(|a| a.pid() == pid) {
+                    tracing::warn!(pubkey = %self.pubkey, pid, "the agent outlived its grace: killed");
+                    a.kill();
+                }
+            }
+        }
+    }
+
+    fn report(&self, event: AgentEvent) {
+        let at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let _ = self.events.send(AgentReport {
+            pubkey: self.pubkey,
+            at_ms,
+            event,
+        });
+    }
+}
