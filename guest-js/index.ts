@@ -13,6 +13,8 @@
 import { invoke } from '@tauri-apps/api/core'
 import { listen, type UnlistenFn } from '@tauri-apps/api/event'
 
+import type { AgentEvent } from './bindings/AgentEvent'
+import type { AgentReport } from './bindings/AgentReport'
 import type { ChangeReason } from './bindings/ChangeReason'
 import type { ClaimOutcome } from './bindings/ClaimOutcome'
 import type { ControlResult } from './bindings/ControlResult'
@@ -30,6 +32,8 @@ import type { Status } from './bindings/Status'
 import type { TakeOutcome } from './bindings/TakeOutcome'
 
 export type {
+  AgentEvent,
+  AgentReport,
   ChangeReason,
   ClaimOutcome,
   ControlResult,
@@ -49,6 +53,9 @@ export type {
 
 /** The event emitted to every webview on each leadership change. */
 export const CHANGED_EVENT = 'leader-election://changed'
+
+/** The event emitted to every webview when an agent process the app supervises (Rust: `supervise_agent`) starts, exits or is stopped. */
+export const AGENT_EVENT = 'leader-election://agent'
 
 const cmd = (name: string): string => `plugin:leader-election|${name}`
 
@@ -145,6 +152,13 @@ export async function onLeadershipChanged(
   cb: (change: LeadershipChange) => void
 ): Promise<UnlistenFn> {
   return await listen<LeadershipChange>(CHANGED_EVENT, (e) => {
+    cb(e.payload)
+  })
+}
+
+/** Calls `cb` whenever a supervised agent process starts, exits or is stopped (with its pid). Resolves to the function that stops listening. */
+export async function onAgent(cb: (report: AgentReport) => void): Promise<UnlistenFn> {
+  return await listen<AgentReport>(AGENT_EVENT, (e) => {
     cb(e.payload)
   })
 }

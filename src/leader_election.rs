@@ -32,6 +32,8 @@ pub struct LeaderElection {
     webview_agents: Arc<RwLock<BTreeSet<AgentPubkey>>>,
     /// The takes of each webview's page (see [`crate::turns`]).
     turns: Arc<crate::turns::Turns>,
+    /// Supervised agent processes (see [`crate::agents`]).
+    agents: Arc<crate::agents::Agents>,
 }
 
 fn key(pubkey: &str) -> Result<AgentPubkey> {
@@ -50,6 +52,7 @@ impl LeaderElection {
             launch_agents: launch_agents.into(),
             webview_agents: Arc::new(RwLock::new(webview_agents)),
             turns: Arc::default(),
+            agents: Arc::default(),
         }
     }
 
@@ -240,7 +243,33 @@ impl LeaderElection {
     /// Releases every lock this window holds and stops the engine. Called
     /// on `RunEvent::Exit`; idempotent.
     pub fn shutdown(&self) {
+        // The agents first: each is stopped (its grace at most) while we
+        // still lead, so a successor's agent finds the instance lease free.
+        self.agents.stop_all();
         self.elector.shutdown();
+    }
+
+    /// Runs `cmd` only while this window may act for `pubkey` (joining it
+    /// first), with `BUZZ_INSTANCE_ELECTION_ID` set: started when we may,
+    /// stopped (SIGTERM, its grace, SIGKILL) on any loss, restarted with a
+    /// bounded backoff when it exits while we may act. Replaces an earlier
+    /// command of that agent. What each platform guarantees when the
+    /// window itself is killed: `docs/platforms.md`.
+    pub fn supervise_agent(&self, pubkey: &str, cmd: nip_le::agent::AgentCommand) -> Result<()> {
+        self.join(pubkey)?;
+        self.agents.supervise(&self.elector, key(pubkey)?, cmd)
+    }
+
+    /// Stops `pubkey`'s supervised agent; whether there was one.
+    pub fn stop_agent(&self, pubkey: &str) -> Result<bool> {
+        Ok(self.agents.stop(&key(pubkey)?))
+    }
+
+    /// What the supervised agents do (started, exited, stopped, with their
+    /// pids), from now on; the plugin emits the same to webviews as
+    /// [`crate::AGENT_EVENT`].
+    pub fn subscribe_agents(&self) -> broadcast::Receiver<nip_le::agent::AgentReport> {
+        self.agents.subscribe()
     }
 }
 

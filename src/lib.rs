@@ -34,6 +34,7 @@ use std::time::Duration;
 use tauri::plugin::{Builder as PluginBuilder, TauriPlugin};
 use tauri::{Emitter, Manager, RunEvent, Runtime};
 
+mod agents;
 #[cfg(test)]
 mod bindings;
 mod commands;
@@ -45,6 +46,9 @@ mod turns;
 pub use error::{Error, ErrorKind, LeaderElectionError, Result};
 pub use leader_election::{read_side, LeaderElection};
 pub use models::Status;
+/// A supervised agent process's command and reports (see
+/// [`LeaderElection::supervise_agent`]).
+pub use nip_le::agent::{AgentCommand, AgentEvent, AgentReport, AgentTimings};
 /// The engine's types that cross IPC or that an app handles: one vocabulary
 /// from the engine to the webview.
 pub use nip_le::{
@@ -55,6 +59,11 @@ pub use nip_le::{
 /// The event emitted to every webview on each leadership change, with a
 /// [`LeadershipChange`] payload.
 pub const CHANGED_EVENT: &str = "leader-election://changed";
+
+/// The event emitted to every webview when a supervised agent process
+/// starts, exits or is stopped, with an [`nip_le::agent::AgentReport`]
+/// payload.
+pub const AGENT_EVENT: &str = "leader-election://agent";
 
 /// Extension trait: `app.leader_election()` on the app, its handle, windows
 /// and webviews.
@@ -85,6 +94,7 @@ pub struct Builder {
     agents: Vec<String>,
     allowed: Vec<String>,
     election_id: Option<String>,
+    supervised: Vec<(String, AgentCommand)>,
     #[cfg(feature = "etcd")]
     etcd: Option<nip_le::global::EtcdConfig>,
 }
@@ -146,6 +156,18 @@ impl Builder {
     /// Linux what macOS and Windows run (see `docs/platforms.md`).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = Some(backend);
+        self
+    }
+
+    /// Joins `pubkey` at launch and runs `cmd` only while this window may
+    /// act for it (see [`LeaderElection::supervise_agent`]). Validated at
+    /// setup.
+    pub fn supervise(
+        mut self,
+        pubkey: impl Into<String>,
+        cmd: nip_le::agent::AgentCommand,
+    ) -> Self {
+        self.supervised.push((pubkey.into(), cmd));
         self
     }
 
@@ -288,7 +310,11 @@ impl Builder {
             .setup(move |app, _api| {
                 let le = self.start()?;
                 forward_changes(app.clone(), le.subscribe());
+                forward_agent_reports(app.clone(), le.subscribe_agents());
                 le.join_launch_agents()?;
+                for (pubkey, cmd) in &self.supervised {
+                    le.supervise_agent(pubkey, cmd.clone())?;
+                }
                 app.manage(le);
                 Ok(())
             })
@@ -341,6 +367,31 @@ fn page_gone<R: Runtime>(app: &tauri::AppHandle<R>, label: &str) {
 /// ```
 pub fn init<R: Runtime>() -> TauriPlugin<R> {
     Builder::new().build()
+}
+
+/// Emits every supervised agent's report to every webview as
+/// [`AGENT_EVENT`].
+fn forward_agent_reports<R: Runtime>(
+    app: tauri::AppHandle<R>,
+    mut rx: tokio::sync::broadcast::Receiver<nip_le::agent::AgentReport>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let spawned = std::thread::Builder::new()
+        .name("leader-election-agent-events".into())
+        .spawn(move || loop {
+            match rx.blocking_recv() {
+                Ok(r) => {
+                    if let Err(e) = app.emit(AGENT_EVENT, r) {
+                        tracing::warn!("cannot emit {AGENT_EVENT}: {e}");
+                    }
+                }
+                Err(RecvError::Lagged(n)) => tracing::warn!("{n} agent reports dropped"),
+                Err(RecvError::Closed) => return,
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the agent event thread: {e}");
+    }
 }
 
 /// Emits every engine change to every webview as [`CHANGED_EVENT`].

@@ -3,6 +3,7 @@ import { clearMocks, mockIPC } from '@tauri-apps/api/mocks'
 import { emit } from '@tauri-apps/api/event'
 
 import {
+  AGENT_EVENT,
   CHANGED_EVENT,
   LeaderGate,
   claim,
@@ -11,9 +12,11 @@ import {
   isLeader,
   join,
   leave,
+  onAgent,
   onLeadershipChanged,
   release,
   status,
+  type AgentReport,
   type LeadershipChange,
   type Status
 } from '../guest-js/index'
@@ -121,6 +124,16 @@ describe('command wrappers', () => {
     await emit(CHANGED_EVENT, change(A, true, 'acquired'))
     expect(seen).toHaveLength(1)
     expect(seen[0].reason).toBe('lost')
+  })
+
+  it('onAgent delivers supervised agent reports until unlistened', async () => {
+    const seen: AgentReport[] = []
+    const unlisten = await onAgent((r) => seen.push(r))
+    await emit(AGENT_EVENT, { pubkey: A, atMs: 1, what: 'started', pid: 42 })
+    await emit(AGENT_EVENT, { pubkey: A, atMs: 2, what: 'stopped', pid: 42, killed: false })
+    unlisten()
+    await emit(AGENT_EVENT, { pubkey: A, atMs: 3, what: 'started', pid: 43 })
+    expect(seen.map((r) => r.what)).toEqual(['started', 'stopped'])
   })
 })
 

@@ -98,6 +98,7 @@ impl AgentCommand {
 
 /// What the agent process did, for JSON lines and change events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "AgentEvent.ts"))]
 #[serde(tag = "what", rename_all = "snake_case")]
 pub enum AgentEvent {
     /// Started, with its pid.
@@ -131,9 +132,11 @@ pub enum AgentEvent {
 
 /// One [`AgentEvent`] of one agent key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "AgentReport.ts"))]
 #[serde(rename_all = "camelCase")]
 pub struct AgentReport {
     /// The agent key whose process this is.
+    #[cfg_attr(feature = "ts", ts(type = "string"))]
     pub pubkey: AgentPubkey,
     /// When it happened (ms since the Unix epoch).
     pub at_ms: u64,
