@@ -255,6 +255,17 @@ impl LeaderElection {
     /// bounded backoff when it exits while we may act. Replaces an earlier
     /// command of that agent. What each platform guarantees when the
     /// window itself is killed: `docs/platforms.md`.
+    ///
+    /// ```
+    /// use tauri_plugin_leader_election::{AgentCommand, LeaderElectionExt, Result};
+    ///
+    /// fn signed_in<R: tauri::Runtime>(app: &tauri::AppHandle<R>, agent: &str) -> Result<()> {
+    ///     let mut cmd = AgentCommand::new("buzz-acp", ["--agent", agent]);
+    ///     cmd.timings.grace = std::time::Duration::from_secs(5);
+    ///     app.leader_election().supervise_agent(agent, cmd)
+    /// }
+    /// # let _ = signed_in::<tauri::test::MockRuntime>;
+    /// ```
     pub fn supervise_agent(&self, pubkey: &str, cmd: nip_le::agent::AgentCommand) -> Result<()> {
         self.join(pubkey)?;
         self.agents.supervise(&self.elector, key(pubkey)?, cmd)
