@@ -35,6 +35,14 @@ pid: number,
 /**
  * Whether it needed SIGKILL after the grace.
  */
+killed: boolean, } | { "what": "orphan_stopped", 
+/**
+ * Its pid.
+ */
+pid: number, 
+/**
+ * Whether it needed SIGKILL after the grace.
+ */
 killed: boolean, } | { "what": "spawn_failed", 
 /**
  * Why.

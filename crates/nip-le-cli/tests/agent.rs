@@ -105,6 +105,25 @@ fn read_replies(path: &Path) -> Vec<Reply> {
         .collect()
 }
 
+/// Kills, when the test ends (passed or not), every process whose command
+/// line names the scratch directory: an agent that outlived its window
+/// must not keep the test's output open.
+struct Strays(String);
+
+impl Drop for Strays {
+    fn drop(&mut self) {
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&self.0) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -115,6 +134,7 @@ fn now_ms() -> u64 {
 #[test]
 fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     let s = Scratch::new();
+    let _strays = Strays(s.tmp.path().display().to_string());
     let mentions = s.tmp.path().join("mentions.jsonl");
     let replies = s.tmp.path().join("replies.jsonl");
     std::fs::write(&mentions, b"").unwrap();
@@ -171,21 +191,32 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     //    runs (after the old one left the lease).
     let claimer = (leader + 1) % 3;
     insts[claimer].send("claim").unwrap();
+    assert!(wait_until(deadline, || insts[claimer].is_leader() == Some(true)));
+    assert!(
+        wait_until(Duration::from_secs(2), || dead(agent)),
+        "the old leader's agent was stopped"
+    );
     let t = now_ms();
     let (l, a) = serving(&insts, &replies, t, deadline);
     assert_eq!(l, claimer, "the claimer serves");
-    assert!(dead(agent), "the old leader's agent was stopped");
     (leader, agent) = (l, a);
 
     // 2. SIGKILL of the leading window: its agent dies with it, and a
     //    survivor's agent takes over.
     insts[leader].kill_and_reap().unwrap();
     assert!(
-        wait_until(Duration::from_secs(2), || dead(agent)),
+        wait_until(deadline, || dead(agent)),
         "the SIGKILLed window's agent kept running"
     );
     let t = now_ms();
     let (l, a) = serving(&insts, &replies, t, deadline);
+    // Native Linux: the kernel killed it with its window. Portable (what
+    // macOS and Windows run): the successor stopped it, named by the mark.
+    let portable = nip_le::config::backend_from_env().unwrap() == nip_le::Backend::Portable;
+    let stopped_by_successor = agent_events(&insts[l])
+        .iter()
+        .any(|(_, e)| matches!(e, AgentEvent::OrphanStopped { pid, .. } if *pid == agent));
+    assert_eq!(stopped_by_successor, portable, "who stopped the orphan");
     insts[leader] = s.spawn_with("w-respawned", opts.clone());
     (leader, agent) = (l, a);
 
@@ -193,6 +224,8 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     //    window leads, and reported as exited.
     for sig in [libc::SIGKILL, libc::SIGTERM] {
         unsafe { libc::kill(agent as i32, sig) };
+        // SIGTERM lets it answer what it is reading: wait until it is gone.
+        assert!(wait_until(Duration::from_secs(2), || dead(agent)));
         let t = now_ms();
         let (l, a) = serving(&insts, &replies, t, deadline);
         assert_eq!(l, leader, "the leader did not change");

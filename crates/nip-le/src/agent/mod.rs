@@ -11,15 +11,17 @@
 //! * restarted with a bounded, doubling backoff if it exits while we may act
 //!   (for example because the predecessor's agent still holds upstream's
 //!   instance lease while it stops);
-//! * on Linux the child is killed by the kernel when the window dies
-//!   (`PR_SET_PDEATHSIG`), so a SIGKILLed window leaves no agent acting
-//!   unseen. On macOS and Windows an orphan keeps running until it exits
-//!   by itself: see `docs/platforms.md`.
+//! * on Linux's native backend the child is killed by the kernel when the
+//!   window dies (`PR_SET_PDEATHSIG`), so a SIGKILLed window leaves no
+//!   agent acting unseen. On macOS and Windows (and Linux's portable
+//!   backend) the successor stops it before it starts its own
+//!   ([`orphan`]): see `docs/platforms.md`.
 //!
 //! The rules are the pure [`machine::AgentMachine`]; this module and
 //! [`supervisor`] only spawn, signal and reap.
 
 pub mod machine;
+pub mod orphan;
 mod process;
 mod supervisor;
 
@@ -118,6 +120,14 @@ pub enum AgentEvent {
     },
     /// Stopped by us: leadership was lost or the supervisor stopped.
     Stopped {
+        /// Its pid.
+        pid: u32,
+        /// Whether it needed SIGKILL after the grace.
+        killed: bool,
+    },
+    /// The agent of a window that is gone, named by the agent mark
+    /// ([`orphan`]), was stopped before ours started.
+    OrphanStopped {
         /// Its pid.
         pid: u32,
         /// Whether it needed SIGKILL after the grace.

@@ -15,9 +15,12 @@ pub(super) struct Agent {
 impl Agent {
     /// Starts `cmd` with `election_id`; `exited(pid)` is called from a
     /// thread of its own once the process has exited (it is not reaped).
+    /// `dies_with_us`: Linux's native backend, where the kernel kills the
+    /// child when the supervisor's thread dies.
     pub(super) fn spawn(
         cmd: &AgentCommand,
         election_id: &str,
+        dies_with_us: bool,
         exited: impl FnOnce(u32) + Send + 'static,
     ) -> std::io::Result<Self> {
         let mut c = Command::new(&cmd.program);
@@ -28,7 +31,7 @@ impl Agent {
         // Its stdout must not mix with ours (the CLI's JSON lines): both of
         // its streams go to our stderr.
         c.stdout(stderr_copy()?);
-        prepare(&mut c);
+        prepare(&mut c, dies_with_us);
         let child = c.spawn()?;
         let pid = child.id();
         let waiter = wait_handle(&child);
@@ -98,15 +101,18 @@ pub(super) fn ended(status: &ExitStatus) -> (Option<i32>, Option<i32>) {
 }
 
 /// Unix: the child leads a process group of its own (so a stop reaches
-/// what it spawned), and on Linux the kernel kills it when the thread that
-/// spawned it (the supervisor's, alive as long as the window) dies.
+/// what it spawned), and on Linux with `dies_with_us` the kernel kills it
+/// when the thread that spawned it (the supervisor's, alive as long as the
+/// window) dies.
 #[cfg(unix)]
-fn prepare(c: &mut Command) {
+fn prepare(c: &mut Command, dies_with_us: bool) {
     use std::os::unix::process::CommandExt;
     #[cfg(target_os = "linux")]
     // SAFETY: getpid before the fork; in the child only async-signal-safe
     // calls (setpgid, prctl, getppid, raise).
     let parent = unsafe { libc::getpid() };
+    #[cfg(not(target_os = "linux"))]
+    let _ = dies_with_us;
     // SAFETY: see above; the closure touches no lock and allocates nothing.
     unsafe {
         c.pre_exec(move || {
@@ -114,7 +120,7 @@ fn prepare(c: &mut Command) {
                 return Err(std::io::Error::last_os_error());
             }
             #[cfg(target_os = "linux")]
-            {
+            if dies_with_us {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -129,7 +135,7 @@ fn prepare(c: &mut Command) {
 }
 
 #[cfg(not(unix))]
-fn prepare(_c: &mut Command) {}
+fn prepare(_c: &mut Command, _dies_with_us: bool) {}
 
 #[cfg(unix)]
 fn signal_group(pid: u32, sig: i32) {

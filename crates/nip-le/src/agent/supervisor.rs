@@ -3,6 +3,7 @@
 //! the child's exits, and carries out what they decide.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -11,6 +12,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::broadcast;
 
 use super::machine::{Action, AgentMachine, Input, State};
+use super::orphan;
 use super::process::{self, Agent};
 use super::{AgentCommand, AgentEvent, AgentReport};
 use crate::elector::{Elector, LeaderFlag};
@@ -50,12 +52,15 @@ impl AgentSupervisor {
         cmd.validate().map_err(Error::AgentCommand)?;
         let flag = elector.leader_flag(pubkey)?;
         let id = elector.instance_id().as_str().to_owned();
+        let config = elector.config();
         let (tx, rx) = mpsc::channel();
         let (events, first) = broadcast::channel(256);
         let run = Run {
             cmd,
             id,
             pubkey: *pubkey,
+            dir: config.lock_dir.clone(),
+            dies_with_us: config.backend.linux_fast_paths(),
             flag,
             rx,
             tx: tx.clone(),
@@ -106,6 +111,10 @@ struct Run {
     cmd: AgentCommand,
     id: String,
     pubkey: AgentPubkey,
+    /// Where the agent mark lives (the lock directory).
+    dir: PathBuf,
+    /// Linux's native backend: the kernel kills the child with us.
+    dies_with_us: bool,
     flag: LeaderFlag,
     rx: mpsc::Receiver<Msg>,
     tx: mpsc::Sender<Msg>,
@@ -152,6 +161,7 @@ impl Run {
                     let killed = m.killed();
                     if let Some(a) = agent.take_if(|a| a.pid() == pid) {
                         let status = a.reap();
+                        orphan::clear_mark(&self.dir, &self.pubkey, pid);
                         let event = match (by_us, status) {
                             (true, _) => AgentEvent::Stopped { pid, killed },
                             (false, Ok(s)) => {
@@ -175,13 +185,21 @@ impl Run {
     fn carry_out(&self, action: Action, agent: &mut Option<Agent>, inputs: &mut VecDeque<Input>) {
         match action {
             Action::Spawn => {
+                // A dead window's agent first (we have no child now).
+                let grace = self.cmd.timings.grace;
+                if let Some((pid, killed)) =
+                    orphan::stop_orphan(&self.dir, &self.pubkey, None, grace)
+                {
+                    self.report(AgentEvent::OrphanStopped { pid, killed });
+                }
                 let tx = self.tx.clone();
-                let spawned = Agent::spawn(&self.cmd, &self.id, move |pid| {
+                let spawned = Agent::spawn(&self.cmd, &self.id, self.dies_with_us, move |pid| {
                     let _ = tx.send(Msg::Exited(pid));
                 });
                 match spawned {
                     Ok(a) => {
                         let pid = a.pid();
+                        self.mark(pid);
                         *agent = Some(a);
                         self.report(AgentEvent::Started { pid });
                         inputs.push_back(Input::Spawned(pid));
@@ -206,6 +224,21 @@ impl Run {
                     a.kill();
                 }
             }
+        }
+    }
+
+    /// Names our new child in the agent mark, for a successor.
+    fn mark(&self, pid: u32) {
+        let Some(start) = orphan::start_time(pid) else {
+            return; // gone already: its exit is on the way
+        };
+        let mark = orphan::AgentMark {
+            instance_id: self.id.clone(),
+            pid,
+            start,
+        };
+        if let Err(e) = orphan::write_mark(&self.dir, &self.pubkey, &mark) {
+            tracing::warn!(pubkey = %self.pubkey, "cannot write the agent mark: {e}");
         }
     }
 
