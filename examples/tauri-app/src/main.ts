@@ -5,13 +5,14 @@ import { getCurrentWindow } from '@tauri-apps/api/window'
 import {
   LeaderGate,
   claim,
+  onAgent,
   status as leStatus,
   type ElectionStatus,
   type LeadershipChange
 } from 'tauri-plugin-leader-election-api'
 
 type Agent = { name: string; pubkey: string }
-type Config = { agents: Agent[]; feedDir: string; staleMs: number; refreshMs: number; turnMs: number; instanceId: string; pid: number }
+type Config = { agents: Agent[]; feedDir: string; staleMs: number; refreshMs: number; turnMs: number; instanceId: string; pid: number; supervised: string | null }
 type Mention = { id: string; agent: string; text: string; from: string; atMs: number }
 type Reply = { mention: string; agent: string; instanceId: string; atMs: number }
 
@@ -172,6 +173,8 @@ async function turn(agent: string): Promise<boolean> {
  * cancels the turn (the gate gives the mention back to the next leader).
  */
 async function work(agent: string): Promise<void> {
+  // A supervised agent process answers this agent's mentions, not turns here.
+  if (agent === config.supervised) return
   if (working.has(agent)) {
     rerun.add(agent)
     return
@@ -245,6 +248,15 @@ async function main(): Promise<void> {
   $('instance-id').textContent = config.instanceId
   $('pid').textContent = String(config.pid)
   gate = await LeaderGate.create()
+  if (config.supervised) {
+    // The supervised agent process of this window: its pid while it runs.
+    const el = $('agent-process')
+    el.closest('section')!.hidden = false
+    await onAgent((r) => {
+      el.dataset.pid = r.what === 'started' ? String(r.pid) : ''
+      el.textContent = r.what === 'started' ? `running, pid ${r.pid}` : `${r.what.replace('_', ' ')} (pid ${'pid' in r ? r.pid : '—'})`
+    })
+  }
   // Every change this window saw, for the end-to-end tests.
   const log: LeadershipChange[] = []
   ;(window as unknown as { __leaderLog: LeadershipChange[] }).__leaderLog = log

@@ -12,7 +12,12 @@
 //! * `BUZZ_DEMO_REFRESH_MS`, `BUZZ_DEMO_STALE_MS`, `BUZZ_DEMO_STAND_DOWN_MS`: timings;
 //! * `BUZZ_DEMO_TURN_MS`: how long a simulated agent turn takes (1500 ms);
 //! * `BUZZ_LEADER_LOCK_DIR`: the lock directory (default `~/.buzz/leader-locks`);
-//! * `BUZZ_DEMO_WINDOW_X`: the window's x position, to lay several side by side.
+//! * `BUZZ_DEMO_WINDOW_X`: the window's x position, to lay several side by side;
+//! * `BUZZ_DEMO_SUPERVISED`: an agent pubkey whose mentions a supervised
+//!   agent process answers instead of the window's turns: this executable
+//!   run as `--stand-in-agent <pubkey> <feed dir>`, only while the window
+//!   leads that agent (`Builder::supervise`), taking an instance lease as
+//!   upstream's harness does.
 
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
@@ -25,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use serde_json::{json, Value};
 use tauri::{AppHandle, Emitter, Manager, State};
-use tauri_plugin_leader_election::{LeaderElectionExt, ELECTION_ID_ENV};
+use tauri_plugin_leader_election::{AgentCommand, LeaderElectionExt, ELECTION_ID_ENV};
 
 const DEFAULT_AGENTS: [(&str, &str); 2] = [
     (
@@ -47,6 +52,8 @@ struct Agent {
 
 struct Demo {
     agents: Vec<Agent>,
+    /// The agent a supervised process answers for (`BUZZ_DEMO_SUPERVISED`).
+    supervised: Option<String>,
     feed_dir: PathBuf,
     stale_ms: u64,
     refresh_ms: u64,
@@ -104,6 +111,7 @@ fn demo_config(app: AppHandle, demo: State<'_, Demo>) -> Value {
         "staleMs": demo.stale_ms,
         "refreshMs": demo.refresh_ms,
         "turnMs": demo.turn_ms,
+        "supervised": demo.supervised,
         "instanceId": app.leader_election().instance_id(),
         "pid": std::process::id(),
     })
@@ -238,10 +246,68 @@ fn follow_feed(app: AppHandle, path: PathBuf) {
     }
 }
 
+/// `--stand-in-agent <pubkey> <feed dir>`: a stand-in for upstream's agent
+/// harness. It takes an exclusive, non-blocking lock on its instance lease
+/// (`<feed dir>/leases/<pubkey>.lease`) and exits 1 while another process
+/// holds it; then it answers every mention for `pubkey` published after it
+/// started, until it is terminated (SIGTERM ends it at once).
+fn stand_in_agent(pubkey: &str, feed_dir: &Path) -> i32 {
+    let leases = feed_dir.join("leases");
+    let lease = std::fs::create_dir_all(&leases).and_then(|()| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(leases.join(format!("{pubkey}.lease")))
+    });
+    let Ok(lease) = lease else { return 2 };
+    if fs4::FileExt::try_lock(&lease).is_err() {
+        eprintln!("another agent process is already active for {pubkey}");
+        return 1;
+    }
+    let id = std::env::var(ELECTION_ID_ENV).unwrap_or_default();
+    let mentions = feed_dir.join("mentions.jsonl");
+    let mut offset = std::fs::metadata(&mentions).map_or(0, |m| m.len());
+    let mut partial = Vec::new();
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let Ok(mut f) = std::fs::File::open(&mentions) else {
+            continue;
+        };
+        let mut buf = Vec::new();
+        if f.seek(SeekFrom::Start(offset)).is_err() || f.read_to_end(&mut buf).is_err() {
+            continue;
+        }
+        offset += buf.len() as u64;
+        partial.extend_from_slice(&buf);
+        while let Some(nl) = partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = partial.drain(..=nl).collect();
+            let Ok(m) = serde_json::from_slice::<Value>(&line) else {
+                continue;
+            };
+            if m["agent"].as_str() != Some(pubkey) {
+                continue;
+            }
+            let _ = append_line(
+                &feed_dir.join("replies.jsonl"),
+                &json!({"mention": m["id"], "agent": pubkey, "instanceId": id, "agentPid": std::process::id(), "atMs": unix_ms()}),
+            );
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--agent-child") {
         std::process::exit(child(args.get(2).map(String::as_str).unwrap_or("")));
+    }
+    if let ("--stand-in-agent", Some(pk), Some(dir)) = (
+        args.get(1).map(String::as_str).unwrap_or(""),
+        args.get(2),
+        args.get(3),
+    ) {
+        std::process::exit(stand_in_agent(pk, Path::new(dir)));
     }
 
     let agents: Vec<Agent> = match std::env::var("BUZZ_DEMO_AGENTS") {
@@ -268,6 +334,25 @@ fn main() {
 
     let mut plugin = tauri_plugin_leader_election::Builder::new()
         .agents(agents.iter().map(|a| a.pubkey.clone()));
+    let supervised = std::env::var("BUZZ_DEMO_SUPERVISED")
+        .ok()
+        .map(|pk| pk.trim().to_lowercase())
+        .filter(|pk| !pk.is_empty());
+    if let Some(pk) = &supervised {
+        let exe = std::env::current_exe().expect("the example's own executable");
+        let mut cmd = AgentCommand::new(
+            exe,
+            [
+                "--stand-in-agent".into(),
+                pk.clone(),
+                feed_dir.display().to_string(),
+            ],
+        );
+        cmd.timings.grace = Duration::from_secs(1);
+        cmd.timings.backoff_min = Duration::from_millis(50);
+        cmd.timings.backoff_max = Duration::from_secs(1);
+        plugin = plugin.supervise(pk.clone(), cmd);
+    }
     let mut refresh_ms = 5_000;
     let mut stale_ms = 10_000;
     if let Some(d) = env_ms("BUZZ_DEMO_REFRESH_MS") {
@@ -287,6 +372,7 @@ fn main() {
         .plugin(plugin.build())
         .manage(Demo {
             agents,
+            supervised,
             feed_dir,
             stale_ms,
             refresh_ms,
