@@ -16,8 +16,16 @@ use crate::error::Result;
 /// The supervisors of one window.
 #[derive(Debug)]
 pub(crate) struct Agents {
-    running: Mutex<HashMap<AgentPubkey, AgentSupervisor>>,
+    running: Mutex<Running>,
     reports: broadcast::Sender<AgentReport>,
+}
+
+/// The supervisors, and whether the window is shutting down (then no new
+/// one starts).
+#[derive(Debug, Default)]
+struct Running {
+    by_key: HashMap<AgentPubkey, AgentSupervisor>,
+    closed: bool,
 }
 
 impl Default for Agents {
@@ -39,7 +47,10 @@ impl Agents {
         cmd: AgentCommand,
     ) -> Result<()> {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(old) = running.remove(&pubkey) {
+        if running.closed {
+            return Err(nip_le::Error::ShutDown.into());
+        }
+        if let Some(old) = running.by_key.remove(&pubkey) {
             old.stop();
         }
         let sup = AgentSupervisor::start(elector, &pubkey, cmd)?;
@@ -62,7 +73,7 @@ impl Agents {
         if let Err(e) = forwarder {
             tracing::warn!("agent reports will not be forwarded: {e}");
         }
-        running.insert(pubkey, sup);
+        running.by_key.insert(pubkey, sup);
         Ok(())
     }
 
@@ -73,19 +84,22 @@ impl Agents {
             .running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .by_key
             .remove(pubkey);
         sup.map(AgentSupervisor::stop).is_some()
     }
 
-    /// Stops every agent.
+    /// Stops every agent, all at once (one grace in all, not one each),
+    /// and lets no new one start.
     pub(crate) fn stop_all(&self) {
-        let all: Vec<_> = self
-            .running
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
+        let all: Vec<_> = {
+            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            running.closed = true;
+            running.by_key.drain().map(|(_, s)| s).collect()
+        };
+        for s in &all {
+            s.request_stop();
+        }
         for s in all {
             s.stop();
         }

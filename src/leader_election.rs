@@ -23,6 +23,9 @@ use crate::{ClaimOutcome, ControlResult, QueuedEvent, TakeOutcome, Work};
 /// them off the main thread, as the plugin's commands do.
 #[derive(Clone, Debug)]
 pub struct LeaderElection {
+    /// Supervised agent processes (see [`crate::agents`]). First: dropped
+    /// (and so stopped) before the elector releases the locks.
+    agents: Arc<crate::agents::Agents>,
     elector: Arc<Elector>,
     /// The agents the builder named, joined at setup.
     launch_agents: Arc<[AgentPubkey]>,
@@ -32,8 +35,6 @@ pub struct LeaderElection {
     webview_agents: Arc<RwLock<BTreeSet<AgentPubkey>>>,
     /// The takes of each webview's page (see [`crate::turns`]).
     turns: Arc<crate::turns::Turns>,
-    /// Supervised agent processes (see [`crate::agents`]).
-    agents: Arc<crate::agents::Agents>,
 }
 
 fn key(pubkey: &str) -> Result<AgentPubkey> {

@@ -25,7 +25,8 @@ fn next(
 }
 
 #[test]
-fn the_supervised_agent_runs_while_the_window_leads_and_stops_when_it_releases() {
+fn the_supervised_agent_runs_while_the_window_leads_across_a_leave_and_a_join_and_stops_when_it_releases(
+) {
     let tmp = tempfile::tempdir().unwrap();
     let app = mock_builder()
         .plugin(Builder::new().lock_dir(tmp.path()).build())
@@ -40,6 +41,14 @@ fn the_supervised_agent_runs_while_the_window_leads_and_stops_when_it_releases()
     assert!(le.is_leader(&agent).unwrap(), "the only window leads");
     let AgentEvent::Started { pid } = next(&mut rx) else {
         panic!("not started")
+    };
+    // Leaving stops it; joining again (a webview may leave and join an
+    // allowed agent) starts it again: the supervisor follows the key.
+    le.leave(&agent).unwrap();
+    assert_eq!(next(&mut rx), AgentEvent::Stopped { pid, killed: false });
+    le.join(&agent).unwrap();
+    let AgentEvent::Started { pid } = next(&mut rx) else {
+        panic!("not started again after a new join")
     };
     le.release(&agent).unwrap();
     assert_eq!(next(&mut rx), AgentEvent::Stopped { pid, killed: false });

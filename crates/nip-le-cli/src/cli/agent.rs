@@ -59,16 +59,31 @@ impl AgentArgs {
     }
 }
 
+/// The supervised agent and the thread that forwards its reports.
+pub(super) struct Supervised {
+    sup: AgentSupervisor,
+    forwarder: std::thread::JoinHandle<()>,
+}
+
+impl Supervised {
+    /// Stops the agent, then waits until its last report (`stopped`) is
+    /// with the main loop.
+    pub(super) fn stop(self) {
+        self.sup.stop();
+        let _ = self.forwarder.join();
+    }
+}
+
 /// Starts the supervisor and forwards its reports to the main loop.
 pub(super) fn supervise(
     elector: &Elector,
     pubkey: &AgentPubkey,
     cmd: AgentCommand,
     tx: mpsc::Sender<Msg>,
-) -> Result<AgentSupervisor, nip_le::Error> {
+) -> Result<Supervised, nip_le::Error> {
     let sup = AgentSupervisor::start(elector, pubkey, cmd)?;
     let mut reports = sup.subscribe();
-    std::thread::spawn(move || {
+    let forwarder = std::thread::spawn(move || {
         use tokio::sync::broadcast::error::RecvError;
         loop {
             match reports.blocking_recv() {
@@ -88,7 +103,7 @@ pub(super) fn supervise(
             }
         }
     });
-    Ok(sup)
+    Ok(Supervised { sup, forwarder })
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use clap::Args;
-use nip_le::agent::AgentSupervisor;
 use nip_le::{AgentPubkey, Elector, InstanceId, LeadershipChange};
 use serde_json::Value;
 
@@ -257,7 +256,7 @@ fn send_claim_frame(relay: &Path, id: &InstanceId) -> std::io::Result<()> {
 /// The main loop: the one writer of stdout.
 fn serve(
     elector: Elector,
-    mut agent: Option<AgentSupervisor>,
+    mut agent: Option<super::agent::Supervised>,
     pubkey: AgentPubkey,
     relay: Option<&Path>,
     rx: mpsc::Receiver<Msg>,

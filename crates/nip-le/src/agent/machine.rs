@@ -36,6 +36,8 @@ pub enum Input {
     Spawned(u32),
     /// Starting the child failed (no such program, …).
     SpawnFailed,
+    /// The start was not made after all: we may no longer act.
+    SpawnCancelled,
     /// The child with this pid has exited (it is reaped by the shell).
     Exited(u32),
 }
@@ -123,6 +125,7 @@ impl AgentMachine {
                 self.state = State::Running { pid, since: now };
             }
             (State::Spawning, Input::SpawnFailed) => self.exited_early(now, Duration::ZERO),
+            (State::Spawning, Input::SpawnCancelled) => self.state = State::Idle,
             (State::Running { pid, since }, Input::Exited(p)) if p == pid => {
                 self.exited_early(now, now.saturating_duration_since(since));
             }
@@ -285,5 +288,18 @@ mod tests {
         m.step(Input::Spawned(3), true, t + 100 * MS);
         assert!(m.step(Input::Exited(99), true, t + 200 * MS).is_empty());
         assert!(matches!(m.state(), State::Running { pid: 3, .. }));
+    }
+
+    #[test]
+    fn a_start_cancelled_for_a_lost_lead_is_no_failure() {
+        let (mut m, t) = (m(), Instant::now());
+        assert_eq!(m.step(Input::Look, true, t), vec![Action::Spawn]);
+        assert!(m.step(Input::SpawnCancelled, false, t).is_empty());
+        assert_eq!(m.state(), State::Idle);
+        assert_eq!(
+            m.step(Input::Look, true, t),
+            vec![Action::Spawn],
+            "no backoff"
+        );
     }
 }

@@ -76,9 +76,13 @@ impl AgentCommand {
     }
 
     /// Checks the timings: every one positive, the backoff's bounds in
-    /// order, the poll at most a second.
+    /// order, none above an hour, the poll at most a second.
     pub fn validate(&self) -> Result<(), String> {
         let t = &self.timings;
+        let hour = Duration::from_secs(3600);
+        if t.grace > hour || t.backoff_max > hour {
+            return Err("agent grace and backoff must not exceed an hour".into());
+        }
         if self.program.is_empty() {
             return Err("the agent command is empty".into());
         }
@@ -172,8 +176,11 @@ mod tests {
         let mut c = ok.clone();
         c.timings.backoff_min = Duration::from_secs(60);
         assert!(c.validate().is_err());
-        let mut c = ok;
+        let mut c = ok.clone();
         c.poll = Duration::from_secs(5);
         assert!(c.validate().is_err());
+        let mut c = ok;
+        c.timings.grace = Duration::MAX;
+        assert!(c.validate().is_err(), "never an Instant overflow");
     }
 }

@@ -6,7 +6,11 @@
 //! window, the agent's pid and the process's start time; and before a
 //! successor starts its own agent it stops the one the mark names, if a
 //! process with that pid *and that start time* still runs (a recycled pid
-//! has another start time, and is left alone).
+//! has another start time, and is left alone), the mark is of this boot,
+//! and (Linux) the process carries the mark's election id in its
+//! environment. A mark naming pid 0 or 1, our own process or our parent is
+//! ignored, and a process group is signalled only when the process leads
+//! it.
 //!
 //! The mark is a file of its own rather than extension fields of the
 //! record: a harness child that carries the window's id rewrites the
@@ -34,6 +38,9 @@ pub struct AgentMark {
     pub pid: u32,
     /// Its start time ([`start_time`]), the guard against a recycled pid.
     pub start: u64,
+    /// The boot it ran in (Linux counts start times from the boot).
+    #[serde(default)]
+    pub boot: Option<String>,
 }
 
 /// `<dir>/<pubkey>.agent`.
@@ -44,8 +51,9 @@ pub fn mark_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
 /// Writes the mark whole (beside it, then renamed over it).
 pub fn write_mark(dir: &Path, pubkey: &AgentPubkey, mark: &AgentMark) -> std::io::Result<()> {
     let path = mark_path(dir, pubkey);
-    let next = dir.join(format!(".{pubkey}.agent.new"));
-    let _ = std::fs::remove_file(&next);
+    // A name of our own: two writers never touch each other's.
+    let rand = uuid::Uuid::new_v4().simple();
+    let next = dir.join(format!(".{pubkey}.agent.{rand}.new"));
     let bytes = serde_json::to_vec(mark).map_err(std::io::Error::other)?;
     let r = (|| {
         let mut f = open_regular_file(&next, Create::New)?;
@@ -87,10 +95,10 @@ pub fn stop_orphan(
     grace: Duration,
 ) -> Option<(u32, bool)> {
     let m = read_mark(dir, pubkey)?;
-    if Some(m.pid) == ours || !same_process(m.pid, m.start) {
+    if Some(m.pid) == ours || !may_signal(&m) || !same_process(m.pid, m.start) {
         return None;
     }
-    tracing::warn!(%pubkey, pid = m.pid, window = %m.instance_id, "stopping the agent of a window that is gone");
+    tracing::warn!(%pubkey, pid = m.pid, window = %m.instance_id, "stopping the agent a mark names: its window no longer leads");
     signal(m.pid, false);
     let killed = !wait_gone(m.pid, m.start, grace);
     if killed {
@@ -98,6 +106,53 @@ pub fn stop_orphan(
         wait_gone(m.pid, m.start, Duration::from_secs(1));
     }
     Some((m.pid, killed))
+}
+
+/// Whether the mark may name a process we would signal at all: not pid 0
+/// or 1, not us or our parent, of this boot, and (Linux) an agent process
+/// given the mark's election id.
+fn may_signal(m: &AgentMark) -> bool {
+    if m.pid <= 1 || m.pid == std::process::id() || Some(m.pid) == parent_pid() {
+        return false;
+    }
+    let here = crate::host::here().boot.as_deref();
+    if here.is_some() && m.boot.as_deref() != here {
+        return false;
+    }
+    carries_id(m.pid, &m.instance_id)
+}
+
+#[cfg(unix)]
+fn parent_pid() -> Option<u32> {
+    // SAFETY: getppid cannot fail.
+    u32::try_from(unsafe { libc::getppid() }).ok()
+}
+
+#[cfg(not(unix))]
+fn parent_pid() -> Option<u32> {
+    None
+}
+
+/// Linux: whether `pid`'s environment holds
+/// `BUZZ_INSTANCE_ELECTION_ID=<id>` (read capped at 1 MiB), as every agent a
+/// supervisor starts does. Elsewhere the start time is the guard.
+#[cfg(target_os = "linux")]
+fn carries_id(pid: u32, id: &str) -> bool {
+    use std::io::Read;
+    let Ok(f) = std::fs::File::open(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let mut env = Vec::new();
+    if f.take(1 << 20).read_to_end(&mut env).is_err() {
+        return false;
+    }
+    let want = format!("{}={id}", crate::identity::ELECTION_ID_ENV);
+    env.split(|b| *b == 0).any(|v| v == want.as_bytes())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn carries_id(_pid: u32, _id: &str) -> bool {
+    true
 }
 
 /// Whether a process `pid` that started at `start` still runs.
@@ -123,10 +178,13 @@ fn signal(pid: u32, kill: bool) {
     if let Ok(p) = libc::pid_t::try_from(pid) {
         if p > 0 {
             let sig = if kill { libc::SIGKILL } else { libc::SIGTERM };
-            // SAFETY: kill(2); its start time was checked just before, and
-            // the orphan leads its own process group (see `process`).
+            // SAFETY: kill(2) of a process whose start time, boot and id
+            // were checked just before; its group only when it leads it
+            // (as every agent a supervisor starts does).
             unsafe {
-                libc::kill(-p, sig);
+                if libc::getpgid(p) == p {
+                    libc::kill(-p, sig);
+                }
                 libc::kill(p, sig);
             }
         }
@@ -274,15 +332,48 @@ mod tests {
         // alone; so is our own child.
         let mut sleeper = std::process::Command::new("sleep")
             .arg("30")
+            .env(crate::identity::ELECTION_ID_ENV, "w")
             .spawn()
             .unwrap();
         let pid = sleeper.id();
         let start = start_time(pid).unwrap();
+        let boot = crate::host::here().boot.clone();
         let mark = |start| AgentMark {
             instance_id: "w".into(),
             pid,
             start,
+            boot: boot.clone(),
         };
+        // Not an agent of that window (Linux), another boot, pid 1, us: all
+        // left alone.
+        for m in [
+            AgentMark {
+                instance_id: "other".into(),
+                ..mark(start)
+            },
+            AgentMark {
+                boot: Some("another boot".into()),
+                ..mark(start)
+            },
+            AgentMark {
+                pid: 1,
+                start: start_time(1).unwrap_or(0),
+                ..mark(start)
+            },
+            AgentMark {
+                pid: std::process::id(),
+                start: start_time(std::process::id()).unwrap(),
+                ..mark(start)
+            },
+        ] {
+            write_mark(dir, &pk(), &m).unwrap();
+            assert_eq!(
+                stop_orphan(dir, &pk(), None, Duration::from_millis(50)),
+                None,
+                "{m:?}"
+            );
+        }
+        assert!(sleeper.try_wait().unwrap().is_none());
         write_mark(dir, &pk(), &mark(start + 1)).unwrap();
         assert_eq!(
             stop_orphan(dir, &pk(), None, Duration::from_millis(100)),

@@ -32,15 +32,21 @@ impl Agent {
         // its streams go to our stderr.
         c.stdout(stderr_copy()?);
         prepare(&mut c, dies_with_us);
-        let child = c.spawn()?;
+        let mut child = c.spawn()?;
         let pid = child.id();
         let waiter = wait_handle(&child);
-        std::thread::Builder::new()
+        let watched = std::thread::Builder::new()
             .name("nip-le-agent-wait".into())
             .spawn(move || {
                 wait_exit(pid, waiter);
                 exited(pid);
-            })?;
+            });
+        if let Err(e) = watched {
+            // Unwatched, it would run unsupervised: end it.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
         Ok(Self { child })
     }
 
@@ -67,8 +73,12 @@ impl Agent {
         let _ = self.child.kill();
     }
 
-    /// Reaps it (it has exited) and returns how it ended.
+    /// Reaps it (it has exited) and returns how it ended. First, on Unix,
+    /// whatever it left running in its process group is killed (its pid,
+    /// and so the group's id, is still ours until the reap).
     pub(super) fn reap(mut self) -> std::io::Result<ExitStatus> {
+        #[cfg(unix)]
+        signal_group(self.pid(), libc::SIGKILL);
         self.child.wait()
     }
 }
@@ -134,8 +144,13 @@ fn prepare(c: &mut Command, dies_with_us: bool) {
     }
 }
 
-#[cfg(not(unix))]
-fn prepare(_c: &mut Command, _dies_with_us: bool) {}
+/// Windows: no console window for a console program started by a GUI app.
+#[cfg(windows)]
+fn prepare(c: &mut Command, _dies_with_us: bool) {
+    use std::os::windows::process::CommandExt;
+    const CREATE_NO_WINDOW: u32 = 0x0800_0000;
+    c.creation_flags(CREATE_NO_WINDOW);
+}
 
 #[cfg(unix)]
 fn signal_group(pid: u32, sig: i32) {

@@ -1,6 +1,7 @@
 //! The supervisor's thread: it feeds the rules ([`AgentMachine`]) with the
-//! leadership (a [`LeaderFlag`] read at every wake-up and every `poll`) and
-//! the child's exits, and carries out what they decide.
+//! leadership (looked up at every wake-up and every `poll`, so it follows
+//! the key across a leave and a new join) and the child's exits, and
+//! carries out what they decide.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -15,7 +16,7 @@ use super::machine::{Action, AgentMachine, Input, State};
 use super::orphan;
 use super::process::{self, Agent};
 use super::{AgentCommand, AgentEvent, AgentReport};
-use crate::elector::{Elector, LeaderFlag};
+use crate::elector::{Elector, LeaderView};
 use crate::error::{Error, Result};
 use crate::pubkey::AgentPubkey;
 
@@ -26,7 +27,9 @@ enum Msg {
 
 /// A leader-gated agent process for one agent key (see [`super`]).
 /// Dropping it (or [`AgentSupervisor::stop`]) stops the child and waits
-/// for it (at most the grace).
+/// for it: the grace and a poll, plus the grace and a second while a dead
+/// window's agent is being stopped, and for as long as a SIGKILLed child
+/// takes to exit.
 #[derive(Debug)]
 pub struct AgentSupervisor {
     tx: mpsc::Sender<Msg>,
@@ -50,7 +53,10 @@ impl AgentSupervisor {
     /// command runs while the elector may act for the key.
     pub fn start(elector: &Elector, pubkey: &AgentPubkey, cmd: AgentCommand) -> Result<Self> {
         cmd.validate().map_err(Error::AgentCommand)?;
-        let flag = elector.leader_flag(pubkey)?;
+        // Joined now (an error otherwise); followed across a leave and a
+        // new join from then on.
+        elector.leader_flag(pubkey)?;
+        let flag = elector.leader_view(pubkey);
         let id = elector.instance_id().as_str().to_owned();
         let config = elector.config();
         let (tx, rx) = mpsc::channel();
@@ -92,6 +98,12 @@ impl AgentSupervisor {
         self.shut();
     }
 
+    /// Asks the supervisor to stop without waiting: stop several at once,
+    /// then drop (or [`AgentSupervisor::stop`]) each to wait.
+    pub fn request_stop(&self) {
+        let _ = self.tx.send(Msg::Stop);
+    }
+
     fn shut(&mut self) {
         let _ = self.tx.send(Msg::Stop);
         if let Some(t) = self.thread.take() {
@@ -115,7 +127,7 @@ struct Run {
     dir: PathBuf,
     /// Linux's native backend: the kernel kills the child with us.
     dies_with_us: bool,
-    flag: LeaderFlag,
+    flag: LeaderView,
     rx: mpsc::Receiver<Msg>,
     tx: mpsc::Sender<Msg>,
     events: broadcast::Sender<AgentReport>,
@@ -131,7 +143,7 @@ impl Run {
             let may_act = !stopping && self.flag.is_leader();
             while let Some(input) = inputs.pop_front() {
                 for action in m.step(input, may_act, Instant::now()) {
-                    self.carry_out(action, &mut agent, &mut inputs);
+                    self.carry_out(action, &mut agent, &mut inputs, stopping);
                 }
             }
             if stopping && matches!(m.state(), State::Idle) {
@@ -182,7 +194,13 @@ impl Run {
         }
     }
 
-    fn carry_out(&self, action: Action, agent: &mut Option<Agent>, inputs: &mut VecDeque<Input>) {
+    fn carry_out(
+        &self,
+        action: Action,
+        agent: &mut Option<Agent>,
+        inputs: &mut VecDeque<Input>,
+        stopping: bool,
+    ) {
         match action {
             Action::Spawn => {
                 // A dead window's agent first (we have no child now).
@@ -191,6 +209,11 @@ impl Run {
                     orphan::stop_orphan(&self.dir, &self.pubkey, None, grace)
                 {
                     self.report(AgentEvent::OrphanStopped { pid, killed });
+                    // That took a while: we may no longer act.
+                    if stopping || !self.flag.is_leader() {
+                        inputs.push_back(Input::SpawnCancelled);
+                        return;
+                    }
                 }
                 let tx = self.tx.clone();
                 let spawned = Agent::spawn(&self.cmd, &self.id, self.dies_with_us, move |pid| {
@@ -236,6 +259,7 @@ impl Run {
             instance_id: self.id.clone(),
             pid,
             start,
+            boot: crate::host::here().boot.clone(),
         };
         if let Err(e) = orphan::write_mark(&self.dir, &self.pubkey, &mark) {
             tracing::warn!(pubkey = %self.pubkey, "cannot write the agent mark: {e}");

@@ -79,7 +79,9 @@ pub enum Backend {
     /// there: one presence file per elector (an exclusive `flock` and a
     /// `.info` body), the `notify` crate's directory watch, one polling
     /// thread per watched holder (stopped when the key is left), no
-    /// `pidfd` and no boot id in records.
+    /// `pidfd`, no boot id in records (as on Windows; macOS writes its
+    /// own), and supervised agents that are not killed with their window
+    /// but stopped by its successor ([`crate::agent`]).
     Portable,
 }
 

@@ -233,6 +233,15 @@ impl Elector {
         self.shared.snapshot.is_leader(pubkey)
     }
 
+    /// Whether we lead `pubkey` now, looked up on every call: unlike a
+    /// [`LeaderFlag`] it follows the key across a leave and a new join.
+    pub(crate) fn leader_view(&self, pubkey: &AgentPubkey) -> LeaderView {
+        LeaderView {
+            shared: Arc::clone(&self.shared),
+            pubkey: *pubkey,
+        }
+    }
+
     /// A handle whose [`LeaderFlag::is_leader`] is one or two atomic loads.
     pub fn leader_flag(&self, pubkey: &AgentPubkey) -> Result<LeaderFlag> {
         self.shared
@@ -453,3 +462,17 @@ impl Drop for Elector {
 
 #[cfg(test)]
 mod tests;
+
+/// See [`Elector::leader_view`].
+#[derive(Debug, Clone)]
+pub(crate) struct LeaderView {
+    shared: Arc<Shared>,
+    pubkey: AgentPubkey,
+}
+
+impl LeaderView {
+    /// Whether we lead the key now (false while it is not joined).
+    pub(crate) fn is_leader(&self) -> bool {
+        self.shared.snapshot.is_leader(&self.pubkey)
+    }
+}

@@ -204,7 +204,15 @@ impl NotifyWatch {
     fn start<C: Send + 'static>(dir: &Path, mailbox: Mailbox<C>) -> std::io::Result<Self> {
         use notify::{EventKind, RecursiveMode, Watcher};
         let handler = move |res: notify::Result<notify::Event>| {
-            let Ok(ev) = res else { return };
+            // An error or a rescan (a queue overflowed, FSEvents dropped
+            // events): look at every key, as inotify's overflow does.
+            let ev = match res {
+                Ok(ev) if !ev.need_rescan() => ev,
+                _ => {
+                    let _ = mailbox.send(Msg::All);
+                    return;
+                }
+            };
             if matches!(ev.kind, EventKind::Access(_)) {
                 return;
             }

@@ -60,6 +60,9 @@ pub(crate) enum Msg<C> {
     /// Look at this key again (a file event or a holder's death reported by
     /// a helper thread).
     Key(AgentPubkey),
+    /// Events were lost (the `notify` watcher failed or asks for a
+    /// rescan): look at every key.
+    All,
     /// A holder is gone: its presence file was removed (reported by the
     /// `notify` watcher) or its holder poll found it gone.
     PresenceGone(String),
@@ -256,6 +259,7 @@ impl<C: Send + 'static> WakeSources<C> {
                     out.keys.insert(k);
                 }
                 Msg::PresenceGone(token) => out.gone.push(token),
+                Msg::All => out.all = true,
             }
         }
         // A watched holder that left without exiting (or whose holder poll
