@@ -1,6 +1,6 @@
 //! The rules of a leader-gated agent process, pure: whether the window may
 //! act and what its child did go in, with the time; what to do with the
-//! child comes out. The shell ([`super::supervisor`]) only spawns, signals
+//! child comes out. The shell ([`super::AgentSupervisor`]) only spawns, signals
 //! and reaps.
 //!
 //! * The child runs only while we may act: it is started when we may, and

@@ -18,7 +18,7 @@
 //!   ([`orphan`]): see `docs/platforms.md`.
 //!
 //! The rules are the pure [`machine::AgentMachine`]; this module and
-//! [`supervisor`] only spawn, signal and reap.
+//! [`AgentSupervisor`] only spawn, signal and reap.
 
 pub mod machine;
 pub mod orphan;
