@@ -309,8 +309,20 @@ impl Builder {
             ])
             .setup(move |app, _api| {
                 let le = self.start()?;
-                forward_changes(app.clone(), le.subscribe());
-                forward_agent_reports(app.clone(), le.subscribe_agents());
+                // Every engine change as CHANGED_EVENT, every supervised
+                // agent's report as AGENT_EVENT.
+                forward(
+                    app.clone(),
+                    le.subscribe(),
+                    CHANGED_EVENT,
+                    "leader-election-events",
+                );
+                forward(
+                    app.clone(),
+                    le.subscribe_agents(),
+                    AGENT_EVENT,
+                    "leader-election-agent-events",
+                );
                 le.join_launch_agents()?;
                 for (pubkey, cmd) in &self.supervised {
                     le.supervise_agent(pubkey, cmd.clone())?;
@@ -369,53 +381,31 @@ pub fn init<R: Runtime>() -> TauriPlugin<R> {
     Builder::new().build()
 }
 
-/// Emits every supervised agent's report to every webview as
-/// [`AGENT_EVENT`].
-fn forward_agent_reports<R: Runtime>(
+/// Emits every report of `rx` to every webview as `event`, from a thread
+/// of its own, until the sender is gone.
+fn forward<R: Runtime, T: serde::Serialize + Clone + Send + 'static>(
     app: tauri::AppHandle<R>,
-    mut rx: tokio::sync::broadcast::Receiver<nip_le::agent::AgentReport>,
+    mut rx: tokio::sync::broadcast::Receiver<T>,
+    event: &'static str,
+    thread: &str,
 ) {
     use tokio::sync::broadcast::error::RecvError;
     let spawned = std::thread::Builder::new()
-        .name("leader-election-agent-events".into())
-        .spawn(move || loop {
-            match rx.blocking_recv() {
-                Ok(r) => {
-                    if let Err(e) = app.emit(AGENT_EVENT, r) {
-                        tracing::warn!("cannot emit {AGENT_EVENT}: {e}");
-                    }
-                }
-                Err(RecvError::Lagged(n)) => tracing::warn!("{n} agent reports dropped"),
-                Err(RecvError::Closed) => return,
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::error!("cannot start the agent event thread: {e}");
-    }
-}
-
-/// Emits every engine change to every webview as [`CHANGED_EVENT`].
-fn forward_changes<R: Runtime>(
-    app: tauri::AppHandle<R>,
-    mut rx: tokio::sync::broadcast::Receiver<nip_le::LeadershipChange>,
-) {
-    use tokio::sync::broadcast::error::RecvError;
-    let spawned = std::thread::Builder::new()
-        .name("leader-election-events".into())
+        .name(thread.into())
         .spawn(move || loop {
             match rx.blocking_recv() {
                 Ok(c) => {
-                    if let Err(e) = app.emit(CHANGED_EVENT, c) {
-                        tracing::warn!("cannot emit {CHANGED_EVENT}: {e}");
+                    if let Err(e) = app.emit(event, c) {
+                        tracing::warn!("cannot emit {event}: {e}");
                     }
                 }
                 Err(RecvError::Lagged(n)) => {
-                    tracing::warn!("{n} leadership changes dropped; status() has the current view")
+                    tracing::warn!("{n} {event} events dropped; status() has the current view")
                 }
                 Err(RecvError::Closed) => return,
             }
         });
     if let Err(e) = spawned {
-        tracing::error!("cannot start the leadership event thread: {e}");
+        tracing::error!("cannot start the {event} thread: {e}");
     }
 }

@@ -4,39 +4,14 @@
 //! other. A file of its own: `init()` reads the lock directory from
 //! `BUZZ_LEADER_LOCK_DIR`, which this process points at a temporary one.
 
-use serde_json::{json, Value};
-use tauri::ipc::{CallbackFn, InvokeBody};
-use tauri::test::{
-    get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY,
-};
+use serde_json::json;
+use tauri::test::{mock_builder, mock_context, noop_assets};
 use tauri::utils::acl::ExecutionContext;
-use tauri::webview::InvokeRequest;
-use tauri::WebviewWindow;
 use tauri_plugin_leader_election::LeaderElectionExt;
 
-/// Invokes a plugin command the way a webview does (every command granted,
-/// as `leader-election:default` does).
-fn invoke(webview: &WebviewWindow<MockRuntime>, cmd: &str, args: Value) -> Result<Value, Value> {
-    get_ipc_response(
-        webview,
-        InvokeRequest {
-            cmd: format!("plugin:leader-election|{cmd}"),
-            callback: CallbackFn(0),
-            error: CallbackFn(1),
-            url: if cfg!(windows) {
-                "http://tauri.localhost"
-            } else {
-                "tauri://localhost"
-            }
-            .parse()
-            .unwrap(),
-            body: InvokeBody::Json(args),
-            headers: Default::default(),
-            invoke_key: INVOKE_KEY.to_string(),
-        },
-    )
-    .map(|b| b.deserialize::<Value>().unwrap())
-}
+mod webview;
+
+use webview::invoke_on;
 
 #[test]
 fn init_lets_webviews_act_on_the_agents_the_app_joins_or_allows_and_no_other() {
@@ -63,30 +38,30 @@ fn init_lets_webviews_act_on_the_agents_the_app_joins_or_allows_and_no_other() {
     let (joined, learned, stranger) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
 
     // Nothing at launch: a webview may act on no agent.
-    let e = invoke(&w, "join", json!({"pubkey": learned})).unwrap_err();
+    let e = invoke_on(&w, "join", json!({"pubkey": learned})).unwrap_err();
     assert_eq!(e["kind"], "notAllowed", "{e}");
 
     // An agent the app joins from Rust (after login): the webview works it.
     assert!(le.join(&joined).unwrap());
     assert_eq!(
-        invoke(&w, "claim", json!({"pubkey": joined})).unwrap(),
+        invoke_on(&w, "claim", json!({"pubkey": joined})).unwrap(),
         "already_leader"
     );
-    let take = invoke(&w, "take", json!({"pubkey": joined, "eventId": "e1"})).unwrap();
+    let take = invoke_on(&w, "take", json!({"pubkey": joined, "eventId": "e1"})).unwrap();
     assert_eq!(take["outcome"], "granted", "{take}");
     assert_eq!(
-        invoke(&w, "done", json!({"pubkey": joined, "eventId": "e1"})).unwrap(),
+        invoke_on(&w, "done", json!({"pubkey": joined, "eventId": "e1"})).unwrap(),
         true
     );
 
     // An agent the app allows: the webview joins it itself.
     le.allow_agent(&learned.to_uppercase()).unwrap();
     assert_eq!(
-        invoke(&w, "join", json!({"pubkey": learned})).unwrap(),
+        invoke_on(&w, "join", json!({"pubkey": learned})).unwrap(),
         true
     );
     assert_eq!(
-        invoke(
+        invoke_on(
             &w,
             "owed",
             json!({"pubkey": learned, "queue": [{"id": "e2"}]})
@@ -96,14 +71,14 @@ fn init_lets_webviews_act_on_the_agents_the_app_joins_or_allows_and_no_other() {
     );
 
     // Any other stays denied, and touches no file.
-    let e = invoke(&w, "join", json!({"pubkey": stranger})).unwrap_err();
+    let e = invoke_on(&w, "join", json!({"pubkey": stranger})).unwrap_err();
     assert_eq!(e["kind"], "notAllowed", "{e}");
     assert!(!tmp.path().join(format!("{stranger}.lock")).exists());
 
     // Disallowed again: denied to the webview, still joined for the app.
     assert!(le.disallow_agent(&learned).unwrap());
     assert!(!le.disallow_agent(&learned).unwrap(), "once");
-    let e = invoke(&w, "release", json!({"pubkey": learned})).unwrap_err();
+    let e = invoke_on(&w, "release", json!({"pubkey": learned})).unwrap_err();
     assert_eq!(e["kind"], "notAllowed", "{e}");
     assert!(le.is_leader(&learned).unwrap());
 

@@ -6,14 +6,14 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tauri::ipc::{CallbackFn, InvokeBody};
-use tauri::test::{
-    get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY,
-};
+use tauri::test::{mock_builder, mock_context, noop_assets, MockRuntime};
 use tauri::utils::acl::ExecutionContext;
-use tauri::webview::InvokeRequest;
 use tauri::{App, Listener, WebviewWindow};
 use tauri_plugin_leader_election::{Builder, LeaderElectionExt, CHANGED_EVENT};
+
+mod webview;
+
+use webview::invoke_on;
 
 const KEY: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
 
@@ -74,29 +74,6 @@ fn window(dir: &std::path::Path, id: &str, agents: &[&str]) -> Window {
         webview,
         events,
     }
-}
-
-/// Invokes a plugin command the way a webview does (ACL included).
-fn invoke_on(webview: &WebviewWindow<MockRuntime>, cmd: &str, args: Value) -> Result<Value, Value> {
-    get_ipc_response(
-        webview,
-        InvokeRequest {
-            cmd: format!("plugin:leader-election|{cmd}"),
-            callback: CallbackFn(0),
-            error: CallbackFn(1),
-            url: if cfg!(windows) {
-                "http://tauri.localhost"
-            } else {
-                "tauri://localhost"
-            }
-            .parse()
-            .unwrap(),
-            body: InvokeBody::Json(args),
-            headers: Default::default(),
-            invoke_key: INVOKE_KEY.to_string(),
-        },
-    )
-    .map(|b| b.deserialize::<Value>().unwrap())
 }
 
 impl Window {

@@ -9,6 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use nip_le::{AgentPubkey, Config, Elector, InstanceId, Mode, QueuedEvent, TakeOutcome};
 
+mod common;
+
+use common::wait_until;
+
 fn pk() -> AgentPubkey {
     AgentPubkey::parse(&"5".repeat(64)).unwrap()
 }
@@ -20,17 +24,6 @@ fn config(dir: &std::path::Path) -> Config {
     c.stale = Duration::from_secs(120);
     c.stand_down = Duration::from_secs(60);
     c
-}
-
-fn wait_until(mut f: impl FnMut() -> bool) -> bool {
-    let end = std::time::Instant::now() + Duration::from_secs(5);
-    while std::time::Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    false
 }
 
 fn q(ids: &[&str]) -> Vec<QueuedEvent> {
