@@ -27,7 +27,13 @@ import {
 } from './harness.mjs'
 
 before(() => launch(3, { BUZZ_DEMO_SUPERVISED: SCOUT }, 'agent'))
-after(teardown)
+after(async () => {
+  await teardown()
+  // A window ended by teardown without a graceful exit leaves its agent
+  // running on the portable backend when no successor is left to stop it
+  // (docs/known-limits.md): end what this suite started.
+  for (const pid of agentPids()) process.kill(pid, 'SIGKILL')
+})
 
 /** The pids of the stand-in agents of this suite that run now (zombies excluded). */
 function agentPids() {
