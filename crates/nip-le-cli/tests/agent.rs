@@ -124,13 +124,6 @@ impl Drop for Strays {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
 #[test]
 fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     let s = Scratch::new();
@@ -171,7 +164,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
         std::thread::spawn(move || {
             let mut n = 0;
             while publishing.load(Ordering::SeqCst) {
-                let line = format!("{{\"id\":\"m{n}\",\"at_ms\":{}}}\n", now_ms());
+                let line = format!("{{\"id\":\"m{n}\",\"at_ms\":{}}}\n", nip_le_cli::unix_ms());
                 use std::io::Write;
                 std::fs::OpenOptions::new()
                     .append(true)
@@ -196,7 +189,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
         wait_until(Duration::from_secs(2), || dead(agent)),
         "the old leader's agent was stopped"
     );
-    let t = now_ms();
+    let t = nip_le_cli::unix_ms();
     let (l, a) = serving(&insts, &replies, t, deadline);
     assert_eq!(l, claimer, "the claimer serves");
     (leader, agent) = (l, a);
@@ -208,7 +201,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
         wait_until(deadline, || dead(agent)),
         "the SIGKILLed window's agent kept running"
     );
-    let t = now_ms();
+    let t = nip_le_cli::unix_ms();
     let (l, a) = serving(&insts, &replies, t, deadline);
     // Native Linux: the kernel killed it with its window. Portable (what
     // macOS and Windows run): the successor stopped it, named by the mark.
@@ -226,7 +219,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
         unsafe { libc::kill(agent as i32, sig) };
         // SIGTERM lets it answer what it is reading: wait until it is gone.
         assert!(wait_until(Duration::from_secs(2), || dead(agent)));
-        let t = now_ms();
+        let t = nip_le_cli::unix_ms();
         let (l, a) = serving(&insts, &replies, t, deadline);
         assert_eq!(l, leader, "the leader did not change");
         assert_ne!(a, agent, "a new agent process");
@@ -243,7 +236,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     assert!(agent_events(&insts[leader])
         .iter()
         .any(|(_, e)| matches!(e, AgentEvent::Stopped { pid, killed: false } if *pid == agent)));
-    let t = now_ms();
+    let t = nip_le_cli::unix_ms();
     let (l, last) = serving(&insts, &replies, t, deadline);
     assert_ne!(l, leader);
     let last_started = agent_events(&insts[l])
@@ -257,7 +250,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     std::thread::sleep(Duration::from_millis(500));
     publishing.store(false, Ordering::SeqCst);
     publisher.join().unwrap();
-    let stopped_publishing = now_ms();
+    let stopped_publishing = nip_le_cli::unix_ms();
     std::thread::sleep(Duration::from_millis(300));
 
     // Once the last agent runs, every mention is answered (the stand-in

@@ -14,7 +14,6 @@
 //! follows a symlink at the destination) and read with the same caps and
 //! no-follow rules as the lock file.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -186,14 +185,7 @@ pub fn write_lead_request(path: &Path, req: &LeadRequest) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(".claim-{}", uuid::Uuid::new_v4().simple()));
     let body = serde_json::to_vec(req).expect("strings and an integer always serialise");
-    let written = crate::lockfile::open_regular_file(&tmp, crate::lockfile::Create::New)
-        .and_then(|mut f| f.write_all(&body))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    Ok(())
+    crate::lockfile::replace_whole(&tmp, path, &body).map_err(|e| Error::io(path, e))
 }
 
 /// Removes the request if it is still the one with `nonce` (a newer request

@@ -90,6 +90,20 @@ pub(crate) fn open_options(create: Create) -> OpenOptions {
     o
 }
 
+/// Replaces `path` whole: `bytes` written to `tmp` (a fresh name beside
+/// it, created exclusively, never through a symlink), then renamed over
+/// `path` (a rename never follows a symlink at its destination). `tmp` is
+/// removed if anything fails. Not synced: for files a power cut may take.
+pub(crate) fn replace_whole(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let written = open_regular_file(tmp, Create::New)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::rename(tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    written
+}
+
 /// Opens with [`open_options`] and refuses anything but a regular file.
 pub(crate) fn open_regular_file(path: &Path, create: Create) -> std::io::Result<File> {
     let f = open_options(create).open(path)?;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::lockfile::{open_regular_file, read_prefix, Create};
+use crate::lockfile::{open_regular_file, read_prefix, replace_whole, Create};
 use crate::pubkey::AgentPubkey;
 
 /// Largest mark read.
@@ -55,15 +55,7 @@ pub fn write_mark(dir: &Path, pubkey: &AgentPubkey, mark: &AgentMark) -> std::io
     let rand = uuid::Uuid::new_v4().simple();
     let next = dir.join(format!(".{pubkey}.agent.{rand}.new"));
     let bytes = serde_json::to_vec(mark).map_err(std::io::Error::other)?;
-    let r = (|| {
-        let mut f = open_regular_file(&next, Create::New)?;
-        std::io::Write::write_all(&mut f, &bytes)?;
-        std::fs::rename(&next, &path)
-    })();
-    if r.is_err() {
-        let _ = std::fs::remove_file(&next);
-    }
-    r
+    replace_whole(&next, &path, &bytes)
 }
 
 /// The mark on file, if one parses.

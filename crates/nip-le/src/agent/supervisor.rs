@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 use tokio::sync::broadcast;
 
@@ -267,9 +267,7 @@ impl Run {
     }
 
     fn report(&self, event: AgentEvent) {
-        let at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let at_ms = crate::elector::writer_unix_ms(SystemTime::now());
         let _ = self.events.send(AgentReport {
             pubkey: self.pubkey,
             at_ms,

@@ -59,7 +59,6 @@ pub(crate) use store::Updated;
 pub(crate) use wake::Woken as Wake;
 #[cfg(feature = "sim")]
 pub(crate) use world::{PresenceLock, World};
-#[cfg(feature = "etcd")]
 pub(crate) use writer::unix_ms as writer_unix_ms;
 #[cfg(feature = "sim")]
 pub(crate) use writer::WorkReply;

@@ -117,15 +117,7 @@ impl Presence {
         let info = info_path(&self.dir, &self.token);
         let next = self.dir.join(format!(".{}.info.new", self.token));
         let _ = std::fs::remove_file(&next);
-        let r = (|| {
-            let mut f = open_regular_file(&next, Create::New)?;
-            std::io::Write::write_all(&mut f, &body)?;
-            std::fs::rename(&next, &info)
-        })();
-        if r.is_err() {
-            let _ = std::fs::remove_file(&next);
-        }
-        r.map_err(|e| Error::io(&info, e))
+        crate::lockfile::replace_whole(&next, &info, &body).map_err(|e| Error::io(&info, e))
     }
 
     /// Lists `keys` as the elections we take part in (rewritten in place
