@@ -2,7 +2,7 @@
 //! minutes each, in virtual time, against the real writers. A failing
 //! seed prints the command that replays it.
 
-use nip_le_cli::lab::sim::{run_seeds, Cluster, FaultKind, Policy, SimArgs, Summary};
+use nip_le_cli::lab::sim::{run_seeds, Cluster, ExtraKind, FaultKind, Policy, SimArgs, Summary};
 
 fn args(cluster: Cluster, seeds: u64, first: u64, without: Vec<FaultKind>) -> SimArgs {
     SimArgs {
@@ -119,4 +119,17 @@ fn three_hosts_on_one_etcd_never_have_two_holders_across_200_seeds() {
 fn under_stay_silent_no_two_hosts_ever_act_at_once_across_60_seeds() {
     let sum = assert_clean(&hosts(Policy::StaySilent, 60));
     assert_eq!(sum.across.expect("a run across hosts").overlap_ms, 0);
+}
+
+/// Forged answers (issue 21, item 4): a link whose every TTL and revision
+/// is near `u64::MAX`. Before TTLs were bounded by the one asked for, 18 of
+/// 300 seeds had two holders (a forged TTL kept a cut-off holder's permit
+/// open long after its lease was gone).
+#[test]
+fn forged_ttls_and_revisions_never_make_two_holders_across_200_seeds() {
+    let a = SimArgs {
+        with: vec![ExtraKind::Hostile],
+        ..hosts(Policy::FallBack, 200)
+    };
+    assert_clean(&a);
 }

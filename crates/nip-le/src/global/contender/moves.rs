@@ -66,7 +66,7 @@ impl Task {
     pub(super) fn renew(&mut self, pk: AgentPubkey, h: Held) {
         let sent = self.clock.boot_nanos();
         let r = self.gw.keep_alive(h.lease);
-        let Some(ttl) = self.noted(pk, r) else {
+        let Some(ttl) = self.noted(pk, r).map(|t| self.bounded(t)) else {
             return;
         };
         let e = self.entries.get_mut(&pk).expect("noted checked");
@@ -140,6 +140,7 @@ impl Task {
         let Some((lease, ttl)) = self.noted(pk, r) else {
             return;
         };
+        let ttl = self.bounded(ttl);
         let (key, value) = (self.cfg.leader_key(&pk), self.value());
         let r = self.gw.create(&key, &value, lease);
         match self.noted(pk, r) {
@@ -182,6 +183,7 @@ impl Task {
                 None => return,
             }
         };
+        let ttl = self.bounded(ttl);
         let (key, value) = (self.cfg.leader_key(&pk), self.value());
         let r = self.gw.swap(&key, kv.mod_revision, &value, lease, None);
         match self.noted(pk, r) {
@@ -458,7 +460,7 @@ impl Task {
         }
         let sent = self.clock.boot_nanos();
         let r = self.gw.keep_alive(kv.lease);
-        match self.noted(pk, r) {
+        match self.noted(pk, r).map(|t| self.bounded(t)) {
             Some(ttl) if !ttl.is_zero() => {
                 self.hold(
                     pk,

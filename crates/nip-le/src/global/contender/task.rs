@@ -122,8 +122,35 @@ impl Task {
     }
 
     /// One input (or none: time passed), then whatever every key needs
-    /// now, then news of every permit that changed without a word.
+    /// now, then news of every permit that changed without a word. A panic
+    /// on the way (a bug, here or in a call) closes every permit before
+    /// the task goes on: no permit outlives the machine's grip on it, and
+    /// the next steps look at every key again.
     pub(crate) fn step(&mut self, input: Option<Inbox>) {
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step_once(input)));
+        if run.is_err() {
+            tracing::error!("etcd contender: a step panicked; every permit is closed");
+            self.close_all();
+        }
+    }
+
+    /// After a panic: nothing is held as far as the writer knows, and every
+    /// key is looked at again.
+    fn close_all(&mut self) {
+        let keys: Vec<AgentPubkey> = self.entries.keys().copied().collect();
+        for pk in keys {
+            if let Some(e) = self.entries.get_mut(&pk) {
+                e.held = None;
+                e.handing = None;
+                e.fallback = false;
+                e.verify = true;
+                e.grant(NOT_HELD, 0);
+            }
+            self.tell(pk, Some(ChangeReason::Lost));
+        }
+    }
+
+    fn step_once(&mut self, input: Option<Inbox>) {
         if let Some(i) = input {
             self.handle(i);
         }
@@ -279,6 +306,14 @@ impl Task {
             instance_id: self.our_id.clone(),
         })
         .unwrap_or_default()
+    }
+
+    /// A TTL etcd answered, bounded by the one we ask for: etcd only ever
+    /// raises a TTL to its own minimum (below any TTL we accept), so a
+    /// longer one is forged or corrupt (it arrives as an int64 of seconds)
+    /// and must never stretch a permit or overflow a timer.
+    pub(super) fn bounded(&self, ttl: Duration) -> Duration {
+        ttl.min(self.cfg.ttl)
     }
 
     /// The permit's deadline for a lease renewed (or granted) by a request

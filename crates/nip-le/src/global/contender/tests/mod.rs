@@ -151,16 +151,30 @@ impl Host {
         id: &str,
         policy: WhenUnreachable,
     ) -> Self {
-        let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], name);
-        cfg.ttl = TTL;
-        cfg.when_unreachable = policy;
-        let news = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&news);
         let cut = Arc::new(AtomicBool::new(false));
         let gw = Arc::new(Cut {
             etcd: etcd.clone(),
             cut: Arc::clone(&cut),
         });
+        Self::on(etcd, clock, name, id, policy, gw, cut)
+    }
+
+    /// A window `id` of host `name` that calls etcd through `gw` (whose
+    /// watch `cut` silences).
+    fn on(
+        etcd: &MemoryEtcd,
+        clock: &ManualClock,
+        name: &str,
+        id: &str,
+        policy: WhenUnreachable,
+        gw: Arc<dyn Etcd>,
+        cut: Arc<AtomicBool>,
+    ) -> Self {
+        let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], name);
+        cfg.ttl = TTL;
+        cfg.when_unreachable = policy;
+        let news = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&news);
         let task = Task::new(
             cfg,
             id,
@@ -461,3 +475,5 @@ fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
     );
     assert!(a1.acts() && !a0.acts());
 }
+
+mod hardening;

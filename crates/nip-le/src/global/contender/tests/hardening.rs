@@ -1,0 +1,121 @@
+//! The audit of issue 21, one test per hole: each failed on the code
+//! before its fix (the commit that fixed it says how it was shown).
+
+use super::*;
+
+/// An etcd whose answers a test can forge or break, call by call.
+#[derive(Default)]
+struct Twisted {
+    /// Every TTL answered is this one.
+    ttl: Mutex<Option<Duration>>,
+    /// The next keep-alive panics (a bug anywhere in a call).
+    panic_once: AtomicBool,
+}
+
+struct TwistedEtcd {
+    etcd: MemoryEtcd,
+    how: Arc<Twisted>,
+}
+
+impl TwistedEtcd {
+    fn ttl(&self, real: Duration) -> Duration {
+        self.how.ttl.lock().unwrap().unwrap_or(real)
+    }
+}
+
+impl Etcd for TwistedEtcd {
+    fn get_at(&self, key: &str) -> EtcdResult<(Option<Kv>, u64)> {
+        self.etcd.get_at(key)
+    }
+    fn create(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<Txn> {
+        self.etcd.create(key, value, lease)
+    }
+    fn swap(&self, k: &str, rev: u64, v: &[u8], lease: i64, also: Option<&str>) -> EtcdResult<Txn> {
+        self.etcd.swap(k, rev, v, lease, also)
+    }
+    fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
+        self.etcd.put(key, value, lease)
+    }
+    fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
+        let (id, real) = self.etcd.grant(ttl)?;
+        Ok((id, self.ttl(real)))
+    }
+    fn keep_alive(&self, lease: i64) -> EtcdResult<Duration> {
+        if self.how.panic_once.swap(false, Ordering::SeqCst) {
+            panic!("a bug in a call");
+        }
+        let real = self.etcd.keep_alive(lease)?;
+        Ok(if real.is_zero() { real } else { self.ttl(real) })
+    }
+    fn revoke(&self, lease: i64) -> EtcdResult<()> {
+        self.etcd.revoke(lease)
+    }
+    fn watch(&self, k: &str, p: bool, s: u64, t: Duration) -> EtcdResult<Box<dyn Watch>> {
+        self.etcd.watch(k, p, s, t)
+    }
+}
+
+/// A window of host `name` whose etcd answers are twisted by `how`.
+fn twisted(etcd: &MemoryEtcd, clock: &ManualClock, name: &str, how: &Arc<Twisted>) -> Host {
+    let gw = Arc::new(TwistedEtcd {
+        etcd: etcd.clone(),
+        how: Arc::clone(how),
+    });
+    let id = format!("{name}-window");
+    let cut = Arc::new(AtomicBool::new(false));
+    Host::on(etcd, clock, name, &id, WhenUnreachable::StaySilent, gw, cut)
+}
+
+/// Item 4: a forged TTL near `u64::MAX` (etcd's JSON carries an int64 of
+/// seconds) once panicked the contender's thread (`Instant + TTL / 3`)
+/// after it had granted a near-endless permit. A TTL is now bounded by the
+/// one we asked for, so the permit ends within the configured TTL of the
+/// last renewal whatever etcd says.
+#[test]
+fn a_forged_endless_ttl_never_stretches_the_permit_past_the_configured_ttl() {
+    let (clock, etcd) = rig();
+    let how = Arc::new(Twisted::default());
+    *how.ttl.lock().unwrap() = Some(Duration::from_secs(i64::MAX as u64));
+    let mut a = twisted(&etcd, &clock, "a", &how);
+    a.lead(true, false);
+    assert!(a.acts(), "it took the free key");
+    for _ in 0..3 {
+        clock.advance(TTL / 2);
+        a.pump();
+    }
+    let until = a.task.entries[&pk()].permit.until;
+    assert!(
+        until <= clock.nanos() + TTL.as_nanos() as u64,
+        "a permit until {until} ns, now {} ns",
+        clock.nanos()
+    );
+    // No renewal since: it stops acting within the configured TTL.
+    clock.advance(TTL);
+    assert!(!a.acts(), "still acting a TTL after its last renewal");
+}
+
+/// Item 4: a panic inside the machine (here: in a call) must not leave
+/// the writer with an open permit: the permit closes and the task goes
+/// on.
+#[test]
+fn a_panic_in_the_machine_closes_every_permit_and_the_task_goes_on() {
+    let (clock, etcd) = rig();
+    let how = Arc::new(Twisted::default());
+    let mut a = twisted(&etcd, &clock, "a", &how);
+    a.lead(true, false);
+    assert!(a.acts());
+    how.panic_once.store(true, Ordering::SeqCst);
+    clock.advance(TTL / 2);
+    a.task.step(None);
+    let news = std::mem::take(&mut *a.news.lock().unwrap());
+    let closed = news
+        .iter()
+        .any(|n| n.permit.state == global_state::NOT_HELD && n.reason == Some(ChangeReason::Lost));
+    assert!(closed, "the permit stayed open: {news:?}");
+    // The next steps look again and take the key back (ours, our lease).
+    for _ in 0..4 {
+        clock.advance(TTL / 4);
+        a.pump();
+    }
+    assert!(a.acts(), "the task never recovered");
+}
