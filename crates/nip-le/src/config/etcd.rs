@@ -1,7 +1,10 @@
 //! The cross-host configuration (feature `etcd`), here with the rest of
 //! the configuration so that it names nothing above it; the level itself
-//! is `crate::global`.
+//! is `crate::global`. Its transport security (TLS files, user and
+//! password) is loaded and checked here too, so that a bad file is an
+//! error of [`EtcdConfig::validate`], not of the first call.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::pubkey::AgentPubkey;
@@ -53,6 +56,188 @@ pub struct EtcdConfig {
     pub prefix: String,
     /// What to do while etcd cannot be reached.
     pub when_unreachable: WhenUnreachable,
+    /// TLS to etcd: required by `https://` endpoints, refused with
+    /// `http://` ones. `None` (the default): plain HTTP.
+    pub tls: Option<EtcdTls>,
+    /// etcd user authentication; `None` (the default): none. Over plain
+    /// HTTP the password travels in clear: use it with [`EtcdTls`].
+    pub auth: Option<EtcdAuth>,
+}
+
+/// TLS to etcd (cargo feature `etcd-tls`; see docs/cross-host.md,
+/// "Transport security and trust model").
+///
+/// Only the certificate authorities in `ca` are trusted for etcd's
+/// server certificates (not the system's roots): a cluster's CA is
+/// usually its own. With `cert` and `key`, the client presents a
+/// certificate, as etcd's `--client-cert-auth` requires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// PEM file of the CA certificate(s) that sign etcd's server
+    /// certificates.
+    pub ca: PathBuf,
+    /// PEM file of this client's certificate (its chain, leaf first);
+    /// set together with `key`.
+    pub cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (PKCS#8, PKCS#1
+    /// or SEC1); set together with `cert`.
+    pub key: Option<PathBuf>,
+}
+
+impl EtcdTls {
+    /// TLS trusting the CA(s) in the PEM file `ca`, with no client
+    /// certificate.
+    pub fn new(ca: impl Into<PathBuf>) -> Self {
+        Self {
+            ca: ca.into(),
+            cert: None,
+            key: None,
+        }
+    }
+
+    /// The same, presenting the client certificate `cert` with its
+    /// private key `key` (PEM files).
+    pub fn with_client_cert(self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        Self {
+            cert: Some(cert.into()),
+            key: Some(key.into()),
+            ..self
+        }
+    }
+
+    /// The rustls configuration of these files: an error names the file
+    /// and what is wrong with it.
+    #[cfg(feature = "etcd-tls")]
+    pub(crate) fn client_config(
+        &self,
+    ) -> Result<std::sync::Arc<ureq::rustls::ClientConfig>, String> {
+        use ureq::rustls::pki_types::pem::PemObject as _;
+        use ureq::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use ureq::rustls::{ClientConfig, RootCertStore};
+
+        let certs = |path: &Path| -> Result<Vec<CertificateDer<'static>>, String> {
+            let pem = read_file(path, "etcd TLS")?;
+            let certs = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("etcd TLS {}: {e}", path.display()))?;
+            if certs.is_empty() {
+                return Err(format!(
+                    "etcd TLS {}: no PEM certificate in it",
+                    path.display()
+                ));
+            }
+            Ok(certs)
+        };
+        let mut roots = RootCertStore::empty();
+        for c in certs(&self.ca)? {
+            roots
+                .add(c)
+                .map_err(|e| format!("etcd TLS CA {}: {e}", self.ca.display()))?;
+        }
+        let provider = std::sync::Arc::new(ureq::rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("etcd TLS: {e}"))?
+            .with_root_certificates(roots);
+        let config = match (&self.cert, &self.key) {
+            (None, None) => builder.with_no_client_auth(),
+            (Some(cert), Some(key)) => {
+                let chain = certs(cert)?;
+                let pem = read_file(key, "etcd TLS key")?;
+                let key_der = PrivateKeyDer::from_pem_slice(&pem)
+                    .map_err(|e| format!("etcd TLS key {}: {e}", key.display()))?;
+                builder
+                    .with_client_auth_cert(chain, key_der)
+                    .map_err(|e| format!("etcd TLS client certificate {}: {e}", cert.display()))?
+            }
+            _ => {
+                return Err(
+                    "etcd TLS: a client certificate needs its key, and a key its certificate"
+                        .into(),
+                )
+            }
+        };
+        Ok(std::sync::Arc::new(config))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        #[cfg(feature = "etcd-tls")]
+        return self.client_config().map(drop);
+        #[cfg(not(feature = "etcd-tls"))]
+        Err("etcd TLS: this build of nip-le lacks its cargo feature etcd-tls".into())
+    }
+}
+
+/// etcd user authentication: the gateway takes a token for `user` and
+/// sends it with every call. The password is never printed: `Debug` shows
+/// it redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdAuth {
+    /// The etcd user.
+    pub user: String,
+    password: String,
+}
+
+impl EtcdAuth {
+    /// Credentials of `user`.
+    pub fn new(user: impl Into<String>, password: impl Into<String>) -> Self {
+        Self {
+            user: user.into(),
+            password: password.into(),
+        }
+    }
+
+    /// Credentials of `user` whose password is the content of the file
+    /// `path`, less one trailing newline (`\n` or `\r\n`).
+    pub fn from_password_file(user: impl Into<String>, path: &Path) -> Result<Self, String> {
+        let bytes = read_file(path, "etcd password file")?;
+        let mut text = String::from_utf8(bytes)
+            .map_err(|_| format!("etcd password file {}: not UTF-8", path.display()))?;
+        if text.ends_with('\n') {
+            text.pop();
+            if text.ends_with('\r') {
+                text.pop();
+            }
+        }
+        Ok(Self::new(user, text))
+    }
+
+    pub(crate) fn password(&self) -> &str {
+        &self.password
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !crate::host::valid_field(&self.user) {
+            return Err(format!(
+                "etcd user {:?}: 1 to 255 bytes, no control characters",
+                self.user
+            ));
+        }
+        if self.password.is_empty() {
+            return Err(format!("etcd user {:?}: empty password", self.user));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    // Bounded: a PEM file or a password is a few kilobytes.
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    f.take(1 << 20)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    Ok(bytes)
 }
 
 impl EtcdConfig {
@@ -65,18 +250,40 @@ impl EtcdConfig {
             ttl: DEFAULT_TTL,
             prefix: DEFAULT_PREFIX.to_owned(),
             when_unreachable: WhenUnreachable::default(),
+            tls: None,
+            auth: None,
         }
     }
 
-    /// Checks the configuration; the message says what is wrong.
+    /// Checks the configuration, and reads its TLS and password files;
+    /// the message says what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         if self.endpoints.is_empty() {
             return Err("etcd: no endpoint".into());
         }
+        let scheme = if self.tls.is_some() {
+            "https://"
+        } else {
+            "http://"
+        };
         for e in &self.endpoints {
-            if !e.starts_with("http://") || e.len() <= "http://".len() {
-                return Err(format!("etcd endpoint {e:?}: must be http://host:port"));
+            if !e.starts_with(scheme) || e.len() <= scheme.len() {
+                return Err(match (&self.tls, e.starts_with("https://")) {
+                    (None, true) => format!(
+                        "etcd endpoint {e:?}: https needs the CA of etcd's certificate (EtcdTls, --etcd-ca)"
+                    ),
+                    (Some(_), _) => format!(
+                        "etcd endpoint {e:?}: with TLS configured, every endpoint must be https://host:port"
+                    ),
+                    (None, false) => format!("etcd endpoint {e:?}: must be http://host:port or https://host:port"),
+                });
             }
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
+        if let Some(auth) = &self.auth {
+            auth.validate()?;
         }
         if !crate::host::valid_field(&self.host_id) {
             return Err(format!(
@@ -105,5 +312,87 @@ impl EtcdConfig {
 
     pub(crate) fn claim_key(&self, pk: &AgentPubkey) -> String {
         format!("{}/{pk}/claim", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_security_is_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let http = EtcdConfig::new(vec!["http://127.0.0.1:2379".into()], "h");
+        let https = EtcdConfig::new(vec!["https://127.0.0.1:2379".into()], "h");
+        let with_tls = |tls: EtcdTls| EtcdConfig {
+            tls: Some(tls),
+            ..https.clone()
+        };
+        let cases = [
+            (https.clone(), "needs the CA"),
+            (
+                EtcdConfig {
+                    tls: Some(EtcdTls::new(&junk)),
+                    ..http.clone()
+                },
+                "must be https",
+            ),
+            (
+                with_tls(EtcdTls::new(dir.path().join("gone.pem"))),
+                "gone.pem",
+            ),
+            (with_tls(EtcdTls::new(&junk)), "no PEM certificate"),
+            (
+                with_tls(EtcdTls {
+                    cert: Some(junk.clone()),
+                    ..EtcdTls::new(&junk)
+                }),
+                "junk.pem",
+            ),
+            (
+                EtcdConfig {
+                    auth: Some(EtcdAuth::new("u", "")),
+                    ..http.clone()
+                },
+                "empty password",
+            ),
+            (
+                EtcdConfig {
+                    auth: Some(EtcdAuth::new("", "p")),
+                    ..http.clone()
+                },
+                "etcd user",
+            ),
+        ];
+        for (bad, why) in cases {
+            let e = bad.validate().unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e} (expected {why:?})");
+        }
+        EtcdConfig {
+            auth: Some(EtcdAuth::new("u", "p")),
+            ..http
+        }
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_password_file_loses_one_newline_and_never_shows() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pw");
+        for (text, want) in [
+            ("s3cret\n", "s3cret"),
+            ("s3cret\r\n", "s3cret"),
+            ("a b\n\n", "a b\n"),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            let a = EtcdAuth::from_password_file("u", &p).unwrap();
+            assert_eq!(a.password(), want);
+            assert!(!format!("{a:?}").contains("s3cret"), "{a:?}");
+        }
+        let gone = EtcdAuth::from_password_file("u", &dir.path().join("none")).unwrap_err();
+        assert!(gone.contains("etcd password file"), "{gone}");
     }
 }

@@ -22,7 +22,9 @@
 //!   keeps running through suspend.
 //! * While etcd cannot be reached, [`WhenUnreachable`] decides.
 //!
-//! The client is etcd's v3 JSON gateway over plain HTTP (`ureq`), not a
+//! The client is etcd's v3 JSON gateway over HTTP (`ureq`; HTTPS with
+//! [`EtcdTls`] and cargo feature `etcd-tls`, etcd users with [`EtcdAuth`]:
+//! see docs/cross-host.md, "Transport security and trust model"), not a
 //! gRPC crate: a few hundred kilobytes of blocking HTTP on the contender's
 //! own thread instead of tonic, prost, a protobuf toolchain and an async
 //! runtime in every app that enables the feature.
@@ -35,19 +37,23 @@ pub(crate) mod memory;
 
 use std::time::Duration;
 
-pub use crate::config::etcd::{EtcdConfig, WhenUnreachable, DEFAULT_PREFIX, DEFAULT_TTL};
+pub use crate::config::etcd::{
+    EtcdAuth, EtcdConfig, EtcdTls, WhenUnreachable, DEFAULT_PREFIX, DEFAULT_TTL,
+};
 pub(crate) use contender::Contender;
 
 use crate::elector::GlobalHolder;
 use crate::pubkey::AgentPubkey;
 use etcd::Etcd as _;
 
-/// Reads who holds `pubkey`'s etcd key, for status tools (one range call).
+/// Reads who holds `pubkey`'s etcd key, for status tools (one range call;
+/// `config` is validated first: an invalid one is an error).
 pub fn read_holder(
     config: &EtcdConfig,
     pubkey: &AgentPubkey,
 ) -> Result<Option<GlobalHolder>, String> {
-    let gw = gateway::Gateway::new(&config.endpoints, Duration::from_secs(2));
+    config.validate()?;
+    let gw = gateway::Gateway::new(config, Duration::from_secs(2));
     let kv = gw
         .get(&config.leader_key(pubkey))
         .map_err(|e| e.to_string())?;
@@ -65,9 +71,11 @@ pub struct KeyWrite {
 }
 
 /// Every write of `pubkey`'s etcd key still in etcd's history (up to its
-/// last compaction), oldest first: who held the agent from which revision.
+/// last compaction), oldest first: who held the agent from which revision
+/// (`config` is validated first: an invalid one is an error).
 pub fn key_history(config: &EtcdConfig, pubkey: &AgentPubkey) -> Result<Vec<KeyWrite>, String> {
-    let gw = gateway::Gateway::new(&config.endpoints, Duration::from_secs(2));
+    config.validate()?;
+    let gw = gateway::Gateway::new(config, Duration::from_secs(2));
     let key = config.leader_key(pubkey);
     let (_, now) = gw.get_at(&key).map_err(|e| e.to_string())?;
     let mut stream = gw
@@ -122,5 +130,13 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?} passed");
         }
+    }
+
+    #[test]
+    fn no_endpoint_is_an_error_not_a_panic() {
+        let pk = AgentPubkey::parse(&"0".repeat(64)).unwrap();
+        let none = EtcdConfig::new(vec![], "h");
+        assert!(read_holder(&none, &pk).unwrap_err().contains("no endpoint"));
+        assert!(key_history(&none, &pk).unwrap_err().contains("no endpoint"));
     }
 }

@@ -96,8 +96,8 @@ impl Contender {
         tell: Tell,
     ) -> std::io::Result<Self> {
         let timeout = (cfg.ttl / 4).min(Duration::from_secs(1));
-        let calls = Arc::new(Gateway::new(&cfg.endpoints, timeout));
-        let watches = Arc::new(Gateway::new(&cfg.endpoints, Duration::from_secs(1)));
+        let calls = Arc::new(Gateway::new(&cfg, timeout));
+        let watches = Arc::new(Gateway::new(&cfg, Duration::from_secs(1)));
         Self::start_on(cfg, our_id, stand_down, tell, calls, watches)
     }
 

@@ -1,0 +1,377 @@
+//! etcd's v3 JSON gateway over HTTP or HTTPS: the few calls the contender
+//! needs (range, a transaction, leases, a watch stream), with every request
+//! bounded by a timeout (name resolution included, see [`net`]) so that an
+//! unreachable etcd never holds the contender past a fencing deadline, and
+//! every answer bounded in size (see [`wire`]). Keys and values travel
+//! base64-encoded and numbers as strings, as the gateway's JSON mapping of
+//! the protobufs says. With [`EtcdTls`](crate::global::EtcdTls) calls and
+//! watches speak TLS with the configured CA and client certificate; with
+//! [`EtcdAuth`](crate::global::EtcdAuth) they carry etcd's token ([`auth`]).
+
+mod auth;
+mod net;
+#[cfg(test)]
+mod tests;
+mod wire;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use super::etcd::{Etcd, GatewayError, Kv, Result, Txn, Watch};
+use super::EtcdConfig;
+use auth::Auth;
+pub(crate) use net::Resolve;
+use wire::{b64, num, parse_kv, prefix_end, signed, WatchStream};
+
+/// A client for one list of endpoints; a failed call moves to the next.
+pub(crate) struct Gateway {
+    endpoints: Vec<String>,
+    current: AtomicUsize,
+    agent: ureq::Agent,
+    /// Name resolution, for the watch's agents too.
+    resolve: Resolve,
+    #[cfg(feature = "etcd-tls")]
+    tls: Option<Arc<ureq::rustls::ClientConfig>>,
+    auth: Option<Arc<Auth>>,
+    /// Why this configuration cannot be used (a TLS file gone since it was
+    /// validated): every call fails with it.
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.auth.as_ref().map(|a| a.user()))
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one request failed.
+enum Failure {
+    /// etcd refused the token: take a new one and try once more.
+    Token(GatewayError),
+    Other(GatewayError),
+}
+
+impl From<Failure> for GatewayError {
+    fn from(f: Failure) -> Self {
+        match f {
+            Failure::Token(e) | Failure::Other(e) => e,
+        }
+    }
+}
+
+impl Gateway {
+    /// A client for `cfg`'s endpoints, TLS and credentials, each call
+    /// bounded by `timeout`. Never fails: a configuration that cannot be
+    /// used (not validated, or a file gone since) fails every call.
+    pub(crate) fn new(cfg: &EtcdConfig, timeout: Duration) -> Self {
+        Self::with_resolver(cfg, timeout, net::system())
+    }
+
+    /// [`Gateway::new`] resolving names with `resolve` (bounded by the
+    /// timeout all the same).
+    pub(crate) fn with_resolver(cfg: &EtcdConfig, timeout: Duration, resolve: Resolve) -> Self {
+        let mut broken = None;
+        #[cfg(feature = "etcd-tls")]
+        let tls = cfg
+            .tls
+            .as_ref()
+            .and_then(|t| t.client_config().map_err(|e| broken = Some(e)).ok());
+        #[cfg(not(feature = "etcd-tls"))]
+        if cfg.tls.is_some() {
+            broken = Some("etcd TLS: this build of nip-le lacks its cargo feature etcd-tls".into());
+        }
+        let mut gw = Self {
+            endpoints: cfg
+                .endpoints
+                .iter()
+                .map(|e| e.trim_end_matches('/').to_owned())
+                .collect(),
+            current: AtomicUsize::new(0),
+            agent: ureq::Agent::new(),
+            resolve,
+            #[cfg(feature = "etcd-tls")]
+            tls,
+            auth: cfg.auth.clone().map(|a| Arc::new(Auth::new(a))),
+            broken,
+        };
+        gw.agent = gw
+            .builder(timeout)
+            .timeout(timeout)
+            .max_idle_connections_per_host(4)
+            .build();
+        gw
+    }
+
+    /// An agent builder with this gateway's TLS and a resolver bounded by
+    /// `bound`.
+    fn builder(&self, bound: Duration) -> ureq::AgentBuilder {
+        let b = ureq::AgentBuilder::new()
+            .resolver(net::Bounded::new(Arc::clone(&self.resolve), bound))
+            // etcd never redirects; a redirect would carry the token away.
+            .redirects(0);
+        #[cfg(feature = "etcd-tls")]
+        let b = match &self.tls {
+            Some(c) => b.tls_config(Arc::clone(c)),
+            None => b,
+        };
+        b
+    }
+
+    /// The endpoint to use, or why there is none.
+    fn endpoint(&self) -> Result<&str> {
+        if let Some(e) = &self.broken {
+            return Err(GatewayError(e.clone()));
+        }
+        if self.endpoints.is_empty() {
+            return Err(GatewayError("etcd: no endpoint".into()));
+        }
+        let i = self.current.load(Ordering::Relaxed);
+        Ok(&self.endpoints[i % self.endpoints.len()])
+    }
+
+    fn next_endpoint(&self) {
+        self.current.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The token to send, taking one when there is none (`None`: no
+    /// authentication configured).
+    fn token(&self) -> Result<Option<String>> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        auth.token(|user, password| {
+            let v = self
+                .post(
+                    "/v3/auth/authenticate",
+                    &json!({ "name": user, "password": password }),
+                    None,
+                )
+                .map_err(|f| {
+                    let e = GatewayError::from(f);
+                    GatewayError(format!("etcd authentication as {user:?}: {e}"))
+                })?;
+            match v["token"].as_str() {
+                Some(t) if !t.is_empty() && t.len() <= 4096 => Ok(t.to_owned()),
+                _ => Err(GatewayError(format!(
+                    "etcd authentication as {user:?}: no token in the answer"
+                ))),
+            }
+        })
+        .map(Some)
+    }
+
+    /// POSTs `body` to `path` (with the token, if any) and parses the
+    /// answer; a refused token is taken again once.
+    fn call(&self, path: &str, body: &Value) -> Result<Value> {
+        let token = self.token()?;
+        match self.post(path, body, token.as_deref()) {
+            Err(Failure::Token(e)) => {
+                let (Some(auth), Some(old)) = (&self.auth, &token) else {
+                    return Err(e);
+                };
+                auth.forget(old);
+                let token = self.token()?;
+                Ok(self.post(path, body, token.as_deref())?)
+            }
+            r => Ok(r?),
+        }
+    }
+
+    /// One request.
+    fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> std::result::Result<Value, Failure> {
+        let url = format!("{}{path}", self.endpoint().map_err(Failure::Other)?);
+        let mut req = self
+            .agent
+            .post(&url)
+            .set("content-type", "application/json");
+        if let Some(t) = token {
+            req = req.set("authorization", t);
+        }
+        let body = match req.send_string(&body.to_string()) {
+            Ok(r) => wire::read_body(r.into_reader()),
+            Err(ureq::Error::Status(code, r)) => {
+                let text = wire::error_excerpt(r.into_reader());
+                let e = GatewayError(format!("{url}: HTTP {code}: {text}"));
+                return Err(if token.is_some() && auth::token_refused(code, &text) {
+                    Failure::Token(e)
+                } else {
+                    Failure::Other(e)
+                });
+            }
+            Err(e) => {
+                // ureq's transport error names the URL already.
+                self.next_endpoint();
+                return Err(Failure::Other(GatewayError(e.to_string())));
+            }
+        };
+        let body = body.map_err(|e| Failure::Other(GatewayError(format!("{url}: {e}"))))?;
+        serde_json::from_slice(&body).map_err(|e| {
+            let start = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+            Failure::Other(GatewayError(format!("{url}: {e}: {start}")))
+        })
+    }
+
+    fn txn(
+        &self,
+        key: &str,
+        compare: Value,
+        value: &[u8],
+        lease: i64,
+        also_delete: Option<&str>,
+    ) -> Result<Txn> {
+        let mut success = vec![json!({ "request_put": {
+            "key": b64(key), "value": B64.encode(value), "lease": lease.to_string()
+        }})];
+        if let Some(k) = also_delete {
+            success.push(json!({ "request_delete_range": { "key": b64(k) } }));
+        }
+        let body = json!({
+            "compare": compare,
+            "success": success,
+            "failure": [{ "request_range": { "key": b64(key) } }],
+        });
+        let v = self.call("/v3/kv/txn", &body)?;
+        if v["succeeded"].as_bool() == Some(true) {
+            return Ok(Txn::Done(num(&v["header"]["revision"])));
+        }
+        let kv = v["responses"][0]["response_range"]["kvs"]
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(parse_kv);
+        Ok(Txn::Failed(kv))
+    }
+}
+
+impl Etcd for Gateway {
+    /// The key's current value and the store's revision.
+    fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
+        let v = self.call("/v3/kv/range", &json!({ "key": b64(key) }))?;
+        let kv = v["kvs"]
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(parse_kv);
+        Ok((kv, num(&v["header"]["revision"])))
+    }
+
+    /// Creates `key` bound to `lease` only if it does not exist.
+    fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn> {
+        let compare = json!([{ "target": "CREATE", "key": b64(key), "create_revision": "0" }]);
+        self.txn(key, compare, value, lease, None)
+    }
+
+    /// Rewrites `key` (bound to `lease`) only if it was last written at
+    /// `mod_revision`; deletes `also_delete` in the same transaction.
+    fn swap(
+        &self,
+        key: &str,
+        mod_revision: u64,
+        value: &[u8],
+        lease: i64,
+        also_delete: Option<&str>,
+    ) -> Result<Txn> {
+        let compare = json!([{
+            "target": "MOD", "key": b64(key), "mod_revision": mod_revision.to_string()
+        }]);
+        self.txn(key, compare, value, lease, also_delete)
+    }
+
+    /// Puts `key` unconditionally, bound to `lease`.
+    fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()> {
+        let body =
+            json!({ "key": b64(key), "value": B64.encode(value), "lease": lease.to_string() });
+        self.call("/v3/kv/put", &body).map(drop)
+    }
+
+    /// A new lease of `ttl` (etcd may raise it to its minimum): its id and
+    /// granted TTL.
+    fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
+        let v = self.call(
+            "/v3/lease/grant",
+            &json!({ "TTL": ttl.as_secs().to_string() }),
+        )?;
+        let id = signed(&v["ID"]);
+        if id == 0 {
+            return Err(GatewayError(format!("lease grant refused: {v}")));
+        }
+        Ok((id, Duration::from_secs(num(&v["TTL"]))))
+    }
+
+    /// Renews `lease`: the TTL it has from now on, zero when it expired.
+    fn keep_alive(&self, lease: i64) -> Result<Duration> {
+        let v = self.call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }))?;
+        Ok(Duration::from_secs(num(&v["result"]["TTL"])))
+    }
+
+    /// Revokes `lease` (deleting every key bound to it).
+    fn revoke(&self, lease: i64) -> Result<()> {
+        self.call("/v3/lease/revoke", &json!({ "ID": lease.to_string() }))
+            .map(drop)
+    }
+
+    /// Opens a watch on `key` (every key under it, when `prefix`), from
+    /// `start` (0: now). The reader blocks until etcd sends something;
+    /// `read_timeout` bounds a silent connection (it is then opened again).
+    fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        start: u64,
+        read_timeout: Duration,
+    ) -> Result<Box<dyn Watch>> {
+        let url = format!("{}/v3/watch", self.endpoint()?);
+        let mut create = json!({ "key": b64(key) });
+        if prefix {
+            create["range_end"] = json!(prefix_end(key));
+        }
+        if start > 0 {
+            create["start_revision"] = json!(start.to_string());
+        }
+        let token = self.token()?;
+        let connect = Duration::from_secs(1);
+        let agent = self
+            .builder(connect)
+            .timeout_connect(connect)
+            .timeout_read(read_timeout)
+            .build();
+        let mut req = agent.post(&url);
+        if let Some(t) = &token {
+            req = req.set("authorization", t);
+        }
+        let r = match req.send_string(&json!({ "create_request": create }).to_string()) {
+            Ok(r) => r,
+            Err(ureq::Error::Status(code, r)) => {
+                let text = wire::error_excerpt(r.into_reader());
+                if let (Some(auth), Some(t)) = (&self.auth, &token) {
+                    if auth::token_refused(code, &text) {
+                        auth.forget(t);
+                    }
+                }
+                return Err(GatewayError(format!("{url}: HTTP {code}: {text}")));
+            }
+            Err(e) => {
+                self.next_endpoint();
+                return Err(GatewayError(format!("{url}: {e}")));
+            }
+        };
+        let auth = self
+            .auth
+            .as_ref()
+            .zip(token)
+            .map(|(a, t)| (Arc::clone(a), t));
+        Ok(Box::new(WatchStream::new(Box::new(r.into_reader()), auth)))
+    }
+}
