@@ -175,6 +175,10 @@ pub struct StatusLine {
     pub claim_pending: Option<bool>,
     /// The last refresh error.
     pub last_error: Option<String>,
+    /// With `--etcd`: the last error met talking to etcd (TLS, auth,
+    /// permissions), if the last call failed.
+    #[serde(default)]
+    pub global_error: Option<String>,
     /// Mentions seen on the feed.
     pub mentions_seen: u64,
     /// Replies written.

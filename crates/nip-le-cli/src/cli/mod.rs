@@ -39,9 +39,10 @@ pub struct TimingArgs {
 /// Cross-host leadership on etcd, shared by `run` and `status`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct EtcdArgs {
-    /// etcd client URL (http://host:port); repeat for several endpoints.
-    /// With it, the host leader contends for the agent's etcd lease and
-    /// `is_leader` means "may act" across every host.
+    /// etcd client URL (http://host:port, or https://host:port with
+    /// --etcd-ca); repeat for several endpoints. With it, the host leader
+    /// contends for the agent's etcd lease and `is_leader` means "may act"
+    /// across every host.
     #[arg(long = "etcd", value_name = "URL")]
     pub etcd: Vec<String>,
     /// This host's id (the same for every window of one host) [default:
@@ -59,13 +60,32 @@ pub struct EtcdArgs {
     /// etcd key prefix [default: /nip-le].
     #[arg(long, requires = "etcd")]
     pub etcd_prefix: Option<String>,
+    /// TLS: PEM file of the CA that signs etcd's server certificate
+    /// (required by https:// endpoints; only it is trusted).
+    #[arg(long, value_name = "FILE", requires = "etcd")]
+    pub etcd_ca: Option<PathBuf>,
+    /// TLS: PEM file of this client's certificate, for etcd's
+    /// --client-cert-auth (with --etcd-key).
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_ca", "etcd_key"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// TLS: PEM file of the client certificate's private key.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_ca", "etcd_cert"])]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user to authenticate as (with --etcd-password-file).
+    #[arg(long, value_name = "NAME", requires_all = ["etcd", "etcd_password_file"])]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password (one trailing newline is
+    /// ignored); never printed.
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 impl EtcdArgs {
-    /// The etcd configuration, when `--etcd` was given.
-    pub fn config(&self) -> Option<nip_le::global::EtcdConfig> {
+    /// The etcd configuration, when `--etcd` was given; an error when the
+    /// password file cannot be read.
+    pub fn config(&self) -> Result<Option<nip_le::global::EtcdConfig>, nip_le::Error> {
         if self.etcd.is_empty() {
-            return None;
+            return Ok(None);
         }
         let host = self
             .host_id
@@ -81,7 +101,19 @@ impl EtcdArgs {
         if let Some(p) = &self.etcd_prefix {
             c.prefix = p.clone();
         }
-        Some(c)
+        if let Some(ca) = &self.etcd_ca {
+            c.tls = Some(nip_le::global::EtcdTls {
+                ca: ca.clone(),
+                cert: self.etcd_cert.clone(),
+                key: self.etcd_key.clone(),
+            });
+        }
+        if let (Some(user), Some(file)) = (&self.etcd_user, &self.etcd_password_file) {
+            let auth = nip_le::global::EtcdAuth::from_password_file(user.clone(), file)
+                .map_err(|e| nip_le::Error::Config(nip_le::config::ConfigError::Etcd(e)))?;
+            c.auth = Some(auth);
+        }
+        Ok(Some(c))
     }
 }
 

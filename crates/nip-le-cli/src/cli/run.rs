@@ -100,7 +100,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
         .collect::<Result<Vec<_>, _>>()?;
     let pubkey = keys[0];
     let mut config = super::config_from(a.lock_dir, &a.timings, a.lock_wait_ms)?;
-    config.etcd = a.etcd.config();
+    config.etcd = a.etcd.config()?;
     config.validate()?;
     let agent_cmd = a.agent.command()?;
     let id = match a.instance_id {
@@ -373,6 +373,9 @@ fn status_line(e: &Elector, seen: u64, replied: u64) -> Line {
         standing_down: s.as_ref().map(|s| s.standing_down),
         claim_pending: s.as_ref().map(|s| s.claim_pending),
         last_error: s.as_ref().and_then(|s| s.last_error.clone()),
+        global_error: s
+            .as_ref()
+            .and_then(|s| s.global.as_ref()?.last_error.clone()),
         mentions_seen: seen,
         replies_sent: replied,
         at_ms: unix_ms(),

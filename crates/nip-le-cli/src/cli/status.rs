@@ -117,7 +117,7 @@ pub fn status(a: StatusArgs) -> Result<ExitCode, nip_le::Error> {
         .map(|e| describe(&e, now, config.stale))
         .collect();
     rows.sort_by(|a, b| a.file.cmp(&b.file));
-    if let Some(etcd) = a.etcd.config() {
+    if let Some(etcd) = a.etcd.config()? {
         etcd.validate()
             .map_err(|e| nip_le::Error::Config(nip_le::config::ConfigError::Etcd(e)))?;
         for row in rows.iter_mut() {

@@ -1,0 +1,413 @@
+//! Transport security on a real etcd: TLS with client-certificate
+//! authentication (certificates made here with rcgen), and etcd users with
+//! a role limited to the key prefix (set up through etcd's JSON API).
+//! Every window is a real `nip-le run --etcd …` process; a window that
+//! cannot speak to etcd never acts at the global level and its status
+//! says why.
+//!
+//! Without an etcd binary these tests say so and pass, unless
+//! `NIP_LE_REQUIRE_ETCD` is set (as `scripts/test.sh` does).
+#![cfg(unix)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use nip_le::global::EtcdTls;
+use nip_le::{AgentPubkey, Level};
+use nip_le_cli::lab::cluster::{Instance, RunOptions};
+use nip_le_cli::lab::etcd::{find_etcd, Etcd, ServerTls};
+use nip_le_cli::lines::Line;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use serde_json::{json, Value};
+use support::*;
+
+/// The key prefix of these tests (the users' role covers it).
+const PREFIX: &str = "/nip-sec";
+
+fn have_etcd() -> bool {
+    if find_etcd().is_none() {
+        assert!(
+            std::env::var_os("NIP_LE_REQUIRE_ETCD").is_none(),
+            "NIP_LE_REQUIRE_ETCD is set but no etcd binary was found"
+        );
+        eprintln!("no etcd binary (Debian's etcd-server): skipping the etcd security tests");
+        return false;
+    }
+    true
+}
+
+/// A CA, and the certificates it signs, as PEM files in `dir`.
+struct Pki {
+    dir: PathBuf,
+    issuer: Issuer<'static, KeyPair>,
+    ca: PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Self {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(DnType::CommonName, format!("nip-le test CA {name}"));
+        p.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = p.self_signed(&key).unwrap();
+        let ca = dir.join(format!("{name}-ca.pem"));
+        std::fs::write(&ca, cert.pem()).unwrap();
+        Self {
+            dir: dir.to_owned(),
+            issuer: Issuer::new(p, key),
+            ca,
+        }
+    }
+
+    /// A certificate for `names` (and its key): (cert.pem, key.pem).
+    fn issue(
+        &self,
+        file: &str,
+        names: &[&str],
+        usage: &[ExtendedKeyUsagePurpose],
+    ) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let mut p = CertificateParams::new(names.clone()).unwrap();
+        p.distinguished_name
+            .push(DnType::CommonName, names[0].clone());
+        p.extended_key_usages = usage.to_vec();
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        let (c, k) = (
+            self.dir.join(format!("{file}.pem")),
+            self.dir.join(format!("{file}-key.pem")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+}
+
+/// A scratch dir, the agent, and one window per call.
+struct Setup {
+    tmp: tempfile::TempDir,
+    pubkey: AgentPubkey,
+    url: String,
+}
+
+impl Setup {
+    fn new(url: String, tmp: tempfile::TempDir) -> Self {
+        Self {
+            tmp,
+            pubkey: nip_le_cli::lab::cluster::random_pubkey(),
+            url,
+        }
+    }
+
+    /// A window of its own host `host`, with `flags` after `--etcd URL`.
+    fn window(&self, host: &str, flags: &[&str]) -> Instance {
+        let mut o = RunOptions::new(
+            env!("CARGO_BIN_EXE_nip-le"),
+            self.tmp.path().join(host),
+            self.pubkey,
+        )
+        .timings(REFRESH_MS, STALE_MS, STAND_DOWN_MS);
+        o.extra_args = ["--etcd", &self.url, "--host-id", host]
+            .into_iter()
+            .chain(["--etcd-ttl-s", "2", "--etcd-prefix", PREFIX])
+            .chain(flags.iter().copied())
+            .map(str::to_owned)
+            .collect();
+        let id = format!("{host}-w1");
+        Instance::spawn(&id, o.command(Some(&id)), Duration::from_secs(10))
+            .expect("nip-le run starts")
+    }
+
+    fn file(&self, name: &str, text: &str) -> String {
+        let p = self.tmp.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    }
+}
+
+fn acts_globally(w: &Instance, within: Duration) -> bool {
+    w.wait_for(within, |reports| {
+        reports
+            .iter()
+            .filter_map(|r| r.leadership())
+            .next_back()
+            .filter(|l| l.is_leader && l.level == Level::Global)
+            .map(drop)
+    })
+    .is_some()
+}
+
+/// The window's etcd error as its `status` answer gives it now (empty:
+/// none).
+fn status_error(w: &mut Instance) -> String {
+    let cursor = w.cursor();
+    w.send("status").unwrap();
+    let st = w.wait_after(cursor, Duration::from_secs(2), |r| {
+        matches!(r.line, Line::Status(_))
+    });
+    match st.map(|r| r.line) {
+        Some(Line::Status(st)) => st.global_error.unwrap_or_default(),
+        _ => panic!("{}: no status answer", w.name),
+    }
+}
+
+/// The window's etcd error once it contains `what` (within a few
+/// seconds); the last one seen otherwise.
+fn etcd_error(w: &mut Instance, what: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..20 {
+        last = status_error(w);
+        if last.contains(what) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    last
+}
+
+/// Never acts at the global level within two TTLs, and its status says
+/// why (`what`).
+fn refused(w: &mut Instance, what: &str) {
+    assert!(
+        !acts_globally(w, Duration::from_secs(4)),
+        "{} acted at the global level: {:?}",
+        w.name,
+        w.views().last()
+    );
+    let e = etcd_error(w, what);
+    assert!(
+        e.contains(what),
+        "{}: etcd error {e:?}, expected {what:?}",
+        w.name
+    );
+    assert!(!w.exited(), "{} exited", w.name);
+}
+
+/// etcd with TLS and `--client-cert-auth`; the PKI that signed its
+/// certificate and a client certificate.
+fn tls_etcd() -> Option<(Etcd, Pki, (PathBuf, PathBuf), tempfile::TempDir)> {
+    if !have_etcd() {
+        return None;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(tmp.path(), "cluster");
+    let (cert, key) = pki.issue(
+        "server",
+        &["127.0.0.1", "localhost"],
+        // etcd's own gateway connects to it with the server certificate
+        // as a client one.
+        &[
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    );
+    let client = pki.issue(
+        "client",
+        &["nip-client"],
+        &[ExtendedKeyUsagePurpose::ClientAuth],
+    );
+    let etcd = Etcd::start_tls(ServerTls {
+        cert,
+        key,
+        trusted_ca: pki.ca.clone(),
+        client_cert_auth: true,
+        client: EtcdTls::new(&pki.ca).with_client_cert(&client.0, &client.1),
+    })
+    .expect("etcd starts with TLS");
+    Some((etcd, pki, client, tmp))
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn a_window_with_the_cas_client_certificate_leads_over_tls() {
+    let Some((etcd, pki, (cert, key), _certs)) = tls_etcd() else {
+        return;
+    };
+    assert!(etcd.url().starts_with("https://"));
+    let s = Setup::new(etcd.url(), tempfile::tempdir().unwrap());
+    let flags = [
+        "--etcd-ca",
+        path(&pki.ca),
+        "--etcd-cert",
+        path(&cert),
+        "--etcd-key",
+        path(&key),
+    ];
+    let mut w = s.window("a", &flags);
+    assert!(
+        acts_globally(&w, Duration::from_secs(10)),
+        "{:?}",
+        w.views()
+    );
+    // And its status, read over TLS too, names it.
+    let audit = nip_le::global::EtcdConfig {
+        prefix: PREFIX.into(),
+        ..etcd.config("audit")
+    };
+    let holder = nip_le::global::read_holder(&audit, &s.pubkey).unwrap();
+    assert_eq!(holder.map(|h| h.instance_id).as_deref(), Some("a-w1"));
+    assert_eq!(status_error(&mut w), "");
+}
+
+#[test]
+fn without_a_client_certificate_or_with_a_wrong_ca_no_window_leads_and_status_says_why() {
+    let Some((etcd, pki, (cert, key), certs)) = tls_etcd() else {
+        return;
+    };
+    let s = Setup::new(etcd.url(), tempfile::tempdir().unwrap());
+    let other = Pki::new(certs.path(), "other");
+    let mut no_cert = s.window("a", &["--etcd-ca", path(&pki.ca)]);
+    let mut wrong_ca = s.window(
+        "b",
+        &[
+            "--etcd-ca",
+            path(&other.ca),
+            "--etcd-cert",
+            path(&cert),
+            "--etcd-key",
+            path(&key),
+        ],
+    );
+    // Plain HTTP to a TLS port.
+    let plain = Setup {
+        url: etcd.url().replace("https://", "http://"),
+        ..Setup::new(String::new(), tempfile::tempdir().unwrap())
+    };
+    let mut http = plain.window("c", &[]);
+    refused(&mut wrong_ca, "UnknownIssuer");
+    refused(&mut no_cert, "Certificate");
+    refused(&mut http, "127.0.0.1");
+    // A malformed key is refused before anything starts.
+    let junk = s.file("junk.pem", "-----BEGIN PRIVATE KEY-----\nnot base64\n");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nip-le"))
+        .args([
+            "status",
+            "--lock-dir",
+            path(s.tmp.path()),
+            "--etcd",
+            &etcd.url(),
+        ])
+        .args([
+            "--etcd-ca",
+            path(&pki.ca),
+            "--etcd-cert",
+            path(&cert),
+            "--etcd-key",
+            &junk,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("junk.pem"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// One call to etcd's JSON API as `token` (`None`: anonymous).
+fn api(url: &str, path: &str, body: Value, token: Option<&str>) -> Result<Value, String> {
+    let mut req = ureq::post(&format!("{url}{path}")).timeout(Duration::from_secs(5));
+    if let Some(t) = token {
+        req = req.set("authorization", t);
+    }
+    match req.send_string(&body.to_string()) {
+        Ok(r) => r
+            .into_string()
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string())),
+        Err(ureq::Error::Status(code, r)) => Err(format!(
+            "HTTP {code}: {}",
+            r.into_string().unwrap_or_default()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn b64(s: &str) -> String {
+    B64.encode(s)
+}
+
+/// Users `nip` (role: read-write on `PREFIX/`) and `other` (role: read-write
+/// on `/elsewhere/` only), root, and authentication enabled.
+fn enable_auth(url: &str) {
+    let ok = |path: &str, body: Value| {
+        api(url, path, body.clone(), None).unwrap_or_else(|e| panic!("{path} {body}: {e}"));
+    };
+    for (user, password, role, prefix) in [
+        ("root", "rootpw", "root", None),
+        ("nip", "s3cret", "nip-rw", Some(format!("{PREFIX}/"))),
+        ("other", "0ther", "other-rw", Some("/elsewhere/".to_owned())),
+    ] {
+        ok(
+            "/v3/auth/user/add",
+            json!({ "name": user, "password": password }),
+        );
+        ok("/v3/auth/role/add", json!({ "name": role }));
+        if let Some(p) = prefix {
+            let end = format!("{}0", p.trim_end_matches('/'));
+            ok(
+                "/v3/auth/role/grant",
+                json!({ "name": role, "perm": { "permType": "READWRITE", "key": b64(&p), "range_end": b64(&end) } }),
+            );
+        }
+        ok("/v3/auth/user/grant", json!({ "user": user, "role": role }));
+    }
+    ok("/v3/auth/enable", json!({}));
+    // Now nobody reads without a token.
+    let e = api(url, "/v3/kv/range", json!({ "key": b64("/x") }), None).unwrap_err();
+    assert!(
+        e.contains("user name is empty") || e.contains("HTTP"),
+        "{e}"
+    );
+}
+
+#[test]
+fn etcd_users_lead_with_the_right_password_and_a_role_on_the_prefix_only() {
+    if !have_etcd() {
+        return;
+    }
+    let etcd = Etcd::start().expect("etcd starts");
+    enable_auth(&etcd.url());
+    let s = Setup::new(etcd.url(), tempfile::tempdir().unwrap());
+    let good = s.file("nip.pw", "s3cret\n");
+    let bad = s.file("bad.pw", "guess\n");
+    let other = s.file("other.pw", "0ther\n");
+    let mut wrong = s.window("b", &["--etcd-user", "nip", "--etcd-password-file", &bad]);
+    let mut elsewhere = s.window(
+        "c",
+        &["--etcd-user", "other", "--etcd-password-file", &other],
+    );
+    let mut anonymous = s.window("d", &[]);
+    refused(&mut wrong, "authentication failed");
+    refused(&mut elsewhere, "permission denied");
+    refused(&mut anonymous, "user name is empty");
+    let mut right = s.window("a", &["--etcd-user", "nip", "--etcd-password-file", &good]);
+    assert!(
+        acts_globally(&right, Duration::from_secs(10)),
+        "{:?}",
+        right.views()
+    );
+    assert_eq!(status_error(&mut right), "");
+    // The password is in no output of the windows.
+    for w in [&right, &wrong] {
+        let text = format!("{:?}", w.reports());
+        assert!(
+            !text.contains("s3cret") && !text.contains("guess"),
+            "{text}"
+        );
+    }
+}
