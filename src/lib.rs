@@ -223,8 +223,11 @@ impl Builder {
     }
 
     /// Feature `etcd`: the whole cross-host configuration (host id, TTL,
-    /// key prefix, what to do while etcd is unreachable). Validated at
-    /// setup.
+    /// key prefix, what to do while etcd is unreachable, and its transport
+    /// security: `tls` for `https://` endpoints, which needs `nip-le`'s
+    /// feature `etcd-tls`, and `auth` for an etcd user; see
+    /// `docs/cross-host.md`, "Transport security and trust model").
+    /// Validated at setup (the TLS and password files are read then).
     #[cfg(feature = "etcd")]
     pub fn etcd_config(mut self, config: nip_le::global::EtcdConfig) -> Self {
         self.etcd = Some(config);
