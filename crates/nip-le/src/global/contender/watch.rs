@@ -37,17 +37,22 @@ impl Cursor {
             return Vec::new();
         }
         let mut out = Vec::with_capacity(m.changes.len() + 1);
+        // A header's revision is the store's, not the watch's progress:
+        // etcd sends it with the `created` message of a resumed watch and
+        // with every batch of a catch-up, before the events up to it. It
+        // counts only for a watch created from now and for a progress
+        // notification (no event, not created).
+        let progress = m.changes.is_empty() && (!m.created || self.next == 0);
         if m.created && self.next == 0 {
             out.push(Inbox::Synced);
         }
-        if m.created {
-            self.next = self.next.max(m.revision + 1);
-        }
         for c in m.changes {
-            self.next = self.next.max(c.revision + 1);
+            self.next = self.next.max(c.revision.saturating_add(1));
             out.push(Inbox::Change(c));
         }
-        self.next = self.next.max(m.revision + 1);
+        if progress {
+            self.next = self.next.max(m.revision.saturating_add(1));
+        }
         out
     }
 }

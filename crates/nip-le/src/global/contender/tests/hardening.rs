@@ -2,6 +2,7 @@
 //! before its fix (the commit that fixed it says how it was shown).
 
 use super::*;
+use crate::global::etcd::WatchMessage;
 
 /// An etcd whose answers a test can forge or break, call by call.
 #[derive(Default)]
@@ -118,4 +119,51 @@ fn a_panic_in_the_machine_closes_every_permit_and_the_task_goes_on() {
         a.pump();
     }
     assert!(a.acts(), "the task never recovered");
+}
+
+fn change(rev: u64) -> crate::global::etcd::Change {
+    crate::global::etcd::Change {
+        key: leader_key(),
+        revision: rev,
+        kv: None,
+    }
+}
+
+/// Item 7: etcd answers a resumed watch with its `created` message, whose
+/// header carries the store's current revision, before the events of the
+/// catch-up; and it sends a catch-up in batches, each with that header.
+/// The cursor once resumed from the header's revision: a stream that broke
+/// in between skipped every event up to it.
+#[test]
+fn a_resumed_watch_resumes_after_the_last_event_it_delivered_not_at_the_header() {
+    let mut cur = Cursor::default();
+    let first = cur.message(WatchMessage {
+        revision: 4,
+        created: true,
+        ..Default::default()
+    });
+    assert!(matches!(first[..], [Inbox::Synced]));
+    assert_eq!(cur.start(), 5);
+    // Reopened from 5 while etcd is at 10: the created message first.
+    let created = cur.message(WatchMessage {
+        revision: 10,
+        created: true,
+        ..Default::default()
+    });
+    assert!(created.is_empty(), "a resumed watch is no resync");
+    assert_eq!(cur.start(), 5, "no event from 5 on was delivered yet");
+    // The first batch of the catch-up.
+    let batch = cur.message(WatchMessage {
+        revision: 10,
+        changes: vec![change(5), change(6)],
+        ..Default::default()
+    });
+    assert_eq!(batch.len(), 2);
+    assert_eq!(cur.start(), 7, "events 7 to 10 are still to come");
+    // A progress notification: everything up to its header was sent.
+    cur.message(WatchMessage {
+        revision: 12,
+        ..Default::default()
+    });
+    assert_eq!(cur.start(), 13);
 }
