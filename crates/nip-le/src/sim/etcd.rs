@@ -118,9 +118,14 @@ impl SimEtcd {
         if !self.reachable(host) {
             return None;
         }
-        if next == 0 {
+        let revision = self.etcd.revision();
+        // A watch ahead of the store: etcd lost data, which takes a
+        // restart, which breaks every stream; the one reopened from `next`
+        // is answered by its created message (etcd then waits in silence
+        // for the store to reach `next`).
+        if next == 0 || revision.saturating_add(1) < next {
             return Some(WatchMessage {
-                revision: self.etcd.revision(),
+                revision,
                 created: true,
                 ..WatchMessage::default()
             });

@@ -97,6 +97,7 @@ impl Task {
         let Some((kv, revision)) = self.noted(pk, r) else {
             return;
         };
+        self.store_at(revision);
         let e = self.entries.get_mut(&pk).expect("noted checked");
         e.seen = e.seen.max(revision);
         let was = e.holder.clone();
@@ -135,6 +136,15 @@ impl Task {
     }
 
     pub(super) fn acquire(&mut self, pk: AgentPubkey, after_another: bool) {
+        if !self.may_take() {
+            // Right after etcd lost data: look again once old permits ran
+            // out (`next_due` wakes us).
+            let until = self.rewound_until;
+            if let Some(e) = self.entries.get_mut(&pk) {
+                e.retry_at = until;
+            }
+            return;
+        }
         let sent = self.clock.boot_nanos();
         let r = self.gw.grant(self.cfg.ttl);
         let Some((lease, ttl)) = self.noted(pk, r) else {
@@ -207,6 +217,7 @@ impl Task {
         sent: u64,
         reason: ChangeReason,
     ) {
+        self.store_at(revision);
         let host_id = self.cfg.host_id.clone();
         let our_id = self.our_id.clone();
         let e = self.entries.get_mut(&pk).expect("caller checked");

@@ -97,6 +97,12 @@ pub(crate) struct Task {
     pub(super) entries: BTreeMap<AgentPubkey, Entry>,
     /// The last time etcd answered anything.
     pub(super) last_contact: Instant,
+    /// The highest store revision etcd has shown us: one below it means
+    /// etcd lost data.
+    pub(super) known_revision: u64,
+    /// After etcd lost data, nobody takes a key before this: a lease etcd
+    /// forgot may still back a permit until then.
+    pub(super) rewound_until: Option<Instant>,
 }
 
 impl Task {
@@ -118,6 +124,8 @@ impl Task {
             tell,
             clock,
             entries: BTreeMap::new(),
+            known_revision: 0,
+            rewound_until: None,
         }
     }
 
@@ -219,6 +227,7 @@ impl Task {
                 e.claim_until = Some(now + self.stand_down);
             }
             Inbox::Withdrawn(pk) => self.hand_over_confirmed(pk),
+            Inbox::Rewound => self.rewound(0),
             Inbox::Synced => {
                 for e in self.entries.values_mut() {
                     e.verify = true;
@@ -227,9 +236,46 @@ impl Task {
             }
             Inbox::Change(c) => {
                 self.last_contact = now;
+                // A watch (even on a lagging member) delivers committed
+                // revisions only: every later call answers at one as high.
+                self.known_revision = self.known_revision.max(c.revision);
                 self.changed(c)
             }
         }
+    }
+
+    /// A store revision etcd answered with: below one it showed before,
+    /// etcd lost data (restored empty or from an old snapshot).
+    pub(super) fn store_at(&mut self, revision: u64) {
+        if revision < self.known_revision {
+            self.rewound(revision);
+        }
+        self.known_revision = self.known_revision.max(revision);
+    }
+
+    /// etcd lost data: what we knew of its revisions means nothing now,
+    /// every key is looked at again, and nobody takes one for a TTL. A
+    /// lease etcd forgot was renewed last before the loss, so any permit it
+    /// backed ends within 0.9 TTL of now (see [`Task::deadline`]).
+    pub(super) fn rewound(&mut self, revision: u64) {
+        tracing::warn!(
+            known = self.known_revision,
+            now = revision,
+            "etcd's revisions went back: it lost data; no key is taken for a TTL"
+        );
+        self.known_revision = revision;
+        self.rewound_until = Some(self.clock.now() + self.cfg.ttl);
+        for e in self.entries.values_mut() {
+            e.seen = 0;
+            e.verify = true;
+            e.retry_at = None;
+            e.claim_lease = None;
+        }
+    }
+
+    /// Whether keys may be taken now (not right after a data loss).
+    pub(super) fn may_take(&self) -> bool {
+        self.rewound_until.is_none_or(|t| self.clock.now() >= t)
     }
 
     /// How long etcd has been silent.

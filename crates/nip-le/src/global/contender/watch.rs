@@ -43,6 +43,12 @@ impl Cursor {
         // counts only for a watch created from now and for a progress
         // notification (no event, not created).
         let progress = m.changes.is_empty() && (!m.created || self.next == 0);
+        if m.created && self.next > 0 && m.revision.saturating_add(1) < self.next {
+            // Reopened on a store that has not reached what we saw: etcd
+            // lost data. Its old revisions mean nothing now.
+            self.next = m.revision.saturating_add(1);
+            return vec![Inbox::Rewound];
+        }
         if m.created && self.next == 0 {
             out.push(Inbox::Synced);
         }

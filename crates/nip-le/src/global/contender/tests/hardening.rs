@@ -167,3 +167,63 @@ fn a_resumed_watch_resumes_after_the_last_event_it_delivered_not_at_the_header()
     });
     assert_eq!(cur.start(), 13);
 }
+
+/// Item 6: a watch reopened after etcd lost its data (a member restored
+/// empty, or from an old snapshot) at a revision the store has not reached
+/// again waits for it in silence. The cursor sees the store behind it and
+/// starts over.
+#[test]
+fn a_watch_reopened_on_a_store_behind_it_starts_over() {
+    let mut cur = Cursor::default();
+    cur.message(WatchMessage {
+        revision: 40,
+        created: true,
+        ..Default::default()
+    });
+    assert_eq!(cur.start(), 41);
+    let again = cur.message(WatchMessage {
+        revision: 3,
+        created: true,
+        ..Default::default()
+    });
+    assert!(
+        matches!(again[..], [Inbox::Rewound]),
+        "the store went back: {again:?}"
+    );
+    assert_eq!(cur.start(), 4);
+}
+
+/// Item 6: etcd loses everything while host a holds the key. Host b
+/// finds the key absent at a revision below one it saw: the lease a had
+/// was promised for up to a TTL, and a may still act on it. b waits that
+/// TTL before it takes the key; a stops acting on its next renewal.
+#[test]
+fn after_etcd_lost_its_data_nobody_takes_the_key_before_the_old_permits_ran_out() {
+    let (clock, etcd, mut a, mut b) = two_hosts(WhenUnreachable::StaySilent);
+    assert!(a.acts() && !b.acts());
+    // Revisions move on (claims come and go) so that b knows a high one.
+    for _ in 0..5 {
+        etcd.put("/nip-le/other", b"x", 0).unwrap();
+    }
+    pump_all(&mut [&mut a, &mut b]);
+    etcd.lose_everything();
+    // b's watch is reopened (etcd restarted) and b looks again.
+    b.cursor.lost();
+    b.task.step(Some(Inbox::Synced));
+    let lost_at = clock.nanos();
+    let mut b_from = None;
+    for step in 0..300u64 {
+        pump_all(&mut [&mut b, &mut a]);
+        assert!(!(a.acts() && b.acts()), "two hosts act at {step}0 ms");
+        if b.acts() && b_from.is_none() {
+            b_from = Some(clock.nanos());
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    let b_from = b_from.expect("b took the key in the end");
+    assert!(
+        b_from - lost_at >= TTL.as_nanos() as u64,
+        "b took the key {} ms after the loss",
+        (b_from - lost_at) / MS
+    );
+}
