@@ -184,6 +184,18 @@ impl KeyCell {
         global == ALWAYS_VALID || clocks.boot_nanos() < global
     }
 
+    /// The flag as the writer set it, fenced or not.
+    pub(crate) fn is_set_leader(&self) -> bool {
+        self.leader.load(Ordering::Acquire)
+    }
+
+    /// We lead our host and are not past the self-fencing deadline (the
+    /// upper level's permit aside).
+    pub(crate) fn host_valid_on(&self, clocks: &(impl Clocks + ?Sized)) -> bool {
+        let until = self.valid_until.load(Ordering::Acquire);
+        self.is_set_leader() && (until == ALWAYS_VALID || clocks.mono_nanos() < until)
+    }
+
     /// The level we hold, as [`KeyCell::is_leader`] says it now.
     pub(crate) fn level(&self) -> Level {
         self.level_on(&SystemClocks)

@@ -42,7 +42,16 @@ pub(crate) trait UpperLevel: Send {
     /// continue).
     /// `tenure` numbers our host leaderships of the key: news carries the
     /// one it belongs to, so a permit of an earlier one is never applied.
-    fn host_leader(&mut self, pubkey: AgentPubkey, leads: bool, revoke: bool, tenure: u64);
+    /// `locked`: we hold the host's lock file (not the NIP's fail-safe,
+    /// where a sibling may lead the host too).
+    fn host_leader(
+        &mut self,
+        pubkey: AgentPubkey,
+        leads: bool,
+        locked: bool,
+        revoke: bool,
+        tenure: u64,
+    );
 
     /// The user claims `pubkey` for this window (which may not lead its
     /// host yet: the claim is posted once it does).

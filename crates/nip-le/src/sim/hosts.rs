@@ -63,14 +63,14 @@ pub struct HostsOptions {
 
 impl HostsOptions {
     /// Three hosts of two extended windows, the NIP's timings, etcd's
-    /// default TTL, process faults on every host and link faults between.
+    /// default TTL, process and disk faults on every host and link faults
+    /// between.
     pub fn new(seconds: u64) -> Self {
         let mut per_host = Options::extended(seconds);
         per_host.extended = 2;
         per_host.mention_every_ms = 0;
         per_host.fault_every_ms = 8000;
         per_host.mix = Mix {
-            files: false,
             clocks: false,
             children: false,
             ..Mix::ALL
@@ -426,11 +426,17 @@ impl Hosts {
             self.silent_since = None;
             return;
         }
+        // A fault on one host excuses silence only while every host has
+        // one: a healthy host takes the agent within the bound (a host
+        // leader that fenced itself and kept its etcd lease kept every
+        // other host from it, found this way).
         let quiet_from = self
             .sims
             .iter()
             .map(Sim::quiet_from)
-            .fold(self.quiet_from, u64::max);
+            .min()
+            .unwrap_or(0)
+            .max(self.quiet_from);
         let began = *self.silent_since.get_or_insert(t);
         let silence = t.saturating_sub(began.max(quiet_from));
         self.out.longest_silence_ns = self.out.longest_silence_ns.max(silence);

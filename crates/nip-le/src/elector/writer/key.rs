@@ -77,6 +77,8 @@ pub(super) struct Key {
     pub(super) announcer: Announcer,
     /// Whether the upper level was last told that we lead our host.
     pub(super) told_upper: bool,
+    /// ... and whether we held the lock file then.
+    pub(super) told_locked: bool,
     /// Our host leaderships of this key, counted (see
     /// [`super::super::upper::UpperLevel::host_leader`]).
     pub(super) upper_tenure: u64,
@@ -424,7 +426,10 @@ impl Key {
     /// Extension: a key we announced as led whose validity ran out without
     /// a successful write is announced as fenced at once, so the app's gate
     /// closes when `is_leader` turns false, not at our next tick.
-    pub(super) fn announce_fencing(&mut self, ctx: &Ctx) {
+    pub(super) fn announce_fencing(&mut self, ctx: &mut Ctx) {
+        // Fenced: the level above hears that we no longer lead the host
+        // (and gives the agent up), unfenced again: that we do.
+        self.tell_upper(ctx, self.cell.is_set_leader(), true);
         let acting = self.cell.is_leader_on(ctx.world.clocks());
         if let Some(a) = self.announcer.lapse(acting) {
             tracing::warn!(pubkey = %self.pubkey, "no successful write within the stale bound: fenced");

@@ -128,7 +128,7 @@ impl Writer {
         }
         self.refresh_due(&woken.keys, woken.all);
         for key in self.keys.values_mut() {
-            key.announce_fencing(&self.ctx);
+            key.announce_fencing(&mut self.ctx);
         }
         self.after_answer();
         true
@@ -323,6 +323,7 @@ impl Writer {
             unwritten: self.left_unwritten.remove(&pk).unwrap_or_default(),
             announcer: Default::default(),
             told_upper: false,
+            told_locked: false,
             upper_tenure: 0,
             global: None,
             global_since: None,

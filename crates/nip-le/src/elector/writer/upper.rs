@@ -10,18 +10,29 @@ use super::key::Key;
 impl Key {
     /// Tells the upper level (if any) when our host leadership changed.
     /// Stopping closes the permit at once (whatever news is on its way).
+    /// A host leader that fenced itself (it cannot write its lock file)
+    /// does not lead for the level above: holding the agent's upper key
+    /// while it cannot act would keep every other host from it. One that
+    /// leads without the lock (the NIP's fail-safe) says so: it may take a
+    /// free key, never continue a sibling's.
     pub(super) fn tell_upper(&mut self, ctx: &mut Ctx, leads: bool, revoke: bool) {
-        if let Some(u) = ctx.upper.as_mut() {
-            if std::mem::replace(&mut self.told_upper, leads) != leads {
-                if leads {
-                    self.upper_tenure += 1;
-                } else {
-                    let p = Permit::NOT_HELD;
-                    self.cell.set_global(p.state, p.until);
-                }
-                u.host_leader(self.pubkey, leads, revoke, self.upper_tenure);
-            }
+        let Some(u) = ctx.upper.as_mut() else {
+            return;
+        };
+        let leads = leads && self.cell.host_valid_on(ctx.world.clocks());
+        let locked = leads && self.m.holds_lock();
+        let was = (self.told_upper, self.told_locked);
+        if was == (leads, locked) {
+            return;
         }
+        (self.told_upper, self.told_locked) = (leads, locked);
+        if leads && !was.0 {
+            self.upper_tenure += 1;
+        } else if !leads {
+            let p = Permit::NOT_HELD;
+            self.cell.set_global(p.state, p.until);
+        }
+        u.host_leader(self.pubkey, leads, locked, revoke, self.upper_tenure);
     }
 
     /// The upper level's part of a claim: it is asked to claim too, and the

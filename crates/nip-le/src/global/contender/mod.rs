@@ -59,6 +59,9 @@ pub(crate) enum Inbox {
     Lead {
         pk: AgentPubkey,
         leads: bool,
+        /// We hold the host's lock file: a fail-safe host leader (no lock)
+        /// never continues a sibling's key.
+        locked: bool,
         revoke: bool,
         tenure: u64,
     },
@@ -170,10 +173,18 @@ impl UpperLevel for Contender {
         &self.host_id
     }
 
-    fn host_leader(&mut self, pk: AgentPubkey, leads: bool, revoke: bool, tenure: u64) {
+    fn host_leader(
+        &mut self,
+        pk: AgentPubkey,
+        leads: bool,
+        locked: bool,
+        revoke: bool,
+        tenure: u64,
+    ) {
         self.send(Inbox::Lead {
             pk,
             leads,
+            locked,
             revoke,
             tenure,
         });

@@ -77,6 +77,28 @@ impl Task {
             self.tell(pk, Some(ChangeReason::Lost));
             return;
         }
+        // A live lease proves nothing about the key: siblings of one host
+        // continue one lease, so check that the key still names us, at the
+        // revision we wrote it (or a later write of ours the watch brought).
+        let key = self.cfg.leader_key(&pk);
+        let r = self.gw.get_at(&key);
+        let Some((kv, revision)) = self.noted(pk, r) else {
+            return;
+        };
+        self.store_at(revision);
+        let ours = kv.as_ref().is_some_and(|kv| {
+            kv.lease == h.lease
+                && kv.mod_revision >= h.revision
+                && holder_of(kv).instance_id == self.our_id
+        });
+        if !ours {
+            if let Some(e) = self.entries.get_mut(&pk) {
+                e.see(kv.as_ref().map(holder_of));
+            }
+            self.lost(pk);
+            return;
+        }
+        let e = self.entries.get_mut(&pk).expect("noted checked");
         let was_valid = self.clock.boot_nanos() < h.until;
         let until = Self::deadline(sent, ttl);
         e.grant(HELD, until);
@@ -136,6 +158,12 @@ impl Task {
     }
 
     pub(super) fn acquire(&mut self, pk: AgentPubkey, after_another: bool) {
+        if !self.entries[&pk].locked {
+            // The NIP's fail-safe: a sibling may lead our host too and hold
+            // the key, or take it next (found by the simulator with disk
+            // faults, seed 93 of `--cluster hosts`).
+            return;
+        }
         if !self.may_take() {
             // Right after etcd lost data: look again once old permits ran
             // out (`next_due` wakes us).
@@ -177,6 +205,11 @@ impl Task {
     /// Continues the lease `kv` is bound to, rewriting the key in our name
     /// only if nobody wrote it since we read it.
     pub(super) fn adopt(&mut self, pk: AgentPubkey, kv: &Kv) {
+        if !self.entries[&pk].locked {
+            // The NIP's fail-safe: the sibling that wrote the key may lead
+            // our host too, and still act on it.
+            return;
+        }
         let sent = self.clock.boot_nanos();
         let (lease, ttl) = if kv.lease == 0 {
             let r = self.gw.grant(self.cfg.ttl);

@@ -60,6 +60,8 @@ pub(super) struct Held {
 pub(super) struct Entry {
     /// We lead our host for this key.
     pub leads: bool,
+    /// ... holding its lock file (not the NIP's fail-safe).
+    pub locked: bool,
     /// The host leadership we were last told of.
     pub tenure: u64,
     pub held: Option<Held>,
@@ -207,12 +209,19 @@ impl Task {
             Inbox::Lead {
                 pk,
                 leads,
+                locked,
                 revoke,
                 tenure,
             } => {
                 let e = self.entries.entry(pk).or_insert_with(Entry::new);
+                let was = e.leads;
                 e.leads = leads;
+                e.locked = locked;
                 e.tenure = tenure;
+                if was && leads {
+                    // Only the lock changed: nothing to start over.
+                    return;
+                }
                 if !leads {
                     self.step_back(pk, revoke);
                 } else if now.saturating_duration_since(self.last_contact) >= self.cfg.ttl {
@@ -387,6 +396,7 @@ impl Entry {
     fn new() -> Self {
         Self {
             leads: false,
+            locked: false,
             tenure: 0,
             held: None,
             holder: None,

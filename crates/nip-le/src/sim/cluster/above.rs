@@ -83,10 +83,18 @@ impl UpperLevel for SimUpper {
     fn host_id(&self) -> &str {
         &self.host_id
     }
-    fn host_leader(&mut self, pk: AgentPubkey, leads: bool, revoke: bool, tenure: u64) {
+    fn host_leader(
+        &mut self,
+        pk: AgentPubkey,
+        leads: bool,
+        locked: bool,
+        revoke: bool,
+        tenure: u64,
+    ) {
         slot(&self.slot).inbox.push_back(Inbox::Lead {
             pk,
             leads,
+            locked,
             revoke,
             tenure,
         });

@@ -202,6 +202,7 @@ impl Host {
         self.task.step(Some(Inbox::Lead {
             pk: pk(),
             leads,
+            locked: true,
             revoke,
             tenure: 1,
         }));
@@ -384,7 +385,7 @@ fn the_thread_shell_runs_the_task_and_stops() {
         gw,
     )
     .unwrap();
-    c.host_leader(pk(), true, false, 1);
+    c.host_leader(pk(), true, true, false, 1);
     let end = Instant::now() + Duration::from_secs(5);
     while !cell.is_leader() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
