@@ -36,7 +36,12 @@ impl Task {
             e.verify = false;
         }
         match held {
-            Some(h) if verify || h.renew_at <= now => self.renew(pk, h),
+            Some(h) if verify || h.renew_at <= now => {
+                self.renew(pk, h);
+                if verify {
+                    self.find_claim(pk);
+                }
+            }
             _ => {}
         }
         if look {
@@ -280,6 +285,25 @@ impl Task {
         e.grant(HELD, until);
         tracing::info!(pubkey = %pk, revision, ?reason, instance = %self.our_id, "holds the etcd lease");
         self.tell_with(pk, Some(reason), from_other_host, false);
+        // Only on a lease of our own: a sibling whose lease we continue
+        // may be paused with its permit still open, and a hand-over now
+        // would give the key away under it (seed 110 of `--cluster hosts`).
+        if matches!(reason, ChangeReason::Acquired | ChangeReason::Failover) {
+            self.find_claim(pk);
+        }
+    }
+
+    /// A claim the watch cannot bring: posted before we took the key, or
+    /// while our watch had lost its place. Looked for when we take a key
+    /// on a lease of our own and after every resync.
+    pub(super) fn find_claim(&mut self, pk: AgentPubkey) {
+        if self.entries.get(&pk).is_none_or(|e| e.held.is_none()) {
+            return;
+        }
+        let r = self.gw.get(&self.cfg.claim_key(&pk));
+        if let Some(Some(claim)) = self.noted(pk, r) {
+            self.hand_over(pk, &claim);
+        }
     }
 
     /// Someone else holds the key now. We look again only after a while:

@@ -227,3 +227,21 @@ fn after_etcd_lost_its_data_nobody_takes_the_key_before_the_old_permits_ran_out(
         (b_from - lost_at) / MS
     );
 }
+
+/// Item 9: a claim posted while the holder's watch was resyncing (or
+/// before the holder took the key) is never delivered as a change: the
+/// holder must find it when it looks again.
+#[test]
+fn a_claim_posted_while_the_holders_watch_lost_its_place_is_still_honoured() {
+    let (clock, _etcd, mut a, mut b) = two_hosts(WhenUnreachable::FallBack);
+    assert!(a.acts());
+    b.task.step(Some(Inbox::Claim(pk())));
+    b.pump();
+    // a's watch loses its place before it saw the claim, and reopens now.
+    a.cursor.lost();
+    for _ in 0..20 {
+        clock.advance(TTL / 20);
+        pump_all(&mut [&mut a, &mut b]);
+    }
+    assert!(!a.acts() && b.acts(), "the claim was never honoured");
+}
