@@ -119,6 +119,11 @@ impl Task {
 
     /// Looks at the key and takes it when it is free, ours or our host's.
     pub(super) fn look(&mut self, pk: AgentPubkey) {
+        if self.entries.get(&pk).is_none_or(|e| e.handing.is_some()) {
+            // Standing down: the key is the claimant's once our writer
+            // confirms; continuing it now would undo the claim.
+            return;
+        }
         let key = self.cfg.leader_key(&pk);
         let r = self.gw.get_at(&key);
         let Some((kv, revision)) = self.noted(pk, r) else {
