@@ -86,6 +86,9 @@ pub(crate) struct Contender {
     stop: Arc<AtomicBool>,
 }
 
+/// The longest [`UpperLevel::shutdown`] waits for the leases to be given up.
+pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_secs(3);
+
 /// What the task's thread receives.
 enum Message {
     In(Inbox),
@@ -198,14 +201,21 @@ impl UpperLevel for Contender {
         self.send(Inbox::Withdrawn(pk));
     }
 
+    /// Gives every lease up, waiting at most [`SHUTDOWN_WAIT`]: an app's
+    /// exit never hangs on etcd. A lease not given up in time runs out on
+    /// its own (one TTL), and the writer closed every permit before this.
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Release);
         let (tx, rx) = mpsc::sync_channel(1);
-        if self.tx.send(Message::Shutdown(tx)).is_ok() {
-            let _ = rx.recv();
-        }
-        if let Some(t) = self.thread.take() {
+        let done =
+            self.tx.send(Message::Shutdown(tx)).is_ok() && rx.recv_timeout(SHUTDOWN_WAIT).is_ok();
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        if done || t.is_finished() {
             let _ = t.join();
+        } else {
+            tracing::warn!("etcd contender: giving the leases up took too long; they will expire");
         }
     }
 }

@@ -63,29 +63,75 @@ impl Cursor {
     }
 }
 
+/// How long the watch waits before it opens the stream again: at once
+/// after a stream that delivered something (a silent connection timing out
+/// is the normal case), then doubling from 50 ms to 2 s while etcd keeps
+/// refusing or closing it, so a broken etcd or proxy is not hammered.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    /// The first delay after a failure, and the most it grows to.
+    const FIRST: Duration = Duration::from_millis(50);
+    const MOST: Duration = Duration::from_secs(2);
+
+    /// A stream delivered a message: the next reopen is immediate.
+    pub(crate) fn delivered(&mut self) {
+        self.failures = 0;
+    }
+
+    /// The stream failed (or ended) without a message: how long to wait.
+    pub(crate) fn failed(&mut self) -> Duration {
+        let d = Self::FIRST.saturating_mul(1 << self.failures.min(6));
+        self.failures = self.failures.saturating_add(1);
+        d.min(Self::MOST)
+    }
+}
+
 /// Follows every key under the prefix, from where it left off, handing
 /// each input to `send` (false: nobody listens any more).
 pub(crate) fn follow(
     cfg: &EtcdConfig,
     gw: &dyn Etcd,
     stop: &AtomicBool,
+    send: impl FnMut(Inbox) -> bool,
+) {
+    follow_with(cfg, gw, stop, send, pause);
+}
+
+/// [`follow`], waiting between failed streams with `wait` (a test counts).
+pub(crate) fn follow_with(
+    cfg: &EtcdConfig,
+    gw: &dyn Etcd,
+    stop: &AtomicBool,
     mut send: impl FnMut(Inbox) -> bool,
+    mut wait: impl FnMut(&AtomicBool, Duration),
 ) {
     let prefix = format!("{}/", cfg.prefix);
     let mut cursor = Cursor::default();
+    let mut backoff = Backoff::default();
+    // The first stream opens at once, and so does one after a stream that
+    // delivered anything (its `created` message counts).
+    let mut at_once = true;
     while !stop.load(Ordering::Acquire) {
+        if !std::mem::take(&mut at_once) {
+            wait(stop, backoff.failed());
+        }
         let mut stream = match gw.watch(&prefix, true, cursor.start(), Duration::from_secs(5)) {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!("etcd watch: {e}");
                 cursor.lost();
-                std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
         };
         loop {
             match stream.next_message() {
                 Ok(m) => {
+                    at_once = true;
+                    backoff.delivered();
                     let ended = m.ended;
                     for i in cursor.message(m) {
                         if !send(i) {
@@ -107,5 +153,17 @@ pub(crate) fn follow(
                 return;
             }
         }
+    }
+}
+
+/// Sleeps `d`, waking early when asked to stop.
+fn pause(stop: &AtomicBool, d: Duration) {
+    let end = std::time::Instant::now() + d;
+    while !stop.load(Ordering::Acquire) {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(20)));
     }
 }

@@ -245,3 +245,150 @@ fn a_claim_posted_while_the_holders_watch_lost_its_place_is_still_honoured() {
     }
     assert!(!a.acts() && b.acts(), "the claim was never honoured");
 }
+
+/// Item 8: a watch stream that etcd (or a proxy) closes at once was
+/// reopened at once, in a hot loop. Failed streams now back off from
+/// 50 ms to 2 s; one that delivered anything reopens at once.
+#[test]
+fn a_watch_stream_closed_at_once_is_reopened_with_a_growing_backoff() {
+    use super::super::watch::{follow_with, Backoff};
+    struct Closing(std::sync::atomic::AtomicUsize);
+    struct Closed;
+    impl Watch for Closed {
+        fn next_message(&mut self) -> EtcdResult<WatchMessage> {
+            Err(GatewayError("closed by etcd".into()))
+        }
+    }
+    impl Etcd for Closing {
+        fn get_at(&self, _: &str) -> EtcdResult<(Option<Kv>, u64)> {
+            unreachable!()
+        }
+        fn create(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
+            unreachable!()
+        }
+        fn swap(&self, _: &str, _: u64, _: &[u8], _: i64, _: Option<&str>) -> EtcdResult<Txn> {
+            unreachable!()
+        }
+        fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
+            unreachable!()
+        }
+        fn grant(&self, _: Duration) -> EtcdResult<(i64, Duration)> {
+            unreachable!()
+        }
+        fn keep_alive(&self, _: i64) -> EtcdResult<Duration> {
+            unreachable!()
+        }
+        fn revoke(&self, _: i64) -> EtcdResult<()> {
+            unreachable!()
+        }
+        fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> EtcdResult<Box<dyn Watch>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Box::new(Closed))
+        }
+    }
+    let gw = Closing(Default::default());
+    let cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
+    let stop = AtomicBool::new(false);
+    let mut waits = Vec::new();
+    follow_with(
+        &cfg,
+        &gw,
+        &stop,
+        |_| true,
+        |stop, d| {
+            waits.push(d);
+            if waits.len() == 8 {
+                stop.store(true, Ordering::SeqCst);
+            }
+        },
+    );
+    let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+    assert_eq!(ms, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+    assert_eq!(
+        gw.0.load(Ordering::SeqCst),
+        9,
+        "the first at once, then one per wait"
+    );
+    let mut b = Backoff::default();
+    b.failed();
+    b.failed();
+    b.delivered();
+    assert_eq!(b.failed(), Duration::from_millis(50), "reset by a delivery");
+}
+
+/// Item 8: shutdown waited for the task to give every lease up, however
+/// long etcd took to answer: an etcd (or resolver) that hangs hung the
+/// app's exit. It now waits at most `SHUTDOWN_WAIT`.
+#[test]
+fn shutdown_returns_in_bounded_time_when_etcd_hangs() {
+    struct Hanging(MemoryEtcd, Arc<AtomicBool>);
+    impl Hanging {
+        fn maybe_hang(&self) {
+            if self.1.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_secs(30));
+            }
+        }
+    }
+    impl Etcd for Hanging {
+        fn get_at(&self, key: &str) -> EtcdResult<(Option<Kv>, u64)> {
+            self.maybe_hang();
+            self.0.get_at(key)
+        }
+        fn create(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<Txn> {
+            self.0.create(key, value, lease)
+        }
+        fn swap(&self, k: &str, rev: u64, v: &[u8], l: i64, also: Option<&str>) -> EtcdResult<Txn> {
+            self.0.swap(k, rev, v, l, also)
+        }
+        fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
+            self.0.put(key, value, lease)
+        }
+        fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
+            self.0.grant(ttl)
+        }
+        fn keep_alive(&self, lease: i64) -> EtcdResult<Duration> {
+            self.maybe_hang();
+            self.0.keep_alive(lease)
+        }
+        fn revoke(&self, lease: i64) -> EtcdResult<()> {
+            self.maybe_hang();
+            self.0.revoke(lease)
+        }
+        fn watch(&self, k: &str, p: bool, s: u64, t: Duration) -> EtcdResult<Box<dyn Watch>> {
+            self.0.watch(k, p, s, t)
+        }
+    }
+    let etcd = MemoryEtcd::default();
+    let hang = Arc::new(AtomicBool::new(false));
+    let gw: Arc<dyn Etcd> = Arc::new(Hanging(etcd.clone(), Arc::clone(&hang)));
+    let cell = Arc::new(KeyCell::new(false, Published::initial(pk())));
+    cell.set_global(global_state::NOT_HELD, 0);
+    cell.set_leader(true);
+    let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
+    cfg.ttl = TTL;
+    let apply = Arc::clone(&cell);
+    let watches: Arc<dyn Etcd> = Arc::new(etcd.clone());
+    let mut c = Contender::start_on(
+        cfg,
+        "a-window",
+        TTL,
+        Box::new(move |_, n| apply.set_global(n.permit.state, n.permit.until)),
+        gw,
+        watches,
+    )
+    .unwrap();
+    c.host_leader(pk(), true, true, false, 1);
+    let end = Instant::now() + Duration::from_secs(5);
+    while !cell.is_leader() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(cell.is_leader(), "took the free key");
+    hang.store(true, Ordering::SeqCst);
+    let began = Instant::now();
+    c.shutdown();
+    let took = began.elapsed();
+    assert!(
+        took < SHUTDOWN_WAIT + Duration::from_secs(2),
+        "shutdown took {took:?} with etcd hanging"
+    );
+}
