@@ -4,7 +4,7 @@
 //!
 //! One concept per file: [`task`] is the machine (its state, what it does
 //! on each input, on an injected clock and an [`Etcd`] behind a trait, no
-//! thread), `moves` its moves on etcd, [`watch`] how a watch stream
+//! thread), `moves` and `claims` its moves on etcd, [`watch`] how a watch stream
 //! becomes inputs; this file is the shell an app runs: one thread for the
 //! task, one for the watch stream, both fed through a channel. Every etcd
 //! call is bounded by a timeout, and a permit ends on its own at the
@@ -26,6 +26,7 @@ use super::etcd::{Change, Etcd, Kv};
 use super::gateway::Gateway;
 use super::EtcdConfig;
 
+mod claims;
 mod moves;
 pub(crate) mod task;
 pub(crate) mod watch;

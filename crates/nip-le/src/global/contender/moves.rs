@@ -1,6 +1,6 @@
 //! The contender's moves on etcd: settle a key after a change of ours,
-//! renew, look, acquire, adopt, hold, lose, step back, claim, hand over,
-//! and follow the watch.
+//! renew, look, acquire, adopt, hold, lose, step back, follow the watch
+//! (the claims across hosts are `claims`).
 
 use std::time::Duration;
 
@@ -298,19 +298,6 @@ impl Task {
         }
     }
 
-    /// A claim the watch cannot bring: posted before we took the key, or
-    /// while our watch had lost its place. Looked for when we take a key
-    /// on a lease of our own and after every resync.
-    pub(super) fn find_claim(&mut self, pk: AgentPubkey) {
-        if self.entries.get(&pk).is_none_or(|e| e.held.is_none()) {
-            return;
-        }
-        let r = self.gw.get(&self.cfg.claim_key(&pk));
-        if let Some(Some(claim)) = self.noted(pk, r) {
-            self.hand_over(pk, &claim);
-        }
-    }
-
     /// Someone else holds the key now. We look again only after a while:
     /// two windows of one host that both think they lead it (a fail-safe
     /// host leader) must not take the key from each other in a hot loop.
@@ -354,112 +341,6 @@ impl Task {
                 self.noted(pk, r);
             }
             None => {}
-        }
-    }
-
-    /// Posts our claim when another host holds the key.
-    pub(super) fn post_claim(&mut self, pk: AgentPubkey) {
-        let e = &self.entries[&pk];
-        if e.claim_until.is_none() || e.claim_lease.is_some() {
-            return;
-        }
-        let r = self.gw.grant(self.cfg.ttl);
-        let Some((lease, _)) = self.noted(pk, r) else {
-            return;
-        };
-        let (key, value) = (self.cfg.claim_key(&pk), self.value());
-        let r = self.gw.put(&key, &value, lease);
-        if self.noted(pk, r).is_some() {
-            self.entries.get_mut(&pk).expect("noted").claim_lease = Some(lease);
-            tracing::info!(pubkey = %pk, "posted a cross-host claim");
-        } else {
-            let _ = self.gw.revoke(lease);
-        }
-    }
-
-    pub(super) fn claim_expired(&mut self, pk: AgentPubkey) {
-        let e = self.entries.get_mut(&pk).expect("caller checked");
-        e.claim_until = None;
-        if let Some(lease) = e.claim_lease.take() {
-            self.withdraw_claim(pk, lease);
-        }
-    }
-
-    /// Revokes our claim's lease (which deletes the claim key with it),
-    /// unless the holder granted the claim: the leader key is then bound to
-    /// that lease, and whoever continues it (we, or a sibling that took our
-    /// host's lock since) acts on it. Revoking it then would delete the key
-    /// under a window that still acts (found by the simulator, seed 131 of
-    /// `--cluster hosts`).
-    pub(super) fn withdraw_claim(&mut self, pk: AgentPubkey, lease: i64) {
-        let key = self.cfg.leader_key(&pk);
-        match self.gw.get(&key) {
-            Ok(Some(kv)) if kv.lease == lease => {}
-            Ok(_) => {
-                let _ = self.gw.revoke(lease);
-            }
-            // Unknown: let the lease run out on its own (one TTL).
-            Err(_) => {}
-        }
-    }
-
-    /// The leader key is bound to the lease of our claim: the claim was
-    /// granted, and the lease is no longer ours to withdraw.
-    pub(super) fn claim_lease_taken(&mut self, pk: AgentPubkey, kv: &Kv) {
-        if let Some(e) = self.entries.get_mut(&pk) {
-            if e.claim_lease == Some(kv.lease) {
-                e.claim_lease = None;
-            }
-        }
-    }
-
-    /// The holder stands down for a claim from another window: stop acting
-    /// first (the writer confirms it closed the permit), then rewrite the
-    /// key for the claimant (bound to its lease) and drop the claim in one
-    /// transaction ([`Task::hand_over_confirmed`]).
-    pub(super) fn hand_over(&mut self, pk: AgentPubkey, claim: &Kv) {
-        let claimant = holder_of(claim);
-        let e = self.entries.get_mut(&pk).expect("caller checked");
-        let Some(h) = e.held else {
-            return;
-        };
-        // A claim from our own host is the host's file election's to serve
-        // (the claimant takes the host lock and continues our lease).
-        if claimant.instance_id.is_empty()
-            || claimant.instance_id == self.our_id
-            || claimant.host_id == self.cfg.host_id
-            || claim.lease == 0
-        {
-            return;
-        }
-        e.grant(NOT_HELD, 0);
-        e.held = None;
-        e.handing = Some((h, claim.clone()));
-        tracing::info!(pubkey = %pk, to = %claimant.instance_id, "standing down for a cross-host claim");
-        self.tell_with(pk, Some(ChangeReason::StoodDown), false, true);
-    }
-
-    /// The writer no longer acts on our permit: the key goes to the
-    /// claimant we stood down for.
-    pub(super) fn hand_over_confirmed(&mut self, pk: AgentPubkey) {
-        let Some((h, claim)) = self.entries.get_mut(&pk).and_then(|e| e.handing.take()) else {
-            return;
-        };
-        let key = self.cfg.leader_key(&pk);
-        let claim_key = self.cfg.claim_key(&pk);
-        let r = self.gw.swap(
-            &key,
-            h.revision,
-            &claim.value,
-            claim.lease,
-            Some(&claim_key),
-        );
-        // Our old lease, unless the claimant's key is bound to it now (we
-        // had continued a lease of the claimant's host).
-        if let Some(Txn::Done(_)) = self.noted(pk, r) {
-            if h.lease != claim.lease {
-                self.give_up_lease(pk, h.lease);
-            }
         }
     }
 
@@ -520,32 +401,6 @@ impl Task {
             }
             Some(_) => self.lost(pk),
             None => self.tell(pk, None),
-        }
-    }
-
-    /// Whether `kv` is our claim granted (the holder rewrote the key for
-    /// us, bound to our claim's lease); if so, we hold it now.
-    pub(super) fn claim_granted(&mut self, pk: AgentPubkey, kv: &Kv) -> bool {
-        let e = &self.entries[&pk];
-        let ours = holder_of(kv).instance_id == self.our_id;
-        if !(ours && e.leads && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
-            return false;
-        }
-        let sent = self.clock.boot_nanos();
-        let r = self.gw.keep_alive(kv.lease);
-        match self.noted(pk, r).map(|t| self.bounded(t)) {
-            Some(ttl) if !ttl.is_zero() => {
-                self.hold(
-                    pk,
-                    kv.lease,
-                    kv.mod_revision,
-                    ttl,
-                    sent,
-                    ChangeReason::Claimed,
-                );
-                true
-            }
-            _ => false,
         }
     }
 
