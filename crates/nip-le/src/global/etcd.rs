@@ -63,14 +63,16 @@ pub(crate) trait Etcd: Send + Sync {
     /// Creates `key` bound to `lease` only if it does not exist.
     fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn>;
     /// Rewrites `key` (bound to `lease`) only if it was last written at
-    /// `mod_revision`; deletes `also_delete` in the same transaction.
+    /// `mod_revision`; deletes `also_delete` in the same transaction, which
+    /// runs only if that key, too, was last written at the revision given
+    /// (a newer value there is never deleted unseen).
     fn swap(
         &self,
         key: &str,
         mod_revision: u64,
         value: &[u8],
         lease: i64,
-        also_delete: Option<&str>,
+        also_delete: Option<(&str, u64)>,
     ) -> Result<Txn>;
     /// Puts `key` unconditionally, bound to `lease`.
     fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()>;

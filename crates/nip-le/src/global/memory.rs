@@ -192,16 +192,18 @@ impl Etcd for MemoryEtcd {
         mod_revision: u64,
         value: &[u8],
         lease: i64,
-        also_delete: Option<&str>,
+        also_delete: Option<(&str, u64)>,
     ) -> Result<Txn> {
         let mut s = self.lock();
         let current = s.kvs.get(key).cloned();
-        if current.as_ref().map_or(0, |kv| kv.mod_revision) != mod_revision {
+        let rev_of = |k: &str| s.kvs.get(k).map_or(0, |kv| kv.mod_revision);
+        let other_moved = also_delete.is_some_and(|(k, rev)| rev_of(k) != rev);
+        if current.as_ref().map_or(0, |kv| kv.mod_revision) != mod_revision || other_moved {
             return Ok(Txn::Failed(current));
         }
         s.revision += 1;
         s.put_at(key, value, lease)?;
-        if let Some(k) = also_delete {
+        if let Some((k, _)) = also_delete {
             s.delete_at(k);
         }
         let rev = s.revision;

@@ -229,7 +229,7 @@ impl Etcd for Client {
         mod_revision: u64,
         value: &[u8],
         lease: i64,
-        also_delete: Option<&str>,
+        also_delete: Option<(&str, u64)>,
     ) -> Result<Txn> {
         self.etcd.call(self.host, |e| {
             e.swap(key, mod_revision, value, lease, also_delete)

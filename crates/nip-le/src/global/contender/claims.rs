@@ -118,14 +118,27 @@ impl Task {
             h.revision,
             &claim.value,
             claim.lease,
-            Some(&claim_key),
+            Some((&claim_key, claim.mod_revision)),
         );
-        // Our old lease, unless the claimant's key is bound to it now (we
-        // had continued a lease of the claimant's host).
-        if let Some(Txn::Done(_)) = self.noted(pk, r) {
-            if h.lease != claim.lease {
-                self.give_up_lease(pk, h.lease);
+        match self.noted(pk, r) {
+            // Our old lease, unless the claimant's key is bound to it now
+            // (we had continued a lease of the claimant's host).
+            Some(Txn::Done(_)) => {
+                if h.lease != claim.lease {
+                    self.give_up_lease(pk, h.lease);
+                }
             }
+            // The key is still ours as we left it: the claim changed (a
+            // newer one replaced it, or it was withdrawn). We still hold
+            // (our writer stays stopped until a renewal opens the permit
+            // again) and honour whatever claim is there now.
+            Some(Txn::Failed(Some(kv))) if kv.lease == h.lease && kv.mod_revision == h.revision => {
+                if let Some(e) = self.entries.get_mut(&pk) {
+                    e.held = Some(h);
+                }
+                self.find_claim(pk);
+            }
+            _ => {}
         }
     }
 
@@ -134,7 +147,9 @@ impl Task {
     pub(super) fn claim_granted(&mut self, pk: AgentPubkey, kv: &Kv) -> bool {
         let e = &self.entries[&pk];
         let ours = holder_of(kv).instance_id == self.our_id;
-        if !(ours && e.leads && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
+        // Granted to a fail-safe host leader (no lock file): the sibling
+        // that holds the lock continues it (seed 7 of `--cluster hosts`).
+        if !(ours && e.leads && e.locked && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
             return false;
         }
         let sent = self.clock.boot_nanos();

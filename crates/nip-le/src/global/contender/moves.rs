@@ -69,6 +69,13 @@ impl Task {
     /// Renews our lease; a lease that etcd no longer knows means the key
     /// is gone.
     pub(super) fn renew(&mut self, pk: AgentPubkey, h: Held) {
+        if !self.entries[&pk].locked {
+            // The NIP's fail-safe: the sibling holding our host's lock
+            // continues the lease; we stop acting on it (seed 7 of
+            // `--cluster hosts`, with disk faults).
+            self.step_back(pk, false);
+            return;
+        }
         let sent = self.clock.boot_nanos();
         let r = self.gw.keep_alive(h.lease);
         let Some(ttl) = self.noted(pk, r).map(|t| self.bounded(t)) else {

@@ -219,7 +219,14 @@ impl Task {
                 e.locked = locked;
                 e.tenure = tenure;
                 if was && leads {
-                    // Only the lock changed: nothing to start over.
+                    // Only the lock changed. Without it (the NIP's
+                    // fail-safe) we give up a key we hold: the sibling
+                    // that holds the lock continues it, and must find
+                    // nobody else acting on it (seed 7 of `--cluster
+                    // hosts`, with disk faults).
+                    if !locked && e.held.is_some() {
+                        self.step_back(pk, false);
+                    }
                     return;
                 }
                 if !leads {

@@ -231,13 +231,17 @@ impl Gateway {
         compare: Value,
         value: &[u8],
         lease: i64,
-        also_delete: Option<&str>,
+        also_delete: Option<(&str, u64)>,
     ) -> Result<Txn> {
         let mut success = vec![json!({ "request_put": {
             "key": b64(key), "value": B64.encode(value), "lease": lease.to_string()
         }})];
-        if let Some(k) = also_delete {
+        let mut compare = compare;
+        if let Some((k, rev)) = also_delete {
             success.push(json!({ "request_delete_range": { "key": b64(k) } }));
+            if let Some(c) = compare.as_array_mut() {
+                c.push(json!({ "target": "MOD", "key": b64(k), "mod_revision": rev.to_string() }));
+            }
         }
         let body = json!({
             "compare": compare,
@@ -274,14 +278,15 @@ impl Etcd for Gateway {
     }
 
     /// Rewrites `key` (bound to `lease`) only if it was last written at
-    /// `mod_revision`; deletes `also_delete` in the same transaction.
+    /// `mod_revision`; deletes `also_delete` in the same transaction, only
+    /// if it too was last written at the revision given.
     fn swap(
         &self,
         key: &str,
         mod_revision: u64,
         value: &[u8],
         lease: i64,
-        also_delete: Option<&str>,
+        also_delete: Option<(&str, u64)>,
     ) -> Result<Txn> {
         let compare = json!([{
             "target": "MOD", "key": b64(key), "mod_revision": mod_revision.to_string()

@@ -31,7 +31,14 @@ impl Etcd for TwistedEtcd {
     fn create(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<Txn> {
         self.etcd.create(key, value, lease)
     }
-    fn swap(&self, k: &str, rev: u64, v: &[u8], lease: i64, also: Option<&str>) -> EtcdResult<Txn> {
+    fn swap(
+        &self,
+        k: &str,
+        rev: u64,
+        v: &[u8],
+        lease: i64,
+        also: Option<(&str, u64)>,
+    ) -> EtcdResult<Txn> {
         self.etcd.swap(k, rev, v, lease, also)
     }
     fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
@@ -266,7 +273,14 @@ fn a_watch_stream_closed_at_once_is_reopened_with_a_growing_backoff() {
         fn create(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
             unreachable!()
         }
-        fn swap(&self, _: &str, _: u64, _: &[u8], _: i64, _: Option<&str>) -> EtcdResult<Txn> {
+        fn swap(
+            &self,
+            _: &str,
+            _: u64,
+            _: &[u8],
+            _: i64,
+            _: Option<(&str, u64)>,
+        ) -> EtcdResult<Txn> {
             unreachable!()
         }
         fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
@@ -337,7 +351,14 @@ fn shutdown_returns_in_bounded_time_when_etcd_hangs() {
         fn create(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<Txn> {
             self.0.create(key, value, lease)
         }
-        fn swap(&self, k: &str, rev: u64, v: &[u8], l: i64, also: Option<&str>) -> EtcdResult<Txn> {
+        fn swap(
+            &self,
+            k: &str,
+            rev: u64,
+            v: &[u8],
+            l: i64,
+            also: Option<(&str, u64)>,
+        ) -> EtcdResult<Txn> {
             self.0.swap(k, rev, v, l, also)
         }
         fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
@@ -391,4 +412,39 @@ fn shutdown_returns_in_bounded_time_when_etcd_hangs() {
         took < SHUTDOWN_WAIT + Duration::from_secs(2),
         "shutdown took {took:?} with etcd hanging"
     );
+}
+
+/// Item 9: the hand-over deleted the claim key by name: a newer claim,
+/// posted while the holder's writer was confirming, was deleted unseen
+/// with the one honoured. Now the claim goes only as the revision that
+/// was honoured; a newer one fails the hand-over, and the holder, still
+/// holding, honours the newer claim instead.
+#[test]
+fn a_newer_claim_is_never_deleted_by_the_hand_over_of_an_older_one() {
+    let (_clock, etcd, mut a, mut b) = two_hosts(WhenUnreachable::FallBack);
+    let mut c = Host::new(&etcd, &_clock, "c", WhenUnreachable::FallBack);
+    c.lead(true, false);
+    assert!(a.acts());
+    b.task.step(Some(Inbox::Claim(pk())));
+    b.pump();
+    // a sees b's claim and asks its writer to stop acting.
+    let changes = etcd.changes_since("/nip-le/", a.cursor.start()).unwrap();
+    for i in a.cursor.message(changes) {
+        a.task.step(Some(i));
+    }
+    let news = std::mem::take(&mut *a.news.lock().unwrap());
+    assert!(news.iter().any(|n| n.confirm), "asked to confirm");
+    // Meanwhile c claims: its claim replaces b's.
+    c.task.step(Some(Inbox::Claim(pk())));
+    c.pump();
+    let claim_key = format!("/nip-le/{}/claim", pk());
+    let newer = etcd.get(&claim_key).unwrap().expect("c's claim");
+    assert_eq!(holder_of(&newer).host_id, "c");
+    a.cell.set_global(global_state::NOT_HELD, 0);
+    a.task.step(Some(Inbox::Withdrawn(pk())));
+    pump_all(&mut [&mut a, &mut b, &mut c]);
+    pump_all(&mut [&mut a, &mut b, &mut c]);
+    let holder = holder_of(&etcd.get(&leader_key()).unwrap().expect("held"));
+    assert_eq!(holder.host_id, "c", "the newer claim was dropped");
+    assert!(c.acts() && !a.acts() && !b.acts());
 }

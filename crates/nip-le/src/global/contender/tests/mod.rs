@@ -99,7 +99,14 @@ impl Etcd for Cut {
         self.check()?;
         self.etcd.create(key, value, lease)
     }
-    fn swap(&self, k: &str, rev: u64, v: &[u8], lease: i64, also: Option<&str>) -> EtcdResult<Txn> {
+    fn swap(
+        &self,
+        k: &str,
+        rev: u64,
+        v: &[u8],
+        lease: i64,
+        also: Option<(&str, u64)>,
+    ) -> EtcdResult<Txn> {
         self.check()?;
         self.etcd.swap(k, rev, v, lease, also)
     }
