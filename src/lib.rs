@@ -210,15 +210,15 @@ impl Builder {
     /// leads its host by the NIP's lock file as before, and then acts only
     /// while it also holds the agent's lease in the etcd cluster at
     /// `endpoints` (`http://host:port`); status and events say which level
-    /// it holds. Defaults: host id = the hostname (every window of a host
-    /// must share it), lease TTL 10 s, fall back to host-local leadership
+    /// it holds. Defaults: host id = a random id kept in the lock directory
+    /// (so every window of a host shares it and no two hosts do), lease
+    /// TTL 10 s, fall back to host-local leadership
     /// while etcd is unreachable. See [`Builder::etcd_config`] to change
     /// them, and `docs/cross-host.md` for the failure model.
     #[cfg(feature = "etcd")]
     pub fn etcd<I: IntoIterator<Item = S>, S: Into<String>>(mut self, endpoints: I) -> Self {
-        let host = nip_le::host::here().host.clone().unwrap_or_default();
         let endpoints = endpoints.into_iter().map(Into::into).collect();
-        self.etcd = Some(nip_le::global::EtcdConfig::new(endpoints, host));
+        self.etcd = Some(nip_le::global::EtcdConfig::new(endpoints, ""));
         self
     }
 

@@ -428,3 +428,42 @@ fn etcd_restarted_one_global_leader_afterwards() {
     }
     audit(&h, &refs);
 }
+
+/// Issue 21, item 5: with no `--host-id`, each host gets the random id kept
+/// in its lock directory. The default was the hostname, which two hosts
+/// often share (and which these "hosts", one machine, always do): each
+/// then saw the key name its own host, continued the other's lease and
+/// rewrote the key, back and forth every renewal. Here the holder keeps
+/// the key: one write in four TTLs.
+#[test]
+fn two_hosts_without_a_host_id_get_their_own_and_never_take_the_key_from_each_other() {
+    let Some(h) = Hosts::new() else { return };
+    let window = |host: &str| {
+        let mut o = h.opts(host, &[]);
+        let at = o.extra_args.iter().position(|a| a == "--host-id").unwrap();
+        o.extra_args.drain(at..at + 2);
+        let id = format!("{host}-w0");
+        Instance::spawn(&id, o.command(Some(&id)), Duration::from_secs(10)).expect("starts")
+    };
+    let windows = [window("x"), window("y")];
+    let insts: Vec<&Instance> = windows.iter().collect();
+    one_global_leader(&insts, Duration::from_secs(10));
+    let ids: Vec<String> = ["x", "y"]
+        .iter()
+        .map(|host| {
+            let p = h.tmp.path().join(host).join(nip_le::global::HOST_ID_FILE);
+            std::fs::read_to_string(p).expect("a host id was kept")
+        })
+        .collect();
+    assert_ne!(ids[0], ids[1], "two hosts, one id");
+    let writes = || key_history(&h.config(), &h.pubkey).expect("history").len();
+    let before = writes();
+    // Renewals every TTL/3: long enough for twelve of them.
+    std::thread::sleep(Duration::from_secs(4 * TTL_S));
+    assert_eq!(
+        writes(),
+        before,
+        "the key was rewritten: hosts took it from each other"
+    );
+    one_global_leader(&insts, Duration::from_secs(1));
+}

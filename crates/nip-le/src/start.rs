@@ -21,11 +21,17 @@ impl Elector {
 /// The etcd contender, when the configuration names etcd.
 #[cfg(feature = "etcd")]
 fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
-    let Some(etcd) = config.etcd.clone() else {
+    let Some(mut etcd) = config.etcd.clone() else {
         return upper::none();
     };
     let (id, stand_down) = (id.as_str().to_owned(), config.stand_down);
+    let lock_dir = config.lock_dir.clone();
     Box::new(move |tell| {
+        if etcd.host_id.is_empty() {
+            // No host id given: the one kept in the lock directory.
+            etcd.host_id = crate::global::persisted_host_id(&lock_dir)
+                .map_err(crate::config::ConfigError::Etcd)?;
+        }
         let contender = crate::global::Contender::start(etcd, &id, stand_down, tell)
             .map_err(|e| crate::Error::io("<etcd thread>", e))?;
         Ok(Some(Box::new(contender) as Box<dyn upper::UpperLevel>))

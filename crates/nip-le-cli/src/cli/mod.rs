@@ -45,8 +45,9 @@ pub struct EtcdArgs {
     /// across every host.
     #[arg(long = "etcd", value_name = "URL")]
     pub etcd: Vec<String>,
-    /// This host's id (the same for every window of one host) [default:
-    /// the hostname].
+    /// This host's id (the same for every window of one host, different
+    /// on every host) [default: a random id kept in the lock directory's
+    /// `etcd-host-id`].
     #[arg(long, requires = "etcd")]
     pub host_id: Option<String>,
     /// Lease TTL in whole seconds [default: 10].
@@ -87,11 +88,8 @@ impl EtcdArgs {
         if self.etcd.is_empty() {
             return Ok(None);
         }
-        let host = self
-            .host_id
-            .clone()
-            .or_else(|| nip_le::host::here().host.clone());
-        let mut c = nip_le::global::EtcdConfig::new(self.etcd.clone(), host.unwrap_or_default());
+        let host = self.host_id.clone().unwrap_or_default();
+        let mut c = nip_le::global::EtcdConfig::new(self.etcd.clone(), host);
         if let Some(s) = self.etcd_ttl_s {
             c.ttl = Duration::from_secs(s);
         }

@@ -48,7 +48,10 @@ pub struct EtcdConfig {
     /// Client URLs, `http://host:port`; a failed call moves to the next.
     pub endpoints: Vec<String>,
     /// This host's id: every window of one host must use the same one
-    /// (it is how a sibling knows it may continue the host's lease).
+    /// (it is how a sibling knows it may continue the host's lease), and
+    /// no two hosts may share one. Empty (the default): a random id kept
+    /// in the lock directory ([`crate::global::HOST_ID_FILE`]), made by
+    /// the first window that needs it.
     pub host_id: String,
     /// Lease TTL, whole seconds (etcd's minimum is about 2 s).
     pub ttl: Duration,
@@ -242,7 +245,8 @@ fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
 
 impl EtcdConfig {
     /// Defaults (TTL 10 s, prefix `/nip-le`, fall back when unreachable)
-    /// for `endpoints` and `host_id`.
+    /// for `endpoints` and `host_id` (empty: the id kept in the lock
+    /// directory).
     pub fn new(endpoints: Vec<String>, host_id: impl Into<String>) -> Self {
         Self {
             endpoints,
@@ -285,7 +289,7 @@ impl EtcdConfig {
         if let Some(auth) = &self.auth {
             auth.validate()?;
         }
-        if !crate::host::valid_field(&self.host_id) {
+        if !self.host_id.is_empty() && !crate::host::valid_field(&self.host_id) {
             return Err(format!(
                 "etcd host id {:?}: 1 to 255 bytes, no control characters",
                 self.host_id

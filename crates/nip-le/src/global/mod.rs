@@ -32,6 +32,7 @@
 pub(crate) mod contender;
 pub(crate) mod etcd;
 mod gateway;
+mod host_id;
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod memory;
 
@@ -41,6 +42,7 @@ pub use crate::config::etcd::{
     EtcdAuth, EtcdConfig, EtcdTls, WhenUnreachable, DEFAULT_PREFIX, DEFAULT_TTL,
 };
 pub(crate) use contender::Contender;
+pub use host_id::{persisted as persisted_host_id, HOST_ID_FILE};
 
 use crate::elector::GlobalHolder;
 use crate::pubkey::AgentPubkey;
@@ -117,7 +119,7 @@ mod tests {
         for bad in [
             EtcdConfig::new(vec![], "h"),
             EtcdConfig::new(vec!["https://x:1".into()], "h"),
-            EtcdConfig::new(vec!["http://x:1".into()], ""),
+            EtcdConfig::new(vec!["http://x:1".into()], "a\u{7f}b"),
             EtcdConfig::new(vec!["http://x:1".into()], "a\nb"),
             EtcdConfig {
                 ttl: Duration::from_millis(1500),

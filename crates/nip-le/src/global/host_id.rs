@@ -1,0 +1,142 @@
+//! The default host id: a random id kept in the lock directory, so every
+//! window of a host (they share the directory) uses the same one, and no
+//! two hosts do. The hostname was the default before; two hosts often
+//! share one ("ubuntu", "MacBook-Pro"), and a host that sees its own id on
+//! the agent's key continues the lease it is bound to, so two such hosts
+//! took the key from each other every renewal.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+use crate::lockfile::{open_regular_file, Create};
+
+/// The file, in the lock directory.
+pub const HOST_ID_FILE: &str = "etcd-host-id";
+
+/// The most a host id file may hold (a longer one is not ours).
+const MAX_LEN: u64 = 128;
+
+/// Whether `id` could be one we wrote: `h-` and 32 hex digits, or any other
+/// short run of letters, digits, `-`, `_` and `.` (an id an operator put
+/// there by hand).
+fn plausible(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn path_in(lock_dir: &Path) -> PathBuf {
+    lock_dir.join(HOST_ID_FILE)
+}
+
+/// Reads the host id kept in `lock_dir`, writing a new random one first
+/// when there is none. Windows that start together agree: the id is
+/// written beside and linked into place only if no other window's got
+/// there first. Hostile content (a symlink, a fifo, a huge file, bytes
+/// that are no id) is an error naming the file, never replaced silently:
+/// another host id would let another host's lease be continued.
+pub fn persisted(lock_dir: &Path) -> Result<String, String> {
+    let path = path_in(lock_dir);
+    match read(&path) {
+        Ok(Some(id)) => return Ok(id),
+        Ok(None) => {}
+        Err(e) => return Err(e),
+    }
+    let id = format!("h-{}", uuid::Uuid::new_v4().simple());
+    let tmp = lock_dir.join(format!(
+        ".{HOST_ID_FILE}.{}.tmp",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = open_regular_file(&tmp, Create::New)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, id.as_bytes()))
+        .and_then(|()| std::fs::hard_link(&tmp, &path));
+    let _ = std::fs::remove_file(&tmp);
+    match written {
+        Ok(()) => Ok(id),
+        // Another window wrote its id first: that one is the host's.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            read(&path)?.ok_or_else(|| format!("{}: vanished while read", path.display()))
+        }
+        Err(e) => Err(format!("{}: cannot write the host id: {e}", path.display())),
+    }
+}
+
+/// The id in `path`, `None` when there is no file.
+fn read(path: &Path) -> Result<Option<String>, String> {
+    let f = match open_regular_file(path, Create::No) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: cannot read the host id: {e}", path.display())),
+    };
+    let mut bytes = Vec::new();
+    f.take(MAX_LEN + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: cannot read the host id: {e}", path.display()))?;
+    let id = std::str::from_utf8(&bytes).map(str::trim).unwrap_or("");
+    if bytes.len() as u64 > MAX_LEN || !plausible(id) {
+        return Err(format!(
+            "{}: not a host id (remove it to have a new one made, or write one by hand)",
+            path.display()
+        ));
+    }
+    Ok(Some(id.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_id_per_lock_directory_kept_across_starts() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = persisted(a.path()).unwrap();
+        assert!(first.starts_with("h-") && first.len() == 34, "{first}");
+        assert_eq!(persisted(a.path()).unwrap(), first, "kept");
+        assert_ne!(persisted(b.path()).unwrap(), first, "another host");
+        let left: Vec<_> = std::fs::read_dir(a.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file left");
+    }
+
+    #[test]
+    fn windows_starting_together_agree_on_one_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| persisted(dir.path()).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(ids.iter().all(|i| *i == ids[0]), "{ids:?}");
+    }
+
+    #[test]
+    fn hostile_content_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(HOST_ID_FILE);
+        for bad in [
+            &b"../../etc/passwd"[..],
+            b"",
+            b"a\nb",
+            b"\xff\xfe",
+            &[b'a'; 200],
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            let e = persisted(dir.path()).unwrap_err();
+            assert!(e.contains(HOST_ID_FILE), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), bad, "never replaced");
+        }
+        std::fs::write(&path, "laptop-7\n").unwrap();
+        assert_eq!(
+            persisted(dir.path()).unwrap(),
+            "laptop-7",
+            "one set by hand"
+        );
+        #[cfg(unix)]
+        {
+            std::fs::remove_file(&path).unwrap();
+            std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
+            assert!(persisted(dir.path()).is_err(), "a symlink is followed");
+        }
+    }
+}
