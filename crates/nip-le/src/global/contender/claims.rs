@@ -123,11 +123,8 @@ impl Task {
         match self.noted(pk, r) {
             // Our old lease, unless the claimant's key is bound to it now
             // (we had continued a lease of the claimant's host).
-            Some(Txn::Done(_)) => {
-                if h.lease != claim.lease {
-                    self.give_up_lease(pk, h.lease);
-                }
-            }
+            Some(Txn::Done(_)) if h.lease != claim.lease => self.give_up_lease(pk, h.lease),
+            Some(Txn::Done(_)) => {}
             // The key is still ours as we left it: the claim changed (a
             // newer one replaced it, or it was withdrawn). We still hold
             // (our writer stays stopped until a renewal opens the permit
