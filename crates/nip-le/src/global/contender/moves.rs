@@ -175,11 +175,26 @@ impl Task {
     }
 
     pub(super) fn acquire(&mut self, pk: AgentPubkey, after_another: bool) {
+        let taken = self.try_acquire(pk, after_another);
+        let now = self.clock.now();
+        if let Some(e) = self.entries.get_mut(&pk) {
+            if taken == Some(false) {
+                e.stuck_since.get_or_insert(now);
+            } else {
+                e.stuck_since = None;
+            }
+        }
+    }
+
+    /// [`Task::acquire`]: `Some(true)` taken, `Some(false)` refused by
+    /// etcd (a grant or the create failed), `None` not tried or someone
+    /// else holds it.
+    fn try_acquire(&mut self, pk: AgentPubkey, after_another: bool) -> Option<bool> {
         if !self.entries[&pk].locked {
             // The NIP's fail-safe: a sibling may lead our host too and hold
             // the key, or take it next (found by the simulator with disk
             // faults, seed 93 of `--cluster hosts`).
-            return;
+            return None;
         }
         if !self.may_take() {
             // Right after etcd lost data: look again once old permits ran
@@ -188,12 +203,12 @@ impl Task {
             if let Some(e) = self.entries.get_mut(&pk) {
                 e.retry_at = until;
             }
-            return;
+            return None;
         }
         let sent = self.clock.boot_nanos();
         let r = self.gw.grant(self.cfg.ttl);
         let Some((lease, ttl)) = self.noted(pk, r) else {
-            return;
+            return Some(false);
         };
         let ttl = self.bounded(ttl);
         let (key, value) = (self.cfg.leader_key(&pk), self.value());
@@ -206,15 +221,18 @@ impl Task {
                     ChangeReason::Acquired
                 };
                 self.hold(pk, lease, revision, ttl, sent, reason);
+                Some(true)
             }
             Some(Txn::Failed(kv)) => {
                 let _ = self.gw.revoke(lease);
                 let e = self.entries.get_mut(&pk).expect("noted checked");
                 e.see(kv.as_ref().map(holder_of));
                 self.tell(pk, None);
+                None
             }
             None => {
                 let _ = self.gw.revoke(lease);
+                Some(false)
             }
         }
     }
@@ -421,9 +439,19 @@ impl Task {
     /// have survived that, and the policy decides whether the host leader
     /// acts anyway.
     pub(super) fn check_unreachable(&mut self, pk: AgentPubkey) {
-        let silent = self.silence() >= self.cfg.ttl;
+        let now = self.clock.now();
+        let ttl = self.cfg.ttl;
         let policy = self.cfg.when_unreachable;
+        let quiet = self.silence() >= ttl;
         let e = self.entries.get_mut(&pk).expect("caller checked");
+        // A key nobody holds that we could not take for a whole TTL (etcd
+        // answers, but refuses every grant and write: its NOSPACE alarm, a
+        // role without write access) is as good as an etcd out of reach.
+        let stuck = e.held.is_none()
+            && e.holder.is_none()
+            && e.stuck_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= ttl);
+        let silent = quiet || stuck;
         if silent && e.held.is_some() {
             e.held = None;
             e.grant(NOT_HELD, 0);

@@ -73,6 +73,8 @@ pub(super) struct Entry {
     pub claim_lease: Option<i64>,
     /// Don't call etcd for this key before (after a failure).
     pub retry_at: Option<Instant>,
+    /// Since when etcd has refused to let us take the free key.
+    pub stuck_since: Option<Instant>,
     /// Look again even if we hold (after the watch lost track).
     pub verify: bool,
     /// The latest revision at which we know the leader key's state.
@@ -411,6 +413,7 @@ impl Entry {
             claim_until: None,
             claim_lease: None,
             retry_at: None,
+            stuck_since: None,
             verify: false,
             seen: 0,
             last_holder_host: None,

@@ -11,6 +11,19 @@ struct Twisted {
     ttl: Mutex<Option<Duration>>,
     /// The next keep-alive panics (a bug anywhere in a call).
     panic_once: AtomicBool,
+    /// etcd's NOSPACE alarm: every write and grant is refused.
+    no_space: AtomicBool,
+}
+
+impl Twisted {
+    fn writes(&self) -> EtcdResult<()> {
+        if self.no_space.load(Ordering::SeqCst) {
+            return Err(GatewayError(
+                "etcdserver: mvcc: database space exceeded".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 struct TwistedEtcd {
@@ -29,6 +42,7 @@ impl Etcd for TwistedEtcd {
         self.etcd.get_at(key)
     }
     fn create(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<Txn> {
+        self.how.writes()?;
         self.etcd.create(key, value, lease)
     }
     fn swap(
@@ -39,12 +53,15 @@ impl Etcd for TwistedEtcd {
         lease: i64,
         also: Option<(&str, u64)>,
     ) -> EtcdResult<Txn> {
+        self.how.writes()?;
         self.etcd.swap(k, rev, v, lease, also)
     }
     fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
+        self.how.writes()?;
         self.etcd.put(key, value, lease)
     }
     fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
+        self.how.writes()?;
         let (id, real) = self.etcd.grant(ttl)?;
         Ok((id, self.ttl(real)))
     }
@@ -65,13 +82,24 @@ impl Etcd for TwistedEtcd {
 
 /// A window of host `name` whose etcd answers are twisted by `how`.
 fn twisted(etcd: &MemoryEtcd, clock: &ManualClock, name: &str, how: &Arc<Twisted>) -> Host {
+    twisted_with(etcd, clock, name, how, WhenUnreachable::StaySilent)
+}
+
+/// [`twisted`] under `policy`.
+fn twisted_with(
+    etcd: &MemoryEtcd,
+    clock: &ManualClock,
+    name: &str,
+    how: &Arc<Twisted>,
+    policy: WhenUnreachable,
+) -> Host {
     let gw = Arc::new(TwistedEtcd {
         etcd: etcd.clone(),
         how: Arc::clone(how),
     });
     let id = format!("{name}-window");
     let cut = Arc::new(AtomicBool::new(false));
-    Host::on(etcd, clock, name, &id, WhenUnreachable::StaySilent, gw, cut)
+    Host::on(etcd, clock, name, &id, policy, gw, cut)
 }
 
 /// Item 4: a forged TTL near `u64::MAX` (etcd's JSON carries an int64 of
@@ -447,4 +475,48 @@ fn a_newer_claim_is_never_deleted_by_the_hand_over_of_an_older_one() {
     let holder = holder_of(&etcd.get(&leader_key()).unwrap().expect("held"));
     assert_eq!(holder.host_id, "c", "the newer claim was dropped");
     assert!(c.acts() && !a.acts() && !b.acts());
+}
+
+/// Item 7: under etcd's NOSPACE alarm every grant and write is refused,
+/// while reads, keep-alives and lease expiry go on. A holder that goes
+/// leaves the key free and nobody can take it, yet etcd answers: no
+/// fall-back ever came, and the agent fell silent. A host leader that
+/// finds the key free and cannot take it for a whole TTL now acts as if
+/// etcd were out of reach: the policy decides.
+#[test]
+fn under_etcds_nospace_alarm_a_free_key_nobody_can_take_falls_back_after_a_ttl() {
+    for policy in [WhenUnreachable::FallBack, WhenUnreachable::StaySilent] {
+        let (clock, etcd) = rig();
+        let how = Arc::new(Twisted::default());
+        let mut a = twisted_with(&etcd, &clock, "a", &how, policy);
+        let mut b = twisted_with(&etcd, &clock, "b", &how, policy);
+        a.lead(true, false);
+        b.lead(true, false);
+        pump_all(&mut [&mut a, &mut b]);
+        assert!(a.acts() && !b.acts());
+        how.no_space.store(true, Ordering::SeqCst);
+        a.lead(false, true);
+        let mut b_from = None;
+        for step in 0..400u64 {
+            clock.advance(Duration::from_millis(10));
+            pump_all(&mut [&mut a, &mut b]);
+            if b.acts() && b_from.is_none() {
+                b_from = Some(step * 10);
+            }
+        }
+        match policy {
+            WhenUnreachable::FallBack => {
+                let ms = b_from.expect("b never fell back: the agent is silent");
+                assert!(ms >= TTL.as_millis() as u64 - 20, "fell back after {ms} ms");
+                assert!(
+                    ms <= TTL.as_millis() as u64 + 1100,
+                    "fell back after {ms} ms"
+                );
+                assert_eq!(b.cell.level_on(&clock), Level::Host);
+                let last = b.task.entries[&pk()].last_error.clone().unwrap_or_default();
+                assert!(last.contains("space"), "the status says why: {last:?}");
+            }
+            WhenUnreachable::StaySilent => assert_eq!(b_from, None, "acted under stay-silent"),
+        }
+    }
 }
