@@ -133,7 +133,15 @@ impl Task {
                 if let Some(e) = self.entries.get_mut(&pk) {
                     e.held = Some(h);
                 }
-                self.find_claim(pk);
+                // Only a claim other than the one that just failed: the
+                // same one again (a forged revision) would loop forever
+                // (found by the simulator, seed 81 of `--with hostile`).
+                let r = self.gw.get(&self.cfg.claim_key(&pk));
+                if let Some(Some(newer)) = self.noted(pk, r) {
+                    if newer.mod_revision != claim.mod_revision {
+                        self.hand_over(pk, &newer);
+                    }
+                }
             }
             _ => {}
         }

@@ -452,6 +452,10 @@ impl Task {
             && e.stuck_since
                 .is_some_and(|t| now.saturating_duration_since(t) >= ttl);
         let silent = quiet || stuck;
+        // Whether we held the key when etcd went quiet: if not, another
+        // host did (or nobody), and what it answered is in no ledger of
+        // ours.
+        let held = e.held.is_some() || e.permit.state == HELD;
         if silent && e.held.is_some() {
             e.held = None;
             e.grant(NOT_HELD, 0);
@@ -461,7 +465,7 @@ impl Task {
             e.fallback = true;
             e.grant(FALLBACK, 0);
             tracing::warn!(pubkey = %pk, "etcd unreachable for a whole TTL: acting for this host only");
-            self.tell(pk, Some(ChangeReason::FailSafe));
+            self.tell_with(pk, Some(ChangeReason::FailSafe), !held, false);
         } else if !silent && e.fallback {
             e.fallback = false;
             if e.held.is_none() {

@@ -520,3 +520,34 @@ fn under_etcds_nospace_alarm_a_free_key_nobody_can_take_falls_back_after_a_ttl()
         }
     }
 }
+
+/// Item 1: under the fall-back, a host leader that did not hold the key
+/// acts without knowing what the holder (on another host) answered: its
+/// own ledger covers none of that. Its fall-back gain was told as one of
+/// its own, so its writer owed the whole backlog again; it is now told as
+/// a gain from another host (the writer then owes only what is published
+/// from now on). The holder's own fall-back is not: its ledger covers all
+/// it answered.
+#[test]
+fn a_fall_back_gain_is_from_another_host_unless_we_held_the_key() {
+    let (clock, _etcd, mut a, mut b) = two_hosts(WhenUnreachable::FallBack);
+    assert!(a.acts() && !b.acts());
+    a.cut.store(true, Ordering::SeqCst);
+    b.cut.store(true, Ordering::SeqCst);
+    let mut fell = [None, None];
+    for _ in 0..300 {
+        clock.advance(Duration::from_millis(10));
+        for (i, h) in [&mut a, &mut b].into_iter().enumerate() {
+            h.task.step(None);
+            let news = std::mem::take(&mut *h.news.lock().unwrap());
+            for n in news {
+                h.cell.set_global(n.permit.state, n.permit.until);
+                if n.permit.state == global_state::FALLBACK {
+                    fell[i].get_or_insert(n.from_other_host);
+                }
+            }
+        }
+    }
+    assert_eq!(fell, [Some(false), Some(true)], "(holder a, other b)");
+    assert!(a.acts() && b.acts(), "both act for their host");
+}
