@@ -3,10 +3,17 @@
 //! `$NIP_LE_ETCD`, else `etcd` on the PATH, else `/usr/bin/etcd` (Debian's
 //! `etcd-server`, which `scripts/test.sh` installs). [`Etcd::start_tls`]
 //! serves its clients over TLS (the certificates are the caller's).
+//! [`Cluster`] is several members, with a peer network the lab can
+//! partition.
 
-use std::net::TcpListener;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nip_le::global::{EtcdConfig, EtcdTls};
@@ -190,5 +197,369 @@ impl Drop for Etcd {
         #[cfg(unix)]
         let _ = self.signal(libc::SIGCONT);
         self.stop();
+    }
+}
+
+/// A real etcd cluster of several members on loopback, each with its own
+/// client port, peer port and data directory, stopped when dropped. Every
+/// member's peer traffic goes through a small TCP proxy of the lab
+/// ([`PeerNet`]), so that [`Cluster::partition`] can cut one member from
+/// the others (both ways, existing connections included) while clients
+/// still reach it. Members are numbered from 0.
+pub struct Cluster {
+    _data: tempfile::TempDir,
+    members: Vec<Member>,
+    net: Arc<PeerNet>,
+    proxies: Vec<JoinHandle<()>>,
+}
+
+struct Member {
+    client_port: u16,
+    child: Child,
+}
+
+/// How long [`Cluster`] waits for the members to answer, and for a
+/// partition or its healing to show in what the members say.
+const CLUSTER_WAIT: Duration = Duration::from_secs(20);
+
+impl Cluster {
+    /// Starts `n` members and waits (up to 20 s) until each answers.
+    pub fn start(n: usize) -> std::io::Result<Self> {
+        let exe = find_etcd()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no etcd binary"))?;
+        let data = tempfile::tempdir()?;
+        let net = Arc::new(PeerNet::default());
+        // The proxies listen on the advertised peer URLs; the members on
+        // their real peer ports behind them.
+        let mut listeners = Vec::new();
+        let mut real = Vec::new();
+        for _ in 0..n {
+            listeners.push(TcpListener::bind("127.0.0.1:0")?);
+            real.push(free_port()?);
+        }
+        let advertised: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<std::io::Result<_>>()?;
+        let initial = (0..n)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", advertised[i]))
+            .collect::<Vec<_>>()
+            .join(",");
+        {
+            let mut st = lock(&net.state);
+            st.isolated = vec![false; n];
+            for l in &listeners {
+                st.listening.push(l.local_addr()?);
+            }
+        }
+        let token = format!("nip-le-lab-{}", uuid::Uuid::new_v4());
+        let mut proxies = Vec::new();
+        for (i, l) in listeners.into_iter().enumerate() {
+            let (net, to) = (Arc::clone(&net), real[i]);
+            proxies.push(std::thread::spawn(move || net.serve(l, i, to)));
+        }
+        let mut c = Self {
+            _data: data,
+            members: Vec::new(),
+            net,
+            proxies,
+        };
+        for i in 0..n {
+            let client = format!("http://127.0.0.1:{}", free_port()?);
+            let child = Command::new(&exe)
+                .args(["--name", &format!("m{i}")])
+                .arg("--data-dir")
+                .arg(c._data.path().join(format!("m{i}")))
+                .args(["--listen-client-urls", &client])
+                .args(["--advertise-client-urls", &client])
+                .args([
+                    "--listen-peer-urls",
+                    &format!("http://127.0.0.1:{}", real[i]),
+                ])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{}", advertised[i]),
+                ])
+                .args(["--initial-cluster", &initial])
+                .args(["--initial-cluster-token", &token])
+                .args(["--initial-cluster-state", "new"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(if std::env::var_os("NIP_LE_ETCD_LOG").is_some() {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                })
+                .spawn()?;
+            let port = client.rsplit(':').next().and_then(|p| p.parse().ok());
+            c.members.push(Member {
+                client_port: port.expect("a port"),
+                child,
+            });
+        }
+        let deadline = Instant::now() + CLUSTER_WAIT;
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let id = loop {
+                // A linearizable read: the member answers once the cluster
+                // has a leader; then it says its id.
+                let probe = c.config(&[i], "probe");
+                let read = nip_le::global::read_holder(
+                    &probe,
+                    &AgentPubkey::parse(&"0".repeat(64)).expect("a key"),
+                );
+                let status = c.status(i);
+                match (read, status) {
+                    (Ok(_), Ok(s)) => break num(&s["header"]["member_id"]),
+                    (r, s) if Instant::now() > deadline => {
+                        return Err(std::io::Error::other(format!(
+                            "etcd member {i} did not answer within {CLUSTER_WAIT:?}: {r:?} {s:?}"
+                        )))
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(50)),
+                }
+            };
+            ids.push(id);
+        }
+        lock(&c.net.state).ids = ids;
+        Ok(c)
+    }
+
+    /// Member `i`'s client URL.
+    pub fn url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// The client URLs of the members `order` names, in that order.
+    pub fn urls(&self, order: &[usize]) -> Vec<String> {
+        order.iter().map(|&i| self.url(i)).collect()
+    }
+
+    /// A contender configuration for `host_id` on the members `order`
+    /// names, in that order.
+    pub fn config(&self, order: &[usize], host_id: &str) -> EtcdConfig {
+        EtcdConfig::new(self.urls(order), host_id)
+    }
+
+    /// Member `i`'s answer to etcd's status call.
+    fn status(&self, i: usize) -> std::io::Result<serde_json::Value> {
+        post_json(self.members[i].client_port, "/v3/maintenance/status", "{}")
+    }
+
+    /// The leader member `i` follows (etcd's member id), if any.
+    pub fn leader_seen_by(&self, i: usize) -> Option<u64> {
+        let s = self.status(i).ok()?;
+        Some(num(&s["leader"])).filter(|&l| l != 0)
+    }
+
+    /// Cuts member `i` from the others (both ways, established peer
+    /// connections too; clients still reach it), and waits until it says
+    /// it has no leader and the others agree on one.
+    pub fn partition(&self, i: usize) -> std::io::Result<()> {
+        self.net.set(i, true);
+        let ids = lock(&self.net.state).ids.clone();
+        self.wait_for("partition", |c| {
+            let others: Vec<Option<u64>> = (0..ids.len())
+                .filter(|&j| j != i)
+                .map(|j| c.leader_seen_by(j))
+                .collect();
+            c.leader_seen_by(i).is_none()
+                && others[0].is_some_and(|l| l != ids[i])
+                && others.iter().all(|o| *o == others[0])
+        })
+    }
+
+    /// Joins member `i` to the others again, and waits until every member
+    /// follows the same leader.
+    pub fn heal(&self, i: usize) -> std::io::Result<()> {
+        self.net.set(i, false);
+        self.wait_for("healing", |c| {
+            let seen: Vec<Option<u64>> =
+                (0..c.members.len()).map(|j| c.leader_seen_by(j)).collect();
+            seen[0].is_some() && seen.iter().all(|s| *s == seen[0])
+        })
+    }
+
+    fn wait_for(&self, what: &str, f: impl Fn(&Self) -> bool) -> std::io::Result<()> {
+        let deadline = Instant::now() + CLUSTER_WAIT;
+        while !f(self) {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other(format!(
+                    "etcd cluster: no {what} within {CLUSTER_WAIT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.child.kill();
+            let _ = m.child.wait();
+        }
+        self.net.stop();
+        for p in self.proxies.drain(..) {
+            let _ = p.join();
+        }
+    }
+}
+
+fn num(v: &serde_json::Value) -> u64 {
+    match v {
+        serde_json::Value::String(s) => s.parse().unwrap_or(0),
+        v => v.as_u64().unwrap_or(0),
+    }
+}
+
+/// One POST of JSON to etcd's gateway on `port`, bounded (2 s).
+fn post_json(port: u16, path: &str, body: &str) -> std::io::Result<serde_json::Value> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = Vec::new();
+    s.take(1 << 20).read_to_end(&mut answer)?;
+    let start = find(&answer, b"\r\n\r\n").map_or(answer.len(), |p| p + 4);
+    serde_json::from_slice(&answer[start..]).map_err(std::io::Error::other)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The members' peer network: one proxy per member, in front of its real
+/// peer port. A connection's sender is the member etcd's raft transport
+/// names in its first request (`X-Server-From`); a connection to or from
+/// an isolated member is refused, and cut when the member is isolated.
+#[derive(Default)]
+struct PeerNet {
+    state: Mutex<NetState>,
+    stopping: AtomicBool,
+}
+
+#[derive(Default)]
+struct NetState {
+    isolated: Vec<bool>,
+    /// The members' ids, by number (known once they answer).
+    ids: Vec<u64>,
+    /// Each proxy's address, to wake its accept when stopping.
+    listening: Vec<SocketAddr>,
+    next: u64,
+    /// Open connections: (the sender's id, the receiver, both sockets).
+    conns: HashMap<u64, (Option<u64>, usize, TcpStream, TcpStream)>,
+}
+
+impl NetState {
+    /// Whether the member of id `from` (if known) may reach member `to`.
+    fn allowed(&self, from: Option<u64>, to: usize) -> bool {
+        let from = from.and_then(|id| self.ids.iter().position(|&i| i == id));
+        !self.isolated[to] && !from.is_some_and(|f| self.isolated[f])
+    }
+}
+
+impl PeerNet {
+    fn set(&self, member: usize, isolated: bool) {
+        let mut st = lock(&self.state);
+        st.isolated[member] = isolated;
+        let cut: Vec<u64> = st
+            .conns
+            .iter()
+            .filter(|(_, (f, t, _, _))| !st.allowed(*f, *t))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in cut {
+            if let Some((_, _, a, b)) = st.conns.remove(&k) {
+                let _ = a.shutdown(Shutdown::Both);
+                let _ = b.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let mut st = lock(&self.state);
+        for (_, (_, _, a, b)) in st.conns.drain() {
+            let _ = a.shutdown(Shutdown::Both);
+            let _ = b.shutdown(Shutdown::Both);
+        }
+        for a in std::mem::take(&mut st.listening) {
+            let _ = TcpStream::connect_timeout(&a, Duration::from_secs(1));
+        }
+    }
+
+    /// Member `to`'s proxy: accepts on `l`, forwards to `real`.
+    fn serve(self: Arc<Self>, l: TcpListener, to: usize, real: u16) {
+        for conn in l.incoming() {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let Ok(conn) = conn else { continue };
+            let net = Arc::clone(&self);
+            std::thread::spawn(move || {
+                let _ = net.forward(conn, to, real);
+            });
+        }
+    }
+
+    fn forward(&self, mut conn: TcpStream, to: usize, real: u16) -> std::io::Result<()> {
+        if lock(&self.state).isolated[to] {
+            return Ok(());
+        }
+        // The first request's head names its sender.
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while find(&head, b"\r\n\r\n").is_none() && head.len() < 64 << 10 {
+            let n = conn.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        conn.set_read_timeout(None)?;
+        let sender = String::from_utf8_lossy(&head).lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("x-server-from")
+                .then(|| u64::from_str_radix(value.trim(), 16).ok())?
+        });
+        let mut up = TcpStream::connect_timeout(
+            &SocketAddr::from(([127, 0, 0, 1], real)),
+            Duration::from_secs(1),
+        )?;
+        let key = {
+            let mut st = lock(&self.state);
+            if self.stopping.load(Ordering::SeqCst) || !st.allowed(sender, to) {
+                return Ok(());
+            }
+            st.next += 1;
+            let key = st.next;
+            st.conns
+                .insert(key, (sender, to, conn.try_clone()?, up.try_clone()?));
+            key
+        };
+        up.write_all(&head)?;
+        let (mut back_from, mut back_to) = (up.try_clone()?, conn.try_clone()?);
+        let back = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut back_from, &mut back_to);
+            let _ = back_to.shutdown(Shutdown::Both);
+        });
+        let _ = std::io::copy(&mut conn, &mut up);
+        let _ = up.shutdown(Shutdown::Both);
+        let _ = back.join();
+        lock(&self.state).conns.remove(&key);
+        Ok(())
     }
 }
