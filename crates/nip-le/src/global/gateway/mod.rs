@@ -7,6 +7,12 @@
 //! the protobufs says. With [`EtcdTls`](crate::global::EtcdTls) calls and
 //! watches speak TLS with the configured CA and client certificate; with
 //! [`EtcdAuth`](crate::global::EtcdAuth) they carry etcd's token ([`auth`]).
+//!
+//! Every request requires a leader (etcd's `WithRequireLeader`: the
+//! metadata `hasleader`), so a member cut from the majority answers at once
+//! "no leader" (503) instead of timing out, and ends a watch some election
+//! timeouts after it lost its leader instead of keeping it open, silent;
+//! the client then moves to the next endpoint, as after a transport error.
 
 mod auth;
 mod net;
@@ -28,10 +34,13 @@ use auth::Auth;
 pub(crate) use net::Resolve;
 use wire::{b64, num, parse_kv, prefix_end, signed, WatchStream};
 
-/// A client for one list of endpoints; a failed call moves to the next.
+/// A client for one list of endpoints; a call or watch that fails at the
+/// transport level, or that a member without a leader refuses or ends,
+/// moves to the next.
 pub(crate) struct Gateway {
     endpoints: Vec<String>,
-    current: AtomicUsize,
+    /// The endpoint in use (modulo their number); watches hold it too.
+    current: Arc<AtomicUsize>,
     agent: ureq::Agent,
     /// Name resolution, for the watch's agents too.
     resolve: Resolve,
@@ -51,6 +60,24 @@ impl std::fmt::Debug for Gateway {
             .field("broken", &self.broken)
             .finish_non_exhaustive()
     }
+}
+
+/// The gRPC metadata of etcd's `clientv3.WithRequireLeader`, as the
+/// gateway takes it: a member that has no leader refuses the request, and
+/// ends a watch when it loses its leader.
+const REQUIRE_LEADER: (&str, &str) = ("Grpc-Metadata-hasleader", "true");
+
+/// Whether an HTTP status says this member cannot serve now (gRPC's
+/// Unavailable: "etcdserver: no leader", a request timed out in raft),
+/// so another member should be tried.
+fn unavailable(code: u16) -> bool {
+    code == 503
+}
+
+/// Moves `current` past turn `at`, unless it moved already (several calls
+/// failing on one endpoint move it once).
+fn leave(current: &AtomicUsize, at: usize) {
+    let _ = current.compare_exchange(at, at.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed);
 }
 
 /// Why one request failed.
@@ -95,7 +122,7 @@ impl Gateway {
                 .iter()
                 .map(|e| e.trim_end_matches('/').to_owned())
                 .collect(),
-            current: AtomicUsize::new(0),
+            current: Arc::default(),
             agent: ureq::Agent::new(),
             resolve,
             #[cfg(feature = "etcd-tls")]
@@ -126,8 +153,9 @@ impl Gateway {
         b
     }
 
-    /// The endpoint to use, or why there is none.
-    fn endpoint(&self) -> Result<&str> {
+    /// The endpoint to use (and its turn, for [`Gateway::next_endpoint`]),
+    /// or why there is none.
+    fn endpoint(&self) -> Result<(usize, &str)> {
         if let Some(e) = &self.broken {
             return Err(GatewayError(e.clone()));
         }
@@ -135,11 +163,12 @@ impl Gateway {
             return Err(GatewayError("etcd: no endpoint".into()));
         }
         let i = self.current.load(Ordering::Relaxed);
-        Ok(&self.endpoints[i % self.endpoints.len()])
+        Ok((i, &self.endpoints[i % self.endpoints.len()]))
     }
 
-    fn next_endpoint(&self) {
-        self.current.fetch_add(1, Ordering::Relaxed);
+    /// Moves past the endpoint of turn `at`, unless another failure did.
+    fn next_endpoint(&self, at: usize) {
+        leave(&self.current, at);
     }
 
     /// The token to send, taking one when there is none (`None`: no
@@ -193,11 +222,13 @@ impl Gateway {
         body: &Value,
         token: Option<&str>,
     ) -> std::result::Result<Value, Failure> {
-        let url = format!("{}{path}", self.endpoint().map_err(Failure::Other)?);
+        let (at, endpoint) = self.endpoint().map_err(Failure::Other)?;
+        let url = format!("{endpoint}{path}");
         let mut req = self
             .agent
             .post(&url)
-            .set("content-type", "application/json");
+            .set("content-type", "application/json")
+            .set(REQUIRE_LEADER.0, REQUIRE_LEADER.1);
         if let Some(t) = token {
             req = req.set("authorization", t);
         }
@@ -205,6 +236,9 @@ impl Gateway {
             Ok(r) => wire::read_body(r.into_reader()),
             Err(ureq::Error::Status(code, r)) => {
                 let text = wire::error_excerpt(r.into_reader());
+                if unavailable(code) {
+                    self.next_endpoint(at);
+                }
                 let e = GatewayError(format!("{url}: HTTP {code}: {text}"));
                 return Err(if token.is_some() && auth::token_refused(code, &text) {
                     Failure::Token(e)
@@ -214,7 +248,7 @@ impl Gateway {
             }
             Err(e) => {
                 // ureq's transport error names the URL already.
-                self.next_endpoint();
+                self.next_endpoint(at);
                 return Err(Failure::Other(GatewayError(e.to_string())));
             }
         };
@@ -337,7 +371,8 @@ impl Etcd for Gateway {
         start: u64,
         read_timeout: Duration,
     ) -> Result<Box<dyn Watch>> {
-        let url = format!("{}/v3/watch", self.endpoint()?);
+        let (at, endpoint) = self.endpoint()?;
+        let url = format!("{endpoint}/v3/watch");
         let mut create = json!({ "key": b64(key) });
         if prefix {
             create["range_end"] = json!(prefix_end(key));
@@ -352,7 +387,7 @@ impl Etcd for Gateway {
             .timeout_connect(connect)
             .timeout_read(read_timeout)
             .build();
-        let mut req = agent.post(&url);
+        let mut req = agent.post(&url).set(REQUIRE_LEADER.0, REQUIRE_LEADER.1);
         if let Some(t) = &token {
             req = req.set("authorization", t);
         }
@@ -360,6 +395,9 @@ impl Etcd for Gateway {
             Ok(r) => r,
             Err(ureq::Error::Status(code, r)) => {
                 let text = wire::error_excerpt(r.into_reader());
+                if unavailable(code) {
+                    self.next_endpoint(at);
+                }
                 if let (Some(auth), Some(t)) = (&self.auth, &token) {
                     if auth::token_refused(code, &text) {
                         auth.forget(t);
@@ -368,7 +406,7 @@ impl Etcd for Gateway {
                 return Err(GatewayError(format!("{url}: HTTP {code}: {text}")));
             }
             Err(e) => {
-                self.next_endpoint();
+                self.next_endpoint(at);
                 return Err(GatewayError(format!("{url}: {e}")));
             }
         };
@@ -377,6 +415,10 @@ impl Etcd for Gateway {
             .as_ref()
             .zip(token)
             .map(|(a, t)| (Arc::clone(a), t));
-        Ok(Box::new(WatchStream::new(Box::new(r.into_reader()), auth)))
+        let current = Arc::clone(&self.current);
+        let leave = Box::new(move || leave(&current, at));
+        Ok(Box::new(
+            WatchStream::new(Box::new(r.into_reader()), auth).leaving(leave),
+        ))
     }
 }

@@ -115,6 +115,10 @@ pub(crate) struct WatchStream {
     /// The credentials the watch was opened with: forgotten when etcd
     /// says the token is no longer valid.
     auth: Option<(Arc<Auth>, String)>,
+    /// Moves the gateway past this stream's endpoint: called when the
+    /// member ends the stream or it breaks (its member lost its leader,
+    /// closed, sent garbage), not when a silent connection times out.
+    leave: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl WatchStream {
@@ -122,6 +126,20 @@ impl WatchStream {
         Self {
             lines: BufReader::new(r),
             auth,
+            leave: None,
+        }
+    }
+
+    /// This stream, calling `leave` when its member fails it.
+    pub(super) fn leaving(mut self, leave: Box<dyn FnOnce() + Send>) -> Self {
+        self.leave = Some(leave);
+        self
+    }
+
+    /// The member failed this stream: the next one goes elsewhere.
+    fn leave(&mut self) {
+        if let Some(f) = self.leave.take() {
+            f();
         }
     }
 }
@@ -130,24 +148,43 @@ impl Watch for WatchStream {
     fn next_message(&mut self) -> Result<WatchMessage> {
         let mut line = Vec::new();
         loop {
-            let n = read_line_bounded(&mut self.lines, &mut line, MAX_WATCH_LINE)
-                .map_err(|e| GatewayError(format!("watch: {e}")))?;
+            let n = match read_line_bounded(&mut self.lines, &mut line, MAX_WATCH_LINE) {
+                Ok(n) => n,
+                Err(e) => {
+                    // A silent connection times out: the normal case.
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                    ) {
+                        self.leave();
+                    }
+                    return Err(GatewayError(format!("watch: {e}")));
+                }
+            };
             if n == 0 {
+                self.leave();
                 return Err(GatewayError("watch: closed by etcd".into()));
             }
             if !line.trim_ascii().is_empty() {
                 break;
             }
         }
-        let v: Value =
-            serde_json::from_slice(&line).map_err(|e| GatewayError(format!("watch: {e}")))?;
+        let v: Value = match serde_json::from_slice(&line) {
+            Ok(v) => v,
+            Err(e) => {
+                self.leave();
+                return Err(GatewayError(format!("watch: {e}")));
+            }
+        };
         let r = &v["result"];
         if r.is_null() {
+            // An error from the member, such as (etcd 3.4, a watch that
+            // requires a leader) {"error":{"grpc_code":14,"message":
+            // "etcdserver: no leader",…}} before it closes the stream.
             let text = v.to_string();
-            if let Some((auth, token)) = &self.auth {
-                if super::auth::token_refused(0, &text) {
-                    auth.forget(token);
-                }
+            match &self.auth {
+                Some((auth, token)) if super::auth::token_refused(0, &text) => auth.forget(token),
+                _ => self.leave(),
             }
             let cut: String = text.chars().take(MAX_ERROR_BODY as usize).collect();
             return Err(GatewayError(format!("watch: {cut}")));
@@ -169,10 +206,18 @@ impl Watch for WatchStream {
                     .collect()
             })
             .unwrap_or_default();
+        let canceled = r["canceled"].as_bool() == Some(true);
+        if canceled
+            && r["cancel_reason"]
+                .as_str()
+                .is_some_and(|c| c.contains("no leader"))
+        {
+            self.leave();
+        }
         Ok(WatchMessage {
             revision: num(&r["header"]["revision"]),
             created: r["created"].as_bool() == Some(true),
-            ended: r["canceled"].as_bool() == Some(true) || num(&r["compact_revision"]) > 0,
+            ended: canceled || num(&r["compact_revision"]) > 0,
             changes,
         })
     }
@@ -246,6 +291,40 @@ mod tests {
         let m = w.next_message().unwrap();
         assert_eq!((m.revision, m.created), (5, true));
         assert!(w.next_message().unwrap_err().0.contains("closed"));
+    }
+
+    #[test]
+    fn a_member_without_a_leader_sends_the_next_watch_elsewhere() {
+        // What etcd 3.4 sends on a watch that requires a leader, some
+        // election timeouts after its member lost it (no newline).
+        let no_leader = concat!(
+            r#"{"result":{"header":{"revision":"5"},"created":true}}"#,
+            "\n",
+            r#"{"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}}"#
+        );
+        let left = Arc::new(AtomicUsize::new(0));
+        let count = |left: &Arc<AtomicUsize>| -> Box<dyn FnOnce() + Send> {
+            let left = Arc::clone(left);
+            Box::new(move || {
+                left.fetch_add(1, Ordering::Relaxed);
+            })
+        };
+        let r = std::io::Cursor::new(no_leader.as_bytes());
+        let mut w = WatchStream::new(Box::new(r), None).leaving(count(&left));
+        assert!(w.next_message().unwrap().created);
+        assert_eq!(left.load(Ordering::Relaxed), 0);
+        assert!(w.next_message().unwrap_err().0.contains("no leader"));
+        assert_eq!(left.load(Ordering::Relaxed), 1);
+        // A silent connection timing out stays on its member.
+        struct Silent;
+        impl Read for Silent {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::TimedOut.into())
+            }
+        }
+        let mut w = WatchStream::new(Box::new(Silent), None).leaving(count(&left));
+        assert!(w.next_message().is_err());
+        assert_eq!(left.load(Ordering::Relaxed), 1);
     }
 
     #[test]
