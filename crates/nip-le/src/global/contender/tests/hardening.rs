@@ -410,28 +410,7 @@ fn shutdown_returns_in_bounded_time_when_etcd_hangs() {
     let etcd = MemoryEtcd::default();
     let hang = Arc::new(AtomicBool::new(false));
     let gw: Arc<dyn Etcd> = Arc::new(Hanging(etcd.clone(), Arc::clone(&hang)));
-    let cell = Arc::new(KeyCell::new(false, Published::initial(pk())));
-    cell.set_global(global_state::NOT_HELD, 0);
-    cell.set_leader(true);
-    let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
-    cfg.ttl = TTL;
-    let apply = Arc::clone(&cell);
-    let watches: Arc<dyn Etcd> = Arc::new(etcd.clone());
-    let mut c = Contender::start_on(
-        cfg,
-        "a-window",
-        TTL,
-        Box::new(move |_, n| apply.set_global(n.permit.state, n.permit.until)),
-        gw,
-        watches,
-    )
-    .unwrap();
-    c.host_leader(pk(), true, true, false, 1);
-    let end = Instant::now() + Duration::from_secs(5);
-    while !cell.is_leader() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(cell.is_leader(), "took the free key");
+    let (mut c, _cell) = shell_holding(gw, Arc::new(etcd.clone()));
     hang.store(true, Ordering::SeqCst);
     let began = Instant::now();
     c.shutdown();

@@ -371,25 +371,22 @@ fn a_live_holder_is_not_displaced_and_its_shutdown_hands_the_agent_on() {
     assert!(b.acts(), "the revoked lease freed the key at once");
 }
 
-/// The thread shell: the same contender on its own thread, its news
-/// applied as the writer would.
-#[test]
-fn the_thread_shell_runs_the_task_and_stops() {
-    let etcd = MemoryEtcd::default();
+/// The thread shell on `calls` and `watches`, its news applied to a cell
+/// as the writer would, once it holds the free key.
+fn shell_holding(calls: Arc<dyn Etcd>, watches: Arc<dyn Etcd>) -> (Contender, Arc<KeyCell>) {
     let cell = Arc::new(KeyCell::new(false, Published::initial(pk())));
     cell.set_global(global_state::NOT_HELD, 0);
     cell.set_leader(true);
     let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
     cfg.ttl = TTL;
     let apply = Arc::clone(&cell);
-    let gw: Arc<dyn Etcd> = Arc::new(etcd.clone());
     let mut c = Contender::start_on(
         cfg,
         "a-window",
         TTL,
         Box::new(move |_, n| apply.set_global(n.permit.state, n.permit.until)),
-        Arc::clone(&gw),
-        gw,
+        calls,
+        watches,
     )
     .unwrap();
     c.host_leader(pk(), true, true, false, 1);
@@ -398,6 +395,16 @@ fn the_thread_shell_runs_the_task_and_stops() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(cell.is_leader(), "the shell's task took the free key");
+    (c, cell)
+}
+
+/// The thread shell: the same contender on its own thread, its news
+/// applied as the writer would.
+#[test]
+fn the_thread_shell_runs_the_task_and_stops() {
+    let etcd = MemoryEtcd::default();
+    let gw: Arc<dyn Etcd> = Arc::new(etcd.clone());
+    let (mut c, _cell) = shell_holding(Arc::clone(&gw), gw);
     c.shutdown();
     assert!(etcd.get(&leader_key()).unwrap().is_none());
 }
