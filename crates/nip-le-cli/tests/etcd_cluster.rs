@@ -185,7 +185,12 @@ fn a_watch_on_a_partitioned_member_still_sees_the_majoritys_changes() {
     let exit_at = Instant::now();
     b.signal(libc::SIGTERM).unwrap();
     b.wait_exit(Duration::from_secs(5)).expect("b exits");
-    assert_eq!(h.key_holder(), None, "b's exit released the key");
+    // Released (and perhaps taken by a already).
+    assert_ne!(
+        h.key_holder().as_deref(),
+        Some("b-w1"),
+        "b's exit released the key"
+    );
     // etcd ends a watch that requires a leader about 3 election timeouts
     // (3 s) after its member lost the leader; then the watch moves to
     // another member and resumes.
