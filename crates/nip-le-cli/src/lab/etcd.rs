@@ -203,7 +203,7 @@ impl Drop for Etcd {
 /// A real etcd cluster of several members on loopback, each with its own
 /// client port, peer port and data directory, stopped when dropped. Every
 /// member's peer traffic goes through a small TCP proxy of the lab
-/// ([`PeerNet`]), so that [`Cluster::partition`] can cut one member from
+/// (`PeerNet`), so that [`Cluster::partition`] can cut one member from
 /// the others (both ways, existing connections included) while clients
 /// still reach it. Members are numbered from 0.
 pub struct Cluster {
