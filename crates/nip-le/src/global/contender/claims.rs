@@ -157,6 +157,10 @@ impl Task {
         if !(ours && e.leads && e.locked && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
             return false;
         }
+        if !self.may_take() {
+            // Right after etcd lost data (see `Task::rewound`).
+            return false;
+        }
         let sent = self.clock.boot_nanos();
         let r = self.gw.keep_alive(kv.lease);
         match self.noted(pk, r).map(|t| self.bounded(t)) {

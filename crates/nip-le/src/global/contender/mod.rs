@@ -72,9 +72,6 @@ pub(crate) enum Inbox {
     Withdrawn(AgentPubkey),
     /// The watch (re)started without a known revision: look again.
     Synced,
-    /// The watch found etcd's store behind a revision it had delivered:
-    /// etcd lost data (restored empty or from an old snapshot).
-    Rewound,
     /// A change the watch saw.
     Change(Change),
 }

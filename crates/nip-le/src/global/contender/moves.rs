@@ -73,7 +73,7 @@ impl Task {
             // The NIP's fail-safe: the sibling holding our host's lock
             // continues the lease; we stop acting on it (seed 7 of
             // `--cluster hosts`, with disk faults).
-            self.step_back(pk, false);
+            self.step_back_for(pk, false, Some(ChangeReason::Lost));
             return;
         }
         let sent = self.clock.boot_nanos();
@@ -103,20 +103,26 @@ impl Task {
                 && kv.mod_revision >= h.revision
                 && holder_of(kv).instance_id == self.our_id
         });
-        if !ours {
+        let written = kv.as_ref().filter(|_| ours).map(|kv| kv.mod_revision);
+        let Some(written) = written else {
             if let Some(e) = self.entries.get_mut(&pk) {
                 e.see(kv.as_ref().map(holder_of));
             }
             self.lost(pk);
             return;
-        }
+        };
         let e = self.entries.get_mut(&pk).expect("noted checked");
-        let was_valid = self.clock.boot_nanos() < h.until;
+        // Valid all along, and the writer was told so: nothing to say.
+        let was_valid = self.clock.boot_nanos() < h.until && e.told.state == HELD;
         let until = Self::deadline(sent, ttl);
         e.grant(HELD, until);
+        // A later write of ours that the watch has not brought (it was on
+        // a member cut from the majority): the revision a hand-over must
+        // compare is that one.
         e.held = Some(Held {
             renew_at: self.clock.now() + ttl / 3,
             until,
+            revision: written,
             ..h
         });
         if !was_valid {
@@ -245,6 +251,16 @@ impl Task {
             // our host too, and still act on it.
             return;
         }
+        if !self.may_take() {
+            // Right after etcd lost data: a lease restored from an old
+            // snapshot may back a key while a forgotten one backs a permit
+            // elsewhere (see `Task::rewound`).
+            let until = self.rewound_until;
+            if let Some(e) = self.entries.get_mut(&pk) {
+                e.retry_at = until;
+            }
+            return;
+        }
         let sent = self.clock.boot_nanos();
         let (lease, ttl) = if kv.lease == 0 {
             let r = self.gw.grant(self.cfg.ttl);
@@ -314,13 +330,18 @@ impl Task {
         e.seen = e.seen.max(revision);
         e.grant(HELD, until);
         tracing::info!(pubkey = %pk, revision, ?reason, instance = %self.our_id, "holds the etcd lease");
-        self.tell_with(pk, Some(reason), from_other_host, false);
-        // Only on a lease of our own: a sibling whose lease we continue
-        // may be paused with its permit still open, and a hand-over now
-        // would give the key away under it (seed 110 of `--cluster hosts`).
+        // A claim waiting for whoever takes the key is honoured before the
+        // writer hears of the gain (no act-then-stand-down). Only on a
+        // lease of our own: a sibling whose lease we continue may be paused
+        // with its permit still open, and a hand-over now would give the
+        // key away under it (seed 110 of `--cluster hosts`).
         if matches!(reason, ChangeReason::Acquired | ChangeReason::Failover) {
             self.find_claim(pk);
+            if self.entries[&pk].handing.is_some() {
+                return;
+            }
         }
+        self.tell_with(pk, Some(reason), from_other_host, false);
     }
 
     /// Someone else holds the key now. We look again only after a while:
@@ -339,6 +360,20 @@ impl Task {
     /// We no longer lead our host: stop acting at once; give the agent up
     /// when no sibling will continue it.
     pub(super) fn step_back(&mut self, pk: AgentPubkey, revoke: bool) {
+        self.step_back_for(pk, revoke, None);
+    }
+
+    /// [`Task::step_back`], announcing `reason` (a step back the writer
+    /// did not decide itself). A hand-over waiting for the writer's
+    /// confirmation completes now: the writer stopped acting on the key
+    /// when it stopped leading, and may never confirm for a key it left.
+    pub(super) fn step_back_for(
+        &mut self,
+        pk: AgentPubkey,
+        revoke: bool,
+        reason: Option<ChangeReason>,
+    ) {
+        self.hand_over_confirmed(pk);
         let e = self.entries.get_mut(&pk).expect("caller inserted");
         e.grant(NOT_HELD, 0);
         e.fallback = false;
@@ -347,7 +382,7 @@ impl Task {
                 self.give_up_lease(pk, h.lease);
             }
         }
-        self.tell(pk, None);
+        self.tell(pk, reason);
     }
 
     /// Revokes the lease we held the key with, unless the key names a

@@ -227,7 +227,11 @@ impl Task {
                     // nobody else acting on it (seed 7 of `--cluster
                     // hosts`, with disk faults).
                     if !locked && e.held.is_some() {
-                        self.step_back(pk, false);
+                        self.step_back_for(pk, false, Some(ChangeReason::Lost));
+                    } else {
+                        // The writer closed its permit when the lock went:
+                        // it gets the one that stands (a fall-back's).
+                        self.tell(pk, None);
                     }
                     return;
                 }
@@ -245,7 +249,6 @@ impl Task {
                 e.claim_until = Some(now + self.stand_down);
             }
             Inbox::Withdrawn(pk) => self.hand_over_confirmed(pk),
-            Inbox::Rewound => self.rewound(0),
             Inbox::Synced => {
                 for e in self.entries.values_mut() {
                     e.verify = true;
@@ -398,6 +401,10 @@ impl Entry {
     pub(super) fn see(&mut self, holder: Option<GlobalHolder>) {
         if let Some(h) = holder.as_ref().filter(|h| !h.host_id.is_empty()) {
             self.last_holder_host = Some(h.host_id.clone());
+        }
+        if holder.is_some() {
+            // Someone could take it: a refusal before says nothing now.
+            self.stuck_since = None;
         }
         self.holder = holder;
     }
