@@ -45,9 +45,12 @@ impl Cursor {
         let progress = m.changes.is_empty() && (!m.created || self.next == 0);
         if m.created && self.next > 0 && m.revision.saturating_add(1) < self.next {
             // Reopened on a store that has not reached what we saw: etcd
-            // lost data. Its old revisions mean nothing now.
+            // lost data, or this member lags (its header is not
+            // linearizable). Follow it from where it is, and have the task
+            // look at every key: its calls are linearizable, and tell the
+            // two apart (`Task::store_at`).
             self.next = m.revision.saturating_add(1);
-            return vec![Inbox::Rewound];
+            return vec![Inbox::Synced];
         }
         if m.created && self.next == 0 {
             out.push(Inbox::Synced);
@@ -113,7 +116,9 @@ pub(crate) fn follow_with(
     let mut cursor = Cursor::default();
     let mut backoff = Backoff::default();
     // The first stream opens at once, and so does one after a stream that
-    // delivered anything (its `created` message counts).
+    // delivered anything (its `created` message counts) but its own end: a
+    // watch etcd refuses (`created` and `canceled` at once: permission
+    // denied, a token it no longer knows) backs off like a failed one.
     let mut at_once = true;
     while !stop.load(Ordering::Acquire) {
         if !std::mem::take(&mut at_once) {
@@ -130,8 +135,10 @@ pub(crate) fn follow_with(
         loop {
             match stream.next_message() {
                 Ok(m) => {
-                    at_once = true;
-                    backoff.delivered();
+                    if !m.ended {
+                        at_once = true;
+                        backoff.delivered();
+                    }
                     let ended = m.ended;
                     for i in cursor.message(m) {
                         if !send(i) {

@@ -207,12 +207,17 @@ impl Watch for WatchStream {
             })
             .unwrap_or_default();
         let canceled = r["canceled"].as_bool() == Some(true);
-        if canceled
-            && r["cancel_reason"]
-                .as_str()
-                .is_some_and(|c| c.contains("no leader"))
-        {
+        let reason = r["cancel_reason"].as_str().unwrap_or("");
+        if canceled && reason.contains("no leader") {
             self.leave();
+        }
+        // etcd refuses a watch whose token it no longer knows (a restart
+        // forgets simple tokens) as "permission denied" too: the next
+        // watch logs in again (the calls' gateway has its own token).
+        if canceled && (reason.contains("permission denied") || reason.contains("auth")) {
+            if let Some((auth, token)) = &self.auth {
+                auth.forget(token);
+            }
         }
         Ok(WatchMessage {
             revision: num(&r["header"]["revision"]),

@@ -205,8 +205,9 @@ fn a_resumed_watch_resumes_after_the_last_event_it_delivered_not_at_the_header()
 
 /// Item 6: a watch reopened after etcd lost its data (a member restored
 /// empty, or from an old snapshot) at a revision the store has not reached
-/// again waits for it in silence. The cursor sees the store behind it and
-/// starts over.
+/// again waits for it in silence. The cursor sees the store behind it,
+/// follows it from where it is and has the task look again (a lagging
+/// member looks the same to it; the task's linearizable calls tell).
 #[test]
 fn a_watch_reopened_on_a_store_behind_it_starts_over() {
     let mut cur = Cursor::default();
@@ -222,7 +223,7 @@ fn a_watch_reopened_on_a_store_behind_it_starts_over() {
         ..Default::default()
     });
     assert!(
-        matches!(again[..], [Inbox::Rewound]),
+        matches!(again[..], [Inbox::Synced]),
         "the store went back: {again:?}"
     );
     assert_eq!(cur.start(), 4);
@@ -529,4 +530,100 @@ fn a_fall_back_gain_is_from_another_host_unless_we_held_the_key() {
     }
     assert_eq!(fell, [Some(false), Some(true)], "(holder a, other b)");
     assert!(a.acts() && b.acts(), "both act for their host");
+}
+
+/// Review of item 8: a watch etcd refuses (`created` and `canceled` at
+/// once: permission denied, a token it forgot) counted as a delivery, so
+/// the backoff was reset and the watch reopened at once, for ever.
+#[test]
+fn a_watch_etcd_refuses_backs_off_like_a_failed_one() {
+    use super::super::watch::follow_with;
+    struct Refused;
+    impl Watch for Refused {
+        fn next_message(&mut self) -> EtcdResult<WatchMessage> {
+            Ok(WatchMessage {
+                created: true,
+                ended: true,
+                ..Default::default()
+            })
+        }
+    }
+    struct Refusing;
+    impl Etcd for Refusing {
+        fn get_at(&self, _: &str) -> EtcdResult<(Option<Kv>, u64)> {
+            unreachable!()
+        }
+        fn create(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
+            unreachable!()
+        }
+        fn swap(
+            &self,
+            _: &str,
+            _: u64,
+            _: &[u8],
+            _: i64,
+            _: Option<(&str, u64)>,
+        ) -> EtcdResult<Txn> {
+            unreachable!()
+        }
+        fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
+            unreachable!()
+        }
+        fn grant(&self, _: Duration) -> EtcdResult<(i64, Duration)> {
+            unreachable!()
+        }
+        fn keep_alive(&self, _: i64) -> EtcdResult<Duration> {
+            unreachable!()
+        }
+        fn revoke(&self, _: i64) -> EtcdResult<()> {
+            unreachable!()
+        }
+        fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> EtcdResult<Box<dyn Watch>> {
+            Ok(Box::new(Refused))
+        }
+    }
+    let cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
+    let stop = AtomicBool::new(false);
+    let mut waits = Vec::new();
+    follow_with(
+        &cfg,
+        &Refusing,
+        &stop,
+        |_| true,
+        |stop, d| {
+            waits.push(d.as_millis());
+            if waits.len() == 4 {
+                stop.store(true, Ordering::SeqCst);
+            }
+        },
+    );
+    assert_eq!(waits, [50, 100, 200, 400]);
+}
+
+/// Review of item 7: a refusal long ago (a grant that timed out once) was
+/// never forgotten when another host took the key, so when that host let
+/// it go and one acquire failed, the fall-back came at once, while a third
+/// host created the key.
+#[test]
+fn an_old_refusal_does_not_make_a_later_one_fall_back_at_once() {
+    let (clock, etcd) = rig();
+    let how = Arc::new(Twisted::default());
+    let mut a = twisted_with(&etcd, &clock, "a", &how, WhenUnreachable::FallBack);
+    // a's first acquire is refused; b takes the key.
+    how.no_space.store(true, Ordering::SeqCst);
+    a.lead(true, false);
+    how.no_space.store(false, Ordering::SeqCst);
+    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
+    b.lead(true, false);
+    pump_all(&mut [&mut a, &mut b]);
+    assert!(b.acts() && !a.acts());
+    for _ in 0..10 {
+        clock.advance(TTL / 2);
+        pump_all(&mut [&mut a, &mut b]);
+    }
+    // b lets go, and a's next acquire is refused once.
+    how.no_space.store(true, Ordering::SeqCst);
+    b.lead(false, true);
+    a.pump();
+    assert!(!a.acts(), "fell back at the first refusal, on an old one");
 }
