@@ -13,8 +13,10 @@ impl Key {
     /// A host leader that fenced itself (it cannot write its lock file)
     /// does not lead for the level above: holding the agent's upper key
     /// while it cannot act would keep every other host from it. One that
-    /// leads without the lock (the NIP's fail-safe) says so: it may take a
-    /// free key, never continue a sibling's.
+    /// leads without the lock (the NIP's fail-safe) says so: it takes no
+    /// key and continues none (a sibling may lead the host too), and acts
+    /// only under the fall-back. Losing the lock closes the permit here,
+    /// at once, not when the upper level's answer arrives.
     pub(super) fn tell_upper(&mut self, ctx: &mut Ctx, leads: bool, revoke: bool) {
         let Some(u) = ctx.upper.as_mut() else {
             return;
@@ -28,7 +30,7 @@ impl Key {
         (self.told_upper, self.told_locked) = (leads, locked);
         if leads && !was.0 {
             self.upper_tenure += 1;
-        } else if !leads {
+        } else if !leads || (was.1 && !locked) {
             let p = Permit::NOT_HELD;
             self.cell.set_global(p.state, p.until);
         }
