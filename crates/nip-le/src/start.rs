@@ -28,9 +28,21 @@ fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
     let lock_dir = config.lock_dir.clone();
     Box::new(move |tell| {
         if etcd.host_id.is_empty() {
-            // No host id given: the one kept in the lock directory.
-            etcd.host_id = crate::global::persisted_host_id(&lock_dir)
-                .map_err(crate::config::ConfigError::Etcd)?;
+            // No host id given: the one kept in the lock directory. One
+            // that is there but no id is refused (someone wrote it); one
+            // that cannot be kept (a read-only directory, no hard links)
+            // is no reason not to run: the hostname stands in, as before.
+            etcd.host_id = match crate::global::persisted_host_id(&lock_dir) {
+                Ok(id) => id,
+                Err(e) if crate::global::host_id_is_hostile(&e) => {
+                    return Err(crate::config::ConfigError::Etcd(e).into())
+                }
+                Err(e) => {
+                    let host = crate::host::here().host.clone();
+                    tracing::warn!("{e}; using the hostname {host:?} as the host id");
+                    host.unwrap_or_else(|| "unknown-host".to_owned())
+                }
+            };
         }
         let contender = crate::global::Contender::start(etcd, &id, stand_down, tell)
             .map_err(|e| crate::Error::io("<etcd thread>", e))?;

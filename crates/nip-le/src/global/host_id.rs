@@ -43,13 +43,17 @@ pub fn persisted(lock_dir: &Path) -> Result<String, String> {
         Ok(None) => {}
         Err(e) => return Err(e),
     }
+    crate::lockfile::ensure_dir(lock_dir)
+        .map_err(|e| format!("{}: cannot write the host id: {e}", path.display()))?;
     let id = format!("h-{}", uuid::Uuid::new_v4().simple());
     let tmp = lock_dir.join(format!(
         ".{HOST_ID_FILE}.{}.tmp",
         uuid::Uuid::new_v4().simple()
     ));
+    // Durable before it is linked into place: a power loss must not leave
+    // an empty id (read as "not a host id").
     let written = open_regular_file(&tmp, Create::New)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, id.as_bytes()))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, id.as_bytes()).and(f.sync_all()))
         .and_then(|()| std::fs::hard_link(&tmp, &path));
     let _ = std::fs::remove_file(&tmp);
     match written {
@@ -60,6 +64,12 @@ pub fn persisted(lock_dir: &Path) -> Result<String, String> {
         }
         Err(e) => Err(format!("{}: cannot write the host id: {e}", path.display())),
     }
+}
+
+/// Whether `e` (from [`persisted`]) says the file holds no host id, as
+/// opposed to: it could not be read or written at all.
+pub fn is_hostile(e: &str) -> bool {
+    e.contains("not a host id")
 }
 
 /// The id in `path`, `None` when there is no file.
@@ -111,6 +121,20 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_lock_directory_is_made_and_an_unwritable_one_is_no_hostile_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join("not-yet");
+        assert!(
+            persisted(&fresh).unwrap().starts_with("h-"),
+            "spec mode makes no dir"
+        );
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "x").unwrap();
+        let e = persisted(&file).unwrap_err();
+        assert!(!is_hostile(&e), "{e}");
+    }
+
+    #[test]
     fn hostile_content_is_an_error_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(HOST_ID_FILE);
@@ -123,7 +147,7 @@ mod tests {
         ] {
             std::fs::write(&path, bad).unwrap();
             let e = persisted(dir.path()).unwrap_err();
-            assert!(e.contains(HOST_ID_FILE), "{e}");
+            assert!(e.contains(HOST_ID_FILE) && is_hostile(&e), "{e}");
             assert_eq!(std::fs::read(&path).unwrap(), bad, "never replaced");
         }
         std::fs::write(&path, "laptop-7\n").unwrap();

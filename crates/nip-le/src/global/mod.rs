@@ -42,7 +42,7 @@ pub use crate::config::etcd::{
     EtcdAuth, EtcdConfig, EtcdTls, WhenUnreachable, DEFAULT_PREFIX, DEFAULT_TTL,
 };
 pub(crate) use contender::Contender;
-pub use host_id::{persisted as persisted_host_id, HOST_ID_FILE};
+pub use host_id::{is_hostile as host_id_is_hostile, persisted as persisted_host_id, HOST_ID_FILE};
 
 use crate::elector::GlobalHolder;
 use crate::pubkey::AgentPubkey;
