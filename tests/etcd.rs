@@ -106,10 +106,21 @@ fn a_bad_etcd_configuration_fails_setup_with_a_clear_error() {
         .plugin(
             Builder::new()
                 .lock_dir(tmp.path())
-                .etcd(["https://etcd:2379"])
+                .etcd(["ftp://etcd:2379"])
                 .build(),
         )
         .build(mock_context(noop_assets()));
     let msg = format!("{}", r.expect_err("setup must fail"));
     assert!(msg.contains("http://host:port"), "{msg}");
+    // https without the CA of etcd's certificate says what is missing.
+    let r = mock_builder()
+        .plugin(
+            Builder::new()
+                .lock_dir(tmp.path())
+                .etcd(["https://etcd:2379"])
+                .build(),
+        )
+        .build(mock_context(noop_assets()));
+    let msg = format!("{}", r.expect_err("setup must fail"));
+    assert!(msg.contains("needs the CA"), "{msg}");
 }

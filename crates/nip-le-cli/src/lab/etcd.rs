@@ -220,7 +220,7 @@ struct Member {
 
 /// How long [`Cluster`] waits for the members to answer, and for a
 /// partition or its healing to show in what the members say.
-const CLUSTER_WAIT: Duration = Duration::from_secs(20);
+const CLUSTER_WAIT: Duration = Duration::from_secs(40);
 
 impl Cluster {
     /// Starts `n` members and waits (up to 20 s) until each answers.
