@@ -1,0 +1,224 @@
+//! The audit of issue 21 on the watch: where a stream resumes, how a
+//! store behind it is met, and how failed or refused streams back off.
+
+use crate::global::etcd::WatchMessage;
+
+use super::*;
+
+fn change(rev: u64) -> crate::global::etcd::Change {
+    crate::global::etcd::Change {
+        key: leader_key(),
+        revision: rev,
+        kv: None,
+    }
+}
+
+/// Item 7: etcd answers a resumed watch with its `created` message, whose
+/// header carries the store's current revision, before the events of the
+/// catch-up; and it sends a catch-up in batches, each with that header.
+/// The cursor once resumed from the header's revision: a stream that broke
+/// in between skipped every event up to it.
+#[test]
+fn a_resumed_watch_resumes_after_the_last_event_it_delivered_not_at_the_header() {
+    let mut cur = Cursor::default();
+    let first = cur.message(WatchMessage {
+        revision: 4,
+        created: true,
+        ..Default::default()
+    });
+    assert!(matches!(first[..], [Inbox::Synced]));
+    assert_eq!(cur.start(), 5);
+    // Reopened from 5 while etcd is at 10: the created message first.
+    let created = cur.message(WatchMessage {
+        revision: 10,
+        created: true,
+        ..Default::default()
+    });
+    assert!(created.is_empty(), "a resumed watch is no resync");
+    assert_eq!(cur.start(), 5, "no event from 5 on was delivered yet");
+    // The first batch of the catch-up.
+    let batch = cur.message(WatchMessage {
+        revision: 10,
+        changes: vec![change(5), change(6)],
+        ..Default::default()
+    });
+    assert_eq!(batch.len(), 2);
+    assert_eq!(cur.start(), 7, "events 7 to 10 are still to come");
+    // A progress notification: everything up to its header was sent.
+    cur.message(WatchMessage {
+        revision: 12,
+        ..Default::default()
+    });
+    assert_eq!(cur.start(), 13);
+}
+
+/// Item 6: a watch reopened after etcd lost its data (a member restored
+/// empty, or from an old snapshot) at a revision the store has not reached
+/// again waits for it in silence. The cursor sees the store behind it,
+/// follows it from where it is and has the task look again (a lagging
+/// member looks the same to it; the task's linearizable calls tell).
+#[test]
+fn a_watch_reopened_on_a_store_behind_it_starts_over() {
+    let mut cur = Cursor::default();
+    cur.message(WatchMessage {
+        revision: 40,
+        created: true,
+        ..Default::default()
+    });
+    assert_eq!(cur.start(), 41);
+    let again = cur.message(WatchMessage {
+        revision: 3,
+        created: true,
+        ..Default::default()
+    });
+    assert!(
+        matches!(again[..], [Inbox::Synced]),
+        "the store went back: {again:?}"
+    );
+    assert_eq!(cur.start(), 4);
+}
+
+/// Item 8: a watch stream that etcd (or a proxy) closes at once was
+/// reopened at once, in a hot loop. Failed streams now back off from
+/// 50 ms to 2 s; one that delivered anything reopens at once.
+#[test]
+fn a_watch_stream_closed_at_once_is_reopened_with_a_growing_backoff() {
+    use super::super::watch::{follow_with, Backoff};
+    struct Closing(std::sync::atomic::AtomicUsize);
+    struct Closed;
+    impl Watch for Closed {
+        fn next_message(&mut self) -> EtcdResult<WatchMessage> {
+            Err(GatewayError("closed by etcd".into()))
+        }
+    }
+    impl Etcd for Closing {
+        fn get_at(&self, _: &str) -> EtcdResult<(Option<Kv>, u64)> {
+            unreachable!()
+        }
+        fn create(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
+            unreachable!()
+        }
+        fn swap(
+            &self,
+            _: &str,
+            _: u64,
+            _: &[u8],
+            _: i64,
+            _: Option<(&str, u64)>,
+        ) -> EtcdResult<Txn> {
+            unreachable!()
+        }
+        fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
+            unreachable!()
+        }
+        fn grant(&self, _: Duration) -> EtcdResult<(i64, Duration)> {
+            unreachable!()
+        }
+        fn keep_alive(&self, _: i64) -> EtcdResult<Duration> {
+            unreachable!()
+        }
+        fn revoke(&self, _: i64) -> EtcdResult<()> {
+            unreachable!()
+        }
+        fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> EtcdResult<Box<dyn Watch>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Box::new(Closed))
+        }
+    }
+    let gw = Closing(Default::default());
+    let cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
+    let stop = AtomicBool::new(false);
+    let mut waits = Vec::new();
+    follow_with(
+        &cfg,
+        &gw,
+        &stop,
+        |_| true,
+        |stop, d| {
+            waits.push(d);
+            if waits.len() == 8 {
+                stop.store(true, Ordering::SeqCst);
+            }
+        },
+    );
+    let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+    assert_eq!(ms, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+    assert_eq!(
+        gw.0.load(Ordering::SeqCst),
+        9,
+        "the first at once, then one per wait"
+    );
+    let mut b = Backoff::default();
+    b.failed();
+    b.failed();
+    b.delivered();
+    assert_eq!(b.failed(), Duration::from_millis(50), "reset by a delivery");
+}
+
+/// Review of item 8: a watch etcd refuses (`created` and `canceled` at
+/// once: permission denied, a token it forgot) counted as a delivery, so
+/// the backoff was reset and the watch reopened at once, for ever.
+#[test]
+fn a_watch_etcd_refuses_backs_off_like_a_failed_one() {
+    use super::super::watch::follow_with;
+    struct Refused;
+    impl Watch for Refused {
+        fn next_message(&mut self) -> EtcdResult<WatchMessage> {
+            Ok(WatchMessage {
+                created: true,
+                ended: true,
+                ..Default::default()
+            })
+        }
+    }
+    struct Refusing;
+    impl Etcd for Refusing {
+        fn get_at(&self, _: &str) -> EtcdResult<(Option<Kv>, u64)> {
+            unreachable!()
+        }
+        fn create(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
+            unreachable!()
+        }
+        fn swap(
+            &self,
+            _: &str,
+            _: u64,
+            _: &[u8],
+            _: i64,
+            _: Option<(&str, u64)>,
+        ) -> EtcdResult<Txn> {
+            unreachable!()
+        }
+        fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
+            unreachable!()
+        }
+        fn grant(&self, _: Duration) -> EtcdResult<(i64, Duration)> {
+            unreachable!()
+        }
+        fn keep_alive(&self, _: i64) -> EtcdResult<Duration> {
+            unreachable!()
+        }
+        fn revoke(&self, _: i64) -> EtcdResult<()> {
+            unreachable!()
+        }
+        fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> EtcdResult<Box<dyn Watch>> {
+            Ok(Box::new(Refused))
+        }
+    }
+    let cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
+    let stop = AtomicBool::new(false);
+    let mut waits = Vec::new();
+    follow_with(
+        &cfg,
+        &Refusing,
+        &stop,
+        |_| true,
+        |stop, d| {
+            waits.push(d.as_millis());
+            if waits.len() == 4 {
+                stop.store(true, Ordering::SeqCst);
+            }
+        },
+    );
+    assert_eq!(waits, [50, 100, 200, 400]);
+}
