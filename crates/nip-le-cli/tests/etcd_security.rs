@@ -164,13 +164,13 @@ fn status_error(w: &mut Instance) -> String {
     }
 }
 
-/// The window's etcd error once it contains `what` (within a few
+/// The window's etcd error once it contains one of `what` (within a few
 /// seconds); the last one seen otherwise.
-fn etcd_error(w: &mut Instance, what: &str) -> String {
+fn etcd_error(w: &mut Instance, what: &[&str]) -> String {
     let mut last = String::new();
     for _ in 0..20 {
         last = status_error(w);
-        if last.contains(what) {
+        if what.iter().any(|x| last.contains(x)) {
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -179,8 +179,8 @@ fn etcd_error(w: &mut Instance, what: &str) -> String {
 }
 
 /// Never acts at the global level within two TTLs, and its status says
-/// why (`what`).
-fn refused(w: &mut Instance, what: &str) {
+/// why (one of `what`).
+fn refused(w: &mut Instance, what: &[&str]) {
     assert!(
         !acts_globally(w, Duration::from_secs(4)),
         "{} acted at the global level: {:?}",
@@ -189,8 +189,8 @@ fn refused(w: &mut Instance, what: &str) {
     );
     let e = etcd_error(w, what);
     assert!(
-        e.contains(what),
-        "{}: etcd error {e:?}, expected {what:?}",
+        what.iter().any(|x| e.contains(x)),
+        "{}: etcd error {e:?}, expected one of {what:?}",
         w.name
     );
     assert!(!w.exited(), "{} exited", w.name);
@@ -290,9 +290,16 @@ fn without_a_client_certificate_or_with_a_wrong_ca_no_window_leads_and_status_sa
         ..Setup::new(String::new(), tempfile::tempdir().unwrap())
     };
     let mut http = plain.window("c", &[]);
-    refused(&mut wrong_ca, "UnknownIssuer");
-    refused(&mut no_cert, "Certificate");
-    refused(&mut http, "127.0.0.1");
+    refused(&mut wrong_ca, &["UnknownIssuer"]);
+    // With TLS 1.3 the server refuses a missing client certificate after
+    // the client's side of the handshake is done: the client reads its
+    // alert, or (seen under load in CI) its first write finds the
+    // connection already closed.
+    refused(
+        &mut no_cert,
+        &["Certificate", "Broken pipe", "Connection reset"],
+    );
+    refused(&mut http, &["127.0.0.1"]);
     // A malformed key is refused before anything starts.
     let junk = s.file("junk.pem", "-----BEGIN PRIVATE KEY-----\nnot base64\n");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nip-le"))
@@ -392,9 +399,9 @@ fn etcd_users_lead_with_the_right_password_and_a_role_on_the_prefix_only() {
         &["--etcd-user", "other", "--etcd-password-file", &other],
     );
     let mut anonymous = s.window("d", &[]);
-    refused(&mut wrong, "authentication failed");
-    refused(&mut elsewhere, "permission denied");
-    refused(&mut anonymous, "user name is empty");
+    refused(&mut wrong, &["authentication failed"]);
+    refused(&mut elsewhere, &["permission denied"]);
+    refused(&mut anonymous, &["user name is empty"]);
     let mut right = s.window("a", &["--etcd-user", "nip", "--etcd-password-file", &good]);
     assert!(
         acts_globally(&right, Duration::from_secs(10)),
