@@ -28,11 +28,24 @@ import {
 
 before(() => launch(3, { BUZZ_DEMO_SUPERVISED: SCOUT }, 'agent'))
 after(async () => {
-  await teardown()
   // A window ended by teardown without a graceful exit leaves its agent
   // running on the portable backend when no successor is left to stop it
-  // (docs/known-limits.md): end what this suite started.
-  for (const pid of agentPids()) process.kill(pid, 'SIGKILL')
+  // (docs/known-limits.md): end what this suite started, and wait until it
+  // is gone, before the suite's directory goes (an agent still writing
+  // there made its removal fail with ENOTEMPTY in CI).
+  await teardown(async () => {
+    const end = Date.now() + 10_000
+    while (agentPids().length > 0 && Date.now() < end) {
+      for (const pid of agentPids()) {
+        try {
+          process.kill(pid, 'SIGKILL')
+        } catch {
+          // gone meanwhile
+        }
+      }
+      await new Promise((r) => setTimeout(r, 50))
+    }
+  })
 })
 
 /** The pids of the stand-in agents of this suite that run now (zombies excluded). */

@@ -241,8 +241,12 @@ export async function launch(n = 3, env = {}, name = '') {
   })
 }
 
-/** Ends every window, driver and Xvfb, and removes the suite's files. */
-export async function teardown() {
+/**
+ * Ends every window, driver and Xvfb, and removes the suite's files;
+ * `beforeRemove` runs once the windows are gone (a suite ends what else it
+ * started that writes there).
+ */
+export async function teardown(beforeRemove) {
   for (const w of windows) {
     if (w.alive) await w.driver.quit().catch(() => {})
   }
@@ -262,5 +266,7 @@ export async function teardown() {
   }
   const end = Date.now() + 10_000
   while (Date.now() < end && !windows.every((w) => gone(w.pid))) await sleep(50)
+  // (`after(teardown)` passes node's test context: not a hook.)
+  if (typeof beforeRemove === 'function') await beforeRemove()
   fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 })
 }
