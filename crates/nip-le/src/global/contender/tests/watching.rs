@@ -84,48 +84,13 @@ fn a_watch_reopened_on_a_store_behind_it_starts_over() {
 #[test]
 fn a_watch_stream_closed_at_once_is_reopened_with_a_growing_backoff() {
     use super::super::watch::{follow_with, Backoff};
-    struct Closing(std::sync::atomic::AtomicUsize);
     struct Closed;
     impl Watch for Closed {
         fn next_message(&mut self) -> EtcdResult<WatchMessage> {
             Err(GatewayError("closed by etcd".into()))
         }
     }
-    impl Etcd for Closing {
-        fn get_at(&self, _: &str) -> EtcdResult<(Option<Kv>, u64)> {
-            unreachable!()
-        }
-        fn create(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
-            unreachable!()
-        }
-        fn swap(
-            &self,
-            _: &str,
-            _: u64,
-            _: &[u8],
-            _: i64,
-            _: Option<(&str, u64)>,
-        ) -> EtcdResult<Txn> {
-            unreachable!()
-        }
-        fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
-            unreachable!()
-        }
-        fn grant(&self, _: Duration) -> EtcdResult<(i64, Duration)> {
-            unreachable!()
-        }
-        fn keep_alive(&self, _: i64) -> EtcdResult<Duration> {
-            unreachable!()
-        }
-        fn revoke(&self, _: i64) -> EtcdResult<()> {
-            unreachable!()
-        }
-        fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> EtcdResult<Box<dyn Watch>> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Ok(Box::new(Closed))
-        }
-    }
-    let gw = Closing(Default::default());
+    let gw = WatchOnly::new(|| Box::new(Closed));
     let cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
     let stop = AtomicBool::new(false);
     let mut waits = Vec::new();
@@ -144,7 +109,7 @@ fn a_watch_stream_closed_at_once_is_reopened_with_a_growing_backoff() {
     let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
     assert_eq!(ms, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
     assert_eq!(
-        gw.0.load(Ordering::SeqCst),
+        gw.opened.load(Ordering::SeqCst),
         9,
         "the first at once, then one per wait"
     );
@@ -171,46 +136,12 @@ fn a_watch_etcd_refuses_backs_off_like_a_failed_one() {
             })
         }
     }
-    struct Refusing;
-    impl Etcd for Refusing {
-        fn get_at(&self, _: &str) -> EtcdResult<(Option<Kv>, u64)> {
-            unreachable!()
-        }
-        fn create(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
-            unreachable!()
-        }
-        fn swap(
-            &self,
-            _: &str,
-            _: u64,
-            _: &[u8],
-            _: i64,
-            _: Option<(&str, u64)>,
-        ) -> EtcdResult<Txn> {
-            unreachable!()
-        }
-        fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
-            unreachable!()
-        }
-        fn grant(&self, _: Duration) -> EtcdResult<(i64, Duration)> {
-            unreachable!()
-        }
-        fn keep_alive(&self, _: i64) -> EtcdResult<Duration> {
-            unreachable!()
-        }
-        fn revoke(&self, _: i64) -> EtcdResult<()> {
-            unreachable!()
-        }
-        fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> EtcdResult<Box<dyn Watch>> {
-            Ok(Box::new(Refused))
-        }
-    }
     let cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
     let stop = AtomicBool::new(false);
     let mut waits = Vec::new();
     follow_with(
         &cfg,
-        &Refusing,
+        &WatchOnly::new(|| Box::new(Refused)),
         &stop,
         |_| true,
         |stop, d| {
@@ -221,4 +152,48 @@ fn a_watch_etcd_refuses_backs_off_like_a_failed_one() {
         },
     );
     assert_eq!(waits, [50, 100, 200, 400]);
+}
+
+/// An etcd that only opens watches, each a stream `open` makes, and
+/// counts them (the watch loop calls nothing else).
+struct WatchOnly {
+    open: fn() -> Box<dyn Watch>,
+    opened: std::sync::atomic::AtomicUsize,
+}
+
+impl WatchOnly {
+    fn new(open: fn() -> Box<dyn Watch>) -> Self {
+        Self {
+            open,
+            opened: Default::default(),
+        }
+    }
+}
+
+impl Etcd for WatchOnly {
+    fn get_at(&self, _: &str) -> EtcdResult<(Option<Kv>, u64)> {
+        unreachable!()
+    }
+    fn create(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
+        unreachable!()
+    }
+    fn swap(&self, _: &str, _: u64, _: &[u8], _: i64, _: Option<(&str, u64)>) -> EtcdResult<Txn> {
+        unreachable!()
+    }
+    fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
+        unreachable!()
+    }
+    fn grant(&self, _: Duration) -> EtcdResult<(i64, Duration)> {
+        unreachable!()
+    }
+    fn keep_alive(&self, _: i64) -> EtcdResult<Duration> {
+        unreachable!()
+    }
+    fn revoke(&self, _: i64) -> EtcdResult<()> {
+        unreachable!()
+    }
+    fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> EtcdResult<Box<dyn Watch>> {
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        Ok((self.open)())
+    }
 }
