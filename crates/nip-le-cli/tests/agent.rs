@@ -193,6 +193,13 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     let (l, a) = serving(&insts, &replies, t, deadline);
     assert_eq!(l, claimer, "the claimer serves");
     (leader, agent) = (l, a);
+    // Its agent is named for a successor: the window whose agent had just
+    // ended once removed the mark the claimer wrote in that moment.
+    assert_eq!(
+        nip_le::agent::orphan::read_mark(&s.lock_dir, &s.pubkey).map(|m| m.pid),
+        Some(agent),
+        "the agent mark names the serving agent"
+    );
 
     // 2. SIGKILL of the leading window: its agent dies with it, and a
     //    survivor's agent takes over.

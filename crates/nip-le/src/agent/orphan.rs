@@ -17,6 +17,12 @@
 //! record with only the NIP's three fields (INTEROP.md), which would erase
 //! it. It is hostile input like every file there: regular files only, no
 //! symlinks, a capped read, and a mark that does not parse is ignored.
+//!
+//! A mark is never removed: once its agent ended it names no process (the
+//! start time differs), and removing it raced the successor's write of its
+//! own (a window whose agent had just ended read its mark, the successor
+//! wrote its own, the first removed that), leaving the successor's agent
+//! unnamed when its window was killed in turn.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -67,13 +73,6 @@ pub fn read_mark(dir: &Path, pubkey: &AgentPubkey) -> Option<AgentMark> {
         return None;
     }
     serde_json::from_slice(&buf[..n]).ok()
-}
-
-/// Removes the mark if it still names `pid` (a successor's mark stays).
-pub fn clear_mark(dir: &Path, pubkey: &AgentPubkey, pid: u32) {
-    if read_mark(dir, pubkey).is_some_and(|m| m.pid == pid) {
-        let _ = std::fs::remove_file(mark_path(dir, pubkey));
-    }
 }
 
 /// Stops the agent the mark names unless it is `ours` (the pid of our own
@@ -385,9 +384,11 @@ mod tests {
         });
         sleeper.wait().unwrap();
         assert_eq!(stopper.join().unwrap(), Some((pid, false)));
-        clear_mark(dir, &pk(), pid + 1);
-        assert!(read_mark(dir, &pk()).is_some(), "another pid's mark stays");
-        clear_mark(dir, &pk(), pid);
-        assert_eq!(read_mark(dir, &pk()), None);
+        // The mark outlives its agent, and names nobody now.
+        assert_eq!(read_mark(dir, &pk()), Some(mark(start)));
+        assert_eq!(
+            stop_orphan(dir, &pk(), None, Duration::from_millis(50)),
+            None
+        );
     }
 }

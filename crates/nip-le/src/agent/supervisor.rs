@@ -173,7 +173,6 @@ impl Run {
                     let killed = m.killed();
                     if let Some(a) = agent.take_if(|a| a.pid() == pid) {
                         let status = a.reap();
-                        orphan::clear_mark(&self.dir, &self.pubkey, pid);
                         let event = match (by_us, status) {
                             (true, _) => AgentEvent::Stopped { pid, killed },
                             (false, Ok(s)) => {
