@@ -24,7 +24,10 @@ fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
     let Some(mut etcd) = config.etcd.clone() else {
         return upper::none();
     };
-    let (id, stand_down) = (id.as_str().to_owned(), config.stand_down);
+    let (id, timings) = (
+        id.as_str().to_owned(),
+        (config.stand_down, config.work_retention),
+    );
     let lock_dir = config.lock_dir.clone();
     Box::new(move |tell| {
         if etcd.host_id.is_empty() {
@@ -44,7 +47,7 @@ fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
                 }
             };
         }
-        let contender = crate::global::Contender::start(etcd, &id, stand_down, tell)
+        let contender = crate::global::Contender::start(etcd, &id, timings, tell)
             .map_err(|e| crate::Error::io("<etcd thread>", e))?;
         Ok(Some(Box::new(contender) as Box<dyn upper::UpperLevel>))
     })

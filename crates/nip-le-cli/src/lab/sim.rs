@@ -215,6 +215,11 @@ pub struct Summary {
 pub struct Across {
     /// Mentions answered by windows of two hosts.
     pub twice_across_hosts: u64,
+    /// Of which one answer came under the fall-back.
+    pub twice_under_fallback: u64,
+    /// Of which the first came from a host cut off from etcd before its
+    /// done was recorded.
+    pub twice_done_cut_off: u64,
     /// Mentions answered twice within one host.
     pub twice_within_a_host: u64,
     /// Mentions never answered.
@@ -273,6 +278,8 @@ fn run_host_seeds(args: &SimArgs) -> Summary {
         sum.answered += out.answered;
         sum.simulated += Duration::from_secs(args.seconds);
         across.twice_across_hosts += out.twice_across_hosts;
+        across.twice_under_fallback += out.twice_under_fallback;
+        across.twice_done_cut_off += out.twice_done_cut_off;
         across.twice_within_a_host += out.twice_within_a_host;
         across.unanswered += out.unanswered;
         across.overlap_ms += out.fallback_overlap_ns / 1_000_000;
@@ -336,8 +343,8 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
     }
     if let Some(a) = sum.across {
         println!(
-            "across hosts: {} mentions answered on two hosts, {} twice on one host, {} never, {} ms with two hosts acting (fall-back)",
-            a.twice_across_hosts, a.twice_within_a_host, a.unanswered, a.overlap_ms
+            "across hosts: {} mentions answered on two hosts ({} under the fall-back, {} first answered by a host whose link to etcd was cut or lossy), {} twice on one host, {} never, {} ms with two hosts acting (fall-back)",
+            a.twice_across_hosts, a.twice_under_fallback, a.twice_done_cut_off, a.twice_within_a_host, a.unanswered, a.overlap_ms
         );
     }
     Ok(if sum.failed.is_empty() {

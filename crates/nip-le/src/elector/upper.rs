@@ -9,6 +9,9 @@
 //! permit is closed before it acts (a hand-over to another host) asks the
 //! writer to confirm ([`UpperLevel::withdrawn`]).
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
 use crate::error::Result;
 use crate::pubkey::AgentPubkey;
 
@@ -61,6 +64,17 @@ pub(crate) trait UpperLevel: Send {
     /// ([`UpperNews::confirm`]).
     fn withdrawn(&mut self, pubkey: AgentPubkey);
 
+    /// We granted a take of event `id` under the permit: the upper level
+    /// records it (fenced by its hold), so that another host that gains the
+    /// agent leaves it to us while this window runs. Told in order with
+    /// [`UpperLevel::withdrawn`]: a hand-over to another host comes after
+    /// the record.
+    fn took(&mut self, pubkey: AgentPubkey, id: &str);
+
+    /// A take of ours ended: `done` (the reply was sent; recorded for every
+    /// host, whoever leads by now) or given back (owed again).
+    fn settled(&mut self, pubkey: AgentPubkey, id: &str, done: bool);
+
     /// Gives up whatever is still held (after the writer stepped down
     /// everywhere) and stops.
     fn shutdown(&mut self);
@@ -86,6 +100,21 @@ pub(crate) struct UpperNews {
     /// When the permit changed (unix ms), stamped by the upper level at
     /// the moment it opened or closed it, not when the writer got to it.
     pub at_ms: u64,
+    /// What the upper level knows of the agent's work on every host, read
+    /// when we gain the key (and again while another window's takes are
+    /// in flight); `None`: unchanged, or it could not be read.
+    pub work: Option<Arc<SharedWork>>,
+    /// We hold the key, but its work records could not be read yet: nothing
+    /// is owed until they are (what another host answered is unknown).
+    pub work_unread: bool,
+}
+
+/// The agent's work as the level above the host records it for every host:
+/// events done, and events a window still running has taken.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SharedWork {
+    pub done: BTreeSet<String>,
+    pub taken: BTreeSet<String>,
 }
 
 /// How the upper level tells the writer (through its mailbox).

@@ -76,6 +76,23 @@ pub(crate) trait Etcd: Send + Sync {
     ) -> Result<Txn>;
     /// Puts `key` unconditionally, bound to `lease`.
     fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()>;
+    /// Creates `key` (bound to `lease`) only if it does not exist and
+    /// `guard` was last written at `guard_revision`: a write fenced by our
+    /// hold on another key. On failure, what `guard` holds.
+    fn create_if(
+        &self,
+        guard: &str,
+        guard_revision: u64,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Txn>;
+    /// Deletes `key` only if it was last written at `mod_revision`;
+    /// whether it did.
+    fn delete_if(&self, key: &str, mod_revision: u64) -> Result<bool>;
+    /// Every key under `prefix`, in key order, at most `limit` of them
+    /// (more: an error, never a part taken for the whole).
+    fn range(&self, prefix: &str, limit: usize) -> Result<Vec<Kv>>;
     /// A new lease of `ttl`: its id and granted TTL.
     fn grant(&self, ttl: Duration) -> Result<(i64, Duration)>;
     /// Renews `lease`: the TTL it has from now on, zero when it expired.

@@ -221,6 +221,56 @@ impl Etcd for MemoryEtcd {
         Ok(())
     }
 
+    fn create_if(
+        &self,
+        guard: &str,
+        guard_revision: u64,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Txn> {
+        let mut s = self.lock();
+        let current = s.kvs.get(guard).cloned();
+        if current.as_ref().map_or(0, |kv| kv.mod_revision) != guard_revision
+            || s.kvs.contains_key(key)
+        {
+            return Ok(Txn::Failed(current));
+        }
+        s.revision += 1;
+        s.put_at(key, value, lease)?;
+        let rev = s.revision;
+        drop(s);
+        self.changed();
+        Ok(Txn::Done(rev))
+    }
+
+    fn delete_if(&self, key: &str, mod_revision: u64) -> Result<bool> {
+        let mut s = self.lock();
+        if s.kvs.get(key).map(|kv| kv.mod_revision) != Some(mod_revision) {
+            return Ok(false);
+        }
+        s.revision += 1;
+        s.delete_at(key);
+        drop(s);
+        self.changed();
+        Ok(true)
+    }
+
+    fn range(&self, prefix: &str, limit: usize) -> Result<Vec<Kv>> {
+        let s = self.lock();
+        let kvs: Vec<Kv> = (s.kvs.range(prefix.to_owned()..))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, kv)| kv.clone())
+            .take(limit.saturating_add(1))
+            .collect();
+        if kvs.len() > limit {
+            return Err(GatewayError(format!(
+                "more than {limit} keys under {prefix}"
+            )));
+        }
+        Ok(kvs)
+    }
+
     fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
         let mut s = self.lock();
         s.next_lease += 1;

@@ -238,6 +238,25 @@ impl Etcd for Client {
     fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<()> {
         self.etcd.call(self.host, |e| e.put(key, value, lease))
     }
+    fn create_if(
+        &self,
+        guard: &str,
+        guard_revision: u64,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Txn> {
+        self.etcd.call(self.host, |e| {
+            e.create_if(guard, guard_revision, key, value, lease)
+        })
+    }
+    fn delete_if(&self, key: &str, mod_revision: u64) -> Result<bool> {
+        self.etcd
+            .call(self.host, |e| e.delete_if(key, mod_revision))
+    }
+    fn range(&self, prefix: &str, limit: usize) -> Result<Vec<Kv>> {
+        self.etcd.call(self.host, |e| e.range(prefix, limit))
+    }
     fn grant(&self, ttl: Duration) -> Result<(i64, Duration)> {
         let r = self.etcd.call(self.host, |e| e.grant(ttl));
         match r {

@@ -89,6 +89,9 @@ impl HostsOptions {
     }
 }
 
+/// One answer: its host, and the window and time.
+type Answer = (usize, (String, u64));
+
 /// A fault between the hosts and etcd.
 #[derive(Debug, Clone, PartialEq)]
 enum LinkFault {
@@ -131,6 +134,14 @@ pub struct HostsOutcome {
     pub unanswered: u64,
     /// Mentions answered by windows of two hosts.
     pub twice_across_hosts: u64,
+    /// Of which one answer came while a window acted under the fall-back
+    /// (etcd out of its reach): the policy's price, counted apart.
+    pub twice_under_fallback: u64,
+    /// Of which the first answer came from a host whose link to etcd was
+    /// cut or lossy (under the tail of its permit): its done could not be
+    /// recorded before the link came back, and not at all if the window
+    /// was gone by then. Counted apart.
+    pub twice_done_cut_off: u64,
     /// Mentions answered twice within one host.
     pub twice_within_a_host: u64,
     /// Time windows of two hosts acted at once under the fall-back, ns.
@@ -158,6 +169,13 @@ struct Hosts {
     quiet_from: u64,
     silent_since: Option<u64>,
     overlap_since: Option<u64>,
+    /// Spans in which some window acted under the fall-back (not holding
+    /// etcd's key), and the one open now.
+    fallback_spans: Vec<(u64, u64)>,
+    fallback_since: Option<u64>,
+    /// Spans in which a host's link to etcd was cut or lossy: (host, from,
+    /// until).
+    cut_spans: Vec<(usize, u64, u64)>,
     out: HostsOutcome,
     trace: bool,
 }
@@ -193,6 +211,9 @@ pub fn run(seed: u64, o: &HostsOptions, trace: bool) -> HostsOutcome {
         quiet_from: 0,
         silent_since: None,
         overlap_since: None,
+        fallback_spans: Vec::new(),
+        fallback_since: None,
+        cut_spans: Vec::new(),
         out: HostsOutcome::default(),
         trace,
     };
@@ -311,21 +332,26 @@ impl Hosts {
                 }
                 match f {
                     LinkFault::Cut { host, d } => {
+                        self.cut_spans.push((host, t, t + d));
                         self.etcd.cut(host, t + d);
                         self.quiet_from = self.quiet_from.max(t + d);
                     }
                     LinkFault::CutAll { d } => {
                         for host in 0..self.sims.len() {
+                            self.cut_spans.push((host, t, t + d));
                             self.etcd.cut(host, t + d);
                         }
                         self.quiet_from = self.quiet_from.max(t + d);
                     }
                     LinkFault::Flaky { host, d, p } => {
+                        self.cut_spans.push((host, t, t + d));
                         self.etcd.flaky(host, t + d, p);
                         self.quiet_from = self.quiet_from.max(t + d);
                     }
                     LinkFault::WatchReset { host } => self.sims[host].watches_reset(),
                     LinkFault::Restart { d } => {
+                        let hosts = self.sims.len();
+                        self.cut_spans.extend((0..hosts).map(|h| (h, t, t + d)));
                         self.etcd.restart(d);
                         self.quiet_from = self.quiet_from.max(t + d);
                     }
@@ -359,13 +385,22 @@ impl Hosts {
         at > tail.max(last_answer) + 120_000 * MS || self.answered().len() == self.published.len()
     }
 
-    /// Every mention answered, and by whom: (host, window).
-    fn answered(&self) -> BTreeMap<u64, Vec<(usize, String)>> {
-        let mut all: BTreeMap<u64, Vec<(usize, String)>> = BTreeMap::new();
+    /// Whether the first of `by` came from a host whose link to etcd was
+    /// cut or lossy then.
+    fn done_cut_off(&self, by: &[Answer]) -> bool {
+        let Some(&(h, (_, first))) = by.iter().min_by_key(|(_, (_, at))| *at) else {
+            return false;
+        };
+        (self.cut_spans.iter()).any(|&(host, a, b)| host == h && a <= first && first <= b)
+    }
+
+    /// Every answer: per mention, the host, window and time of each.
+    fn answered(&self) -> BTreeMap<u64, Vec<Answer>> {
+        let mut all: BTreeMap<u64, Vec<Answer>> = BTreeMap::new();
         for (i, s) in self.sims.iter().enumerate() {
             for (n, by) in s.answers() {
-                for (id, _) in by {
-                    all.entry(*n).or_default().push((i, id.clone()));
+                for (id, at) in by {
+                    all.entry(*n).or_default().push((i, (id.clone(), *at)));
                 }
             }
         }
@@ -402,6 +437,11 @@ impl Hosts {
                 format!("{global:?} act, each holding the key"),
             ));
             return;
+        }
+        if acting.iter().any(|(_, a)| !a.global) {
+            self.fallback_since.get_or_insert(t);
+        } else if let Some(since) = self.fallback_since.take() {
+            self.fallback_spans.push((since, t));
         }
         let two_hosts = acting.iter().any(|(i, _)| *i != acting[0].0);
         if two_hosts {
@@ -458,15 +498,25 @@ impl Hosts {
     fn finish(mut self) -> HostsOutcome {
         let answered = self.answered();
         let t = self.t.load(Ordering::Relaxed);
+        if let Some(since) = self.fallback_since.take() {
+            self.fallback_spans.push((since, t));
+        }
+        let spans = std::mem::take(&mut self.fallback_spans);
+        let under_fallback = |at: u64| spans.iter().any(|&(a, b)| a <= at && at <= b);
         let mut first_twice = None;
         for (n, by) in &answered {
             let hosts: BTreeSet<usize> = by.iter().map(|(h, _)| *h).collect();
+            let fallback = hosts.len() > 1 && by.iter().any(|(_, (_, at))| under_fallback(*at));
+            let cut_off = hosts.len() > 1 && !fallback && self.done_cut_off(by);
+            let excused = fallback || cut_off;
             if hosts.len() > 1 {
                 self.out.twice_across_hosts += 1;
+                self.out.twice_under_fallback += u64::from(fallback);
+                self.out.twice_done_cut_off += u64::from(cut_off);
             } else if by.len() > 1 {
                 self.out.twice_within_a_host += 1;
             }
-            if by.len() > 1 && first_twice.is_none() {
+            if by.len() > 1 && !excused && first_twice.is_none() {
                 first_twice = Some(format!("mention {n} by {by:?}"));
             }
         }

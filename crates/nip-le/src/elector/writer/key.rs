@@ -20,6 +20,7 @@ use super::super::types::{
     ChangeReason, ClaimOutcome, ElectionStatus, GlobalStatus, HolderStatus, LeadershipChange,
     LockState,
 };
+use super::super::upper::SharedWork;
 use super::context::{Ctx, FileProbes};
 use super::{guarded, panic_message, unix_ms};
 
@@ -86,8 +87,15 @@ pub(super) struct Key {
     pub(super) global: Option<GlobalStatus>,
     /// Since when (unix ms) we act after taking the agent from another
     /// host, whose work ledger we cannot read: as after a predecessor that
-    /// kept no ledger, only what was published since is owed.
+    /// kept no ledger, only what was published since is owed (when the
+    /// upper level could not tell us what that host did).
     pub(super) global_since: Option<u64>,
+    /// What the upper level recorded of the agent's work on every host,
+    /// while we hold the key above the host.
+    pub(super) shared_work: Option<Arc<SharedWork>>,
+    /// We hold the key above the host but its work records could not be
+    /// read yet: nothing is owed or granted until they are.
+    pub(super) work_unread: bool,
 }
 
 impl Key {
@@ -330,7 +338,11 @@ impl Key {
         // The change happened now, whatever the writes below take.
         let stopped_at = unix_ms(ctx.world.now().wall);
         if departing {
-            self.end_takes(ctx);
+            for id in self.end_takes(ctx) {
+                if let Some(u) = ctx.upper.as_mut() {
+                    u.settled(self.pubkey, &id, false);
+                }
+            }
         }
         self.track_work(ctx, false, false);
         let heir = self.heir(ctx, target);

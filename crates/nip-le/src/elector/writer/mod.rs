@@ -265,7 +265,7 @@ impl Writer {
                 return Flow::Stop;
             }
             Command::Work(pk, op, reply) => match self.keys.get_mut(&pk) {
-                Some(k) => k.work(&self.ctx, op, reply),
+                Some(k) => k.work(&mut self.ctx, op, reply),
                 None => reply.fail(Error::NotJoined(pk)),
             },
             Command::Upper(pk, news) => {
@@ -327,6 +327,8 @@ impl Writer {
             upper_tenure: 0,
             global: None,
             global_since: None,
+            shared_work: None,
+            work_unread: false,
         };
         key.note_member(&self.ctx);
         if let Some(u) = &self.ctx.upper {

@@ -68,13 +68,28 @@ impl Key {
             }
         }
         self.global = Some(news.status);
-        if news.from_other_host {
+        let records = news.work.is_some() || news.work_unread;
+        if let Some(w) = news.work {
+            self.shared_work = Some(w);
+        }
+        self.work_unread = news.work_unread;
+        if records {
+            // What every host did is recorded above: it decides what is
+            // owed, not when we gained (a fall-back before left a start
+            // that would skip the backlog, seed 4 of `--strict-once`).
+            self.global_since = None;
+        } else if news.from_other_host {
+            // The other host's work is unknown here.
             self.global_since = Some(news.at_ms);
         } else if matches!(
             news.reason,
             Some(ChangeReason::Lost | ChangeReason::StoodDown | ChangeReason::Released)
         ) {
             // Given up (a fence that lifts again keeps it: nothing moved).
+            // What the records said stays until the next read replaces it:
+            // a permit reopened without a gain (a hand-over that failed,
+            // then a renewal) must not owe the whole backlog again (seed 9
+            // of `--cluster hosts --strict-once`).
             self.global_since = None;
         }
         if let Some(reason) = news.reason {

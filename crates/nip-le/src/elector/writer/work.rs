@@ -167,18 +167,20 @@ impl Key {
     /// "taken now" (found by the simulator: the mention was never
     /// answered). A release or a stand-down keeps them in flight instead
     /// (see [`Key::step_down`]).
-    pub(super) fn end_takes(&mut self, ctx: &Ctx) {
+    /// Returns the events given back.
+    pub(super) fn end_takes(&mut self, ctx: &Ctx) -> Vec<String> {
         self.retry_unwritten(ctx);
         let now_ms = unix_ms(ctx.world.now().wall);
         let Some(w) = self.work.as_mut() else {
-            return;
+            return Vec::new();
         };
         let Some(l) = w.ledger.as_mut() else {
-            return;
+            return Vec::new();
         };
-        for id in l.index.taken_at(w.epoch) {
+        let ids = l.index.taken_at(w.epoch);
+        for id in &ids {
             let op = Op::GiveBack {
-                id,
+                id: id.clone(),
                 epoch: w.epoch,
                 at_ms: now_ms,
             };
@@ -186,6 +188,7 @@ impl Key {
                 tracing::warn!(pubkey = %self.pubkey, "cannot give a take back: {e}");
             }
         }
+        ids
     }
 
     /// Writes the lines the disk refused before, and rewrites a ledger
@@ -217,7 +220,27 @@ impl Key {
     /// nothing. A `done` or `giveBack` of the window that took the event is
     /// accepted whatever its leadership is by now: its reply may have been
     /// on its way while leadership moved (fence the take, not the done).
-    pub(super) fn work(&mut self, ctx: &Ctx, op: WorkOp, reply: WorkReply) {
+    ///
+    /// The level above the host (if any) hears of every take granted and
+    /// every take settled, after the answer: it records them for every host.
+    pub(super) fn work(&mut self, ctx: &mut Ctx, op: WorkOp, reply: WorkReply) {
+        let above = self.work_here(ctx, op, reply);
+        if let (Some((id, what)), Some(u)) = (above, ctx.upper.as_mut()) {
+            match what {
+                None => u.took(self.pubkey, &id),
+                Some(done) => u.settled(self.pubkey, &id, done),
+            }
+        }
+    }
+
+    /// [`Key::work`] on the host: the answer, and what the level above
+    /// must hear (an event and `None` for a take, `Some(done)` for its end).
+    fn work_here(
+        &mut self,
+        ctx: &Ctx,
+        op: WorkOp,
+        reply: WorkReply,
+    ) -> Option<(String, Option<bool>)> {
         let leads = self.cell.is_leader_on(ctx.world.clocks());
         let now_ms = unix_ms(ctx.world.now().wall);
         // A former holder's `done` may have landed since we loaded: what
@@ -243,23 +266,34 @@ impl Key {
         let lives = |t: &str| !takeover && probes.presence(t) == PeerPresence::Alive;
         match (op, reply) {
             (WorkOp::Take(id), WorkReply::Take(r)) => {
-                let _ = r.send(Ok(self.take(ctx, &id, leads, now_ms, &lives)));
+                let out = self.take(ctx, &id, leads, now_ms, &lives);
+                let granted = matches!(out, TakeOutcome::Granted { .. });
+                let _ = r.send(Ok(out));
+                granted.then_some((id, None))
             }
             (WorkOp::Done(id), WorkReply::Flag(r)) => {
-                let _ = r.send(Ok(self.settle(ctx, &id, leads, now_ms, Settle::Done)));
+                let ok = self.settle(ctx, &id, leads, now_ms, Settle::Done);
+                let _ = r.send(Ok(ok));
+                ok.then_some((id, Some(true)))
             }
             (WorkOp::GiveBack(id), WorkReply::Flag(r)) => {
-                let _ = r.send(Ok(self.settle(ctx, &id, leads, now_ms, Settle::GiveBack)));
+                let ok = self.settle(ctx, &id, leads, now_ms, Settle::GiveBack);
+                let _ = r.send(Ok(ok));
+                ok.then_some((id, Some(false)))
             }
             (WorkOp::Owed(queue), WorkReply::Owed(r)) => {
-                let owed = if leads {
+                let owed = if leads && !self.work_unread {
                     self.owed(&queue, &lives)
                 } else {
                     Vec::new()
                 };
                 let _ = r.send(Ok(owed));
+                None
             }
-            (_, reply) => reply.fail(Error::ShutDown),
+            (_, reply) => {
+                reply.fail(Error::ShutDown);
+                None
+            }
         }
     }
 
@@ -273,6 +307,18 @@ impl Key {
     ) -> TakeOutcome {
         if !leads {
             return TakeOutcome::NotLeader;
+        }
+        // What another host did (or a window of any host still does).
+        if self.work_unread {
+            return TakeOutcome::Unavailable;
+        }
+        if let Some(shared) = &self.shared_work {
+            if shared.done.contains(id) {
+                return TakeOutcome::Done;
+            }
+            if shared.taken.contains(id) {
+                return TakeOutcome::AlreadyTaken;
+            }
         }
         let Some(w) = self.work.as_mut() else {
             // Spec mode: no ledger applies. A fail-safe leader (the lock
@@ -374,7 +420,14 @@ impl Key {
             .leader_since
             .unwrap_or(0)
             .max(self.global_since.unwrap_or(0));
-        let events = queue.iter().map(|e| (e.id.as_str(), e.published_ms));
+        // What the level above recorded for every host is not owed.
+        let shared = self.shared_work.as_deref();
+        let elsewhere =
+            |id: &str| shared.is_some_and(|w| w.done.contains(id) || w.taken.contains(id));
+        let events = queue
+            .iter()
+            .filter(|e| !elsewhere(&e.id))
+            .map(|e| (e.id.as_str(), e.published_ms));
         match self.work.as_ref() {
             Some(w) => {
                 // Without a ledger that covers the predecessor, events

@@ -2,6 +2,8 @@
 //! find one the watch could not bring, stand down for one (the writer
 //! confirms first) and hand the key over, and take a granted one.
 
+use std::time::Duration;
+
 use crate::elector::ChangeReason;
 use crate::pubkey::AgentPubkey;
 
@@ -107,8 +109,22 @@ impl Task {
 
     /// The writer no longer acts on our permit: the key goes to the
     /// claimant we stood down for.
+    /// Our records of the agent's work go first: until etcd has them, the
+    /// hand-over waits (tried again soon; our lease runs out meanwhile if
+    /// etcd stays out of reach, and the claimant gets the key then).
     pub(super) fn hand_over_confirmed(&mut self, pk: AgentPubkey) {
-        let Some((h, claim)) = self.entries.get_mut(&pk).and_then(|e| e.handing.take()) else {
+        if self.entries.get(&pk).is_none_or(|e| e.handing.is_none()) {
+            return;
+        }
+        let sent = self.work_sent(pk);
+        let retry = self.clock.now() + (self.cfg.ttl / 20).max(Duration::from_millis(50));
+        let e = self.entries.get_mut(&pk).expect("checked");
+        if !sent {
+            e.swap_at = Some(retry);
+            return;
+        }
+        e.swap_at = None;
+        let Some((h, claim)) = e.handing.take() else {
             return;
         };
         let key = self.cfg.leader_key(&pk);

@@ -30,6 +30,7 @@ mod claims;
 mod moves;
 pub(crate) mod task;
 pub(crate) mod watch;
+mod work;
 
 #[cfg(feature = "sim")]
 pub(crate) use task::Clock;
@@ -70,6 +71,14 @@ pub(crate) enum Inbox {
     Claim(AgentPubkey),
     /// The writer closed the permit it was asked to confirm.
     Withdrawn(AgentPubkey),
+    /// The writer granted a take of event `id`.
+    Took { pk: AgentPubkey, id: String },
+    /// A take of ours ended: done, or given back.
+    Settled {
+        pk: AgentPubkey,
+        id: String,
+        done: bool,
+    },
     /// The watch (re)started without a known revision: look again.
     Synced,
     /// A change the watch saw.
@@ -96,16 +105,17 @@ enum Message {
 impl Contender {
     /// Starts the contender and its watch for `cfg` (validated), on etcd's
     /// JSON gateway.
+    /// `retention`: how long etcd keeps the agent's done records.
     pub(crate) fn start(
         cfg: EtcdConfig,
         our_id: &str,
-        stand_down: Duration,
+        (stand_down, retention): (Duration, Duration),
         tell: Tell,
     ) -> std::io::Result<Self> {
         let timeout = (cfg.ttl / 4).min(Duration::from_secs(1));
         let calls = Arc::new(Gateway::new(&cfg, timeout));
         let watches = Arc::new(Gateway::new(&cfg, Duration::from_secs(1)));
-        Self::start_on(cfg, our_id, stand_down, tell, calls, watches)
+        Self::start_on(cfg, our_id, (stand_down, retention), tell, calls, watches)
     }
 
     /// [`Contender::start`] on any etcd: `calls` for the task, `watches`
@@ -113,14 +123,14 @@ impl Contender {
     pub(crate) fn start_on(
         cfg: EtcdConfig,
         our_id: &str,
-        stand_down: Duration,
+        (stand_down, retention): (Duration, Duration),
         tell: Tell,
         calls: Arc<dyn Etcd>,
         watches: Arc<dyn Etcd>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
-        let task = Task::new(
+        let mut task = Task::new(
             cfg.clone(),
             our_id,
             stand_down,
@@ -128,6 +138,7 @@ impl Contender {
             tell,
             Box::new(SystemClock),
         );
+        task.retention = retention;
         let thread = std::thread::Builder::new()
             .name("nip-le-etcd".into())
             .spawn(move || run(task, &rx))?;
@@ -197,6 +208,16 @@ impl UpperLevel for Contender {
 
     fn withdrawn(&mut self, pk: AgentPubkey) {
         self.send(Inbox::Withdrawn(pk));
+    }
+
+    fn took(&mut self, pk: AgentPubkey, id: &str) {
+        let id = id.to_owned();
+        self.send(Inbox::Took { pk, id });
+    }
+
+    fn settled(&mut self, pk: AgentPubkey, id: &str, done: bool) {
+        let id = id.to_owned();
+        self.send(Inbox::Settled { pk, id, done });
     }
 
     /// Gives every lease up, waiting at most [`SHUTDOWN_WAIT`]: an app's

@@ -341,6 +341,9 @@ impl Task {
                 return;
             }
         }
+        // What every host recorded of the agent's work comes with the gain.
+        let work = self.read_work(pk);
+        self.entries.get_mut(&pk).expect("checked").work_news = work;
         self.tell_with(pk, Some(reason), from_other_host, false);
     }
 
@@ -514,6 +517,7 @@ impl Task {
     /// stepped down everywhere already, handing to siblings where it
     /// could; those were told with `revoke: false`).
     pub(crate) fn give_up_all(&mut self) {
+        self.give_up_work();
         // A hand-over the writer had no time to confirm: it has stopped
         // acting by now, so the claimant gets the key.
         let handing: Vec<AgentPubkey> = self

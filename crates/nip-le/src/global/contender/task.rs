@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::elector::cache::{self, global_state};
-use crate::elector::upper::{Permit, Tell, UpperNews};
+use crate::elector::upper::{Permit, SharedWork, Tell, UpperNews};
 use crate::elector::{ChangeReason, GlobalHolder, GlobalStatus};
 use crate::pubkey::AgentPubkey;
 
 use super::super::etcd::{Etcd, GatewayError};
 use super::super::EtcdConfig;
+use super::work::WorkBook;
 use super::{Inbox, Value};
 
 /// The clocks the task reads.
@@ -88,6 +89,16 @@ pub(super) struct Entry {
     /// A hand-over waiting for the writer to confirm that it stopped
     /// acting: our lease and revision, and the claim.
     pub handing: Option<(Held, super::Kv)>,
+    /// The work records read for the writer's next news.
+    pub work_news: Option<Arc<SharedWork>>,
+    /// Read the work records again then (another window's take is open,
+    /// or they could not be read).
+    pub work_again_at: Option<Instant>,
+    /// We hold the key and its work records could not be read yet.
+    pub work_unread: bool,
+    /// The writer confirmed a hand-over whose swap waits for our work
+    /// records: tried again then.
+    pub swap_at: Option<Instant>,
 }
 
 /// The machine.
@@ -107,6 +118,10 @@ pub(crate) struct Task {
     /// After etcd lost data, nobody takes a key before this: a lease etcd
     /// forgot may still back a permit until then.
     pub(super) rewound_until: Option<Instant>,
+    /// Our work records in etcd (see [`super::work`]).
+    pub(super) work: WorkBook,
+    /// How long done records are kept.
+    pub(super) retention: Duration,
 }
 
 impl Task {
@@ -130,6 +145,8 @@ impl Task {
             entries: BTreeMap::new(),
             known_revision: 0,
             rewound_until: None,
+            work: WorkBook::default(),
+            retention: crate::config::DEFAULT_WORK_RETENTION,
         }
     }
 
@@ -168,8 +185,14 @@ impl Task {
         }
         let keys: Vec<AgentPubkey> = self.entries.keys().copied().collect();
         for pk in keys {
+            let now = self.clock.now();
+            if self.entries[&pk].swap_at.is_some_and(|t| now >= t) {
+                self.hand_over_confirmed(pk);
+            }
             self.settle(pk);
+            self.reread_work(pk);
         }
+        self.keep_work();
         let quiet: Vec<AgentPubkey> = self
             .entries
             .iter()
@@ -197,10 +220,15 @@ impl Task {
                 e.retry_at,
                 e.claim_until,
                 (!e.fallback && e.held.is_none()).then(|| self.last_contact + self.cfg.ttl),
+                e.work_again_at.filter(|_| e.held.is_some()),
+                e.swap_at,
             ];
             for t in times.into_iter().flatten().filter(|t| *t > now) {
                 due = due.min(t);
             }
+        }
+        if let Some(t) = self.work_due().filter(|t| *t > now) {
+            due = due.min(t);
         }
         due.max(now)
     }
@@ -249,6 +277,8 @@ impl Task {
                 e.claim_until = Some(now + self.stand_down);
             }
             Inbox::Withdrawn(pk) => self.hand_over_confirmed(pk),
+            Inbox::Took { pk, id } => self.took(pk, id),
+            Inbox::Settled { pk, id, done } => self.settled(pk, id, done),
             Inbox::Synced => {
                 for e in self.entries.values_mut() {
                     e.verify = true;
@@ -329,10 +359,13 @@ impl Task {
         confirm: bool,
     ) {
         let at_ms = self.clock.unix_ms();
-        let Some(e) = self.entries.get(&pk) else {
+        let Some(work) = self.entries.get_mut(&pk).map(|e| e.work_news.take()) else {
             return;
         };
+        let e = &self.entries[&pk];
         let news = UpperNews {
+            work,
+            work_unread: e.work_unread && e.held.is_some(),
             reason,
             from_other_host,
             status: self.status(e),
@@ -428,6 +461,10 @@ impl Entry {
             permit: Permit::NOT_HELD,
             told: Permit::NOT_HELD,
             handing: None,
+            work_news: None,
+            work_again_at: None,
+            work_unread: false,
+            swap_at: None,
         }
     }
 }

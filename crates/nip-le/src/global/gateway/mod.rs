@@ -62,6 +62,10 @@ impl std::fmt::Debug for Gateway {
     }
 }
 
+/// Keys per page of a range read: a page of work records stays far under
+/// the answer cap.
+const RANGE_PAGE: usize = 500;
+
 /// The gRPC metadata of etcd's `clientv3.WithRequireLeader`, as the
 /// gateway takes it: a member that has no leader refuses the request, and
 /// ends a watch when it loses its leader.
@@ -266,6 +270,7 @@ impl Gateway {
         value: &[u8],
         lease: i64,
         also_delete: Option<(&str, u64)>,
+        read_back: &str,
     ) -> Result<Txn> {
         let mut success = vec![json!({ "request_put": {
             "key": b64(key), "value": B64.encode(value), "lease": lease.to_string()
@@ -280,7 +285,7 @@ impl Gateway {
         let body = json!({
             "compare": compare,
             "success": success,
-            "failure": [{ "request_range": { "key": b64(key) } }],
+            "failure": [{ "request_range": { "key": b64(read_back) } }],
         });
         let v = self.call("/v3/kv/txn", &body)?;
         if v["succeeded"].as_bool() == Some(true) {
@@ -308,7 +313,7 @@ impl Etcd for Gateway {
     /// Creates `key` bound to `lease` only if it does not exist.
     fn create(&self, key: &str, value: &[u8], lease: i64) -> Result<Txn> {
         let compare = json!([{ "target": "CREATE", "key": b64(key), "create_revision": "0" }]);
-        self.txn(key, compare, value, lease, None)
+        self.txn(key, compare, value, lease, None, key)
     }
 
     /// Rewrites `key` (bound to `lease`) only if it was last written at
@@ -325,7 +330,7 @@ impl Etcd for Gateway {
         let compare = json!([{
             "target": "MOD", "key": b64(key), "mod_revision": mod_revision.to_string()
         }]);
-        self.txn(key, compare, value, lease, also_delete)
+        self.txn(key, compare, value, lease, also_delete, key)
     }
 
     /// Puts `key` unconditionally, bound to `lease`.
@@ -333,6 +338,59 @@ impl Etcd for Gateway {
         let body =
             json!({ "key": b64(key), "value": B64.encode(value), "lease": lease.to_string() });
         self.call("/v3/kv/put", &body).map(drop)
+    }
+
+    /// Creates `key` (bound to `lease`) only if it does not exist and
+    /// `guard` was last written at `guard_revision`.
+    fn create_if(
+        &self,
+        guard: &str,
+        guard_revision: u64,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Txn> {
+        let compare = json!([
+            { "target": "MOD", "key": b64(guard), "mod_revision": guard_revision.to_string() },
+            { "target": "CREATE", "key": b64(key), "create_revision": "0" },
+        ]);
+        self.txn(key, compare, value, lease, None, guard)
+    }
+
+    /// Deletes `key` only if it was last written at `mod_revision`.
+    fn delete_if(&self, key: &str, mod_revision: u64) -> Result<bool> {
+        let body = json!({
+            "compare": [{
+                "target": "MOD", "key": b64(key), "mod_revision": mod_revision.to_string()
+            }],
+            "success": [{ "request_delete_range": { "key": b64(key) } }],
+        });
+        let v = self.call("/v3/kv/txn", &body)?;
+        Ok(v["succeeded"].as_bool() == Some(true))
+    }
+
+    /// Every key under `prefix`, in pages of [`RANGE_PAGE`] (each answer
+    /// stays under the gateway's size cap), at most `limit`.
+    fn range(&self, prefix: &str, limit: usize) -> Result<Vec<Kv>> {
+        let end = prefix_end(prefix);
+        let mut from = b64(prefix);
+        let mut kvs = Vec::new();
+        loop {
+            let body = json!({ "key": from, "range_end": end, "limit": RANGE_PAGE.to_string() });
+            let v = self.call("/v3/kv/range", &body)?;
+            let page = v["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
+            kvs.extend(page.iter().filter_map(parse_kv));
+            if kvs.len() > limit {
+                return Err(GatewayError(format!(
+                    "more than {limit} keys under {prefix}"
+                )));
+            }
+            let (Some(last), true) = (kvs.last(), v["more"].as_bool() == Some(true)) else {
+                return Ok(kvs);
+            };
+            // The next page starts just after the last key.
+            from = B64.encode([last.key.as_bytes(), b"\0"].concat());
+        }
     }
 
     /// A new lease of `ttl` (etcd may raise it to its minimum): its id and

@@ -105,6 +105,16 @@ impl UpperLevel for SimUpper {
     fn withdrawn(&mut self, pk: AgentPubkey) {
         slot(&self.slot).inbox.push_back(Inbox::Withdrawn(pk));
     }
+    fn took(&mut self, pk: AgentPubkey, id: &str) {
+        let id = id.to_owned();
+        slot(&self.slot).inbox.push_back(Inbox::Took { pk, id });
+    }
+    fn settled(&mut self, pk: AgentPubkey, id: &str, done: bool) {
+        let id = id.to_owned();
+        slot(&self.slot)
+            .inbox
+            .push_back(Inbox::Settled { pk, id, done });
+    }
     fn shutdown(&mut self) {
         slot(&self.slot).shutdown = true;
     }

@@ -59,6 +59,17 @@ impl Etcd for TwistedEtcd {
         self.how.writes()?;
         self.etcd.put(key, value, lease)
     }
+    fn create_if(&self, g: &str, rev: u64, k: &str, v: &[u8], lease: i64) -> EtcdResult<Txn> {
+        self.how.writes()?;
+        self.etcd.create_if(g, rev, k, v, lease)
+    }
+    fn delete_if(&self, key: &str, rev: u64) -> EtcdResult<bool> {
+        self.how.writes()?;
+        self.etcd.delete_if(key, rev)
+    }
+    fn range(&self, prefix: &str, limit: usize) -> EtcdResult<Vec<Kv>> {
+        self.etcd.range(prefix, limit)
+    }
     fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
         self.how.writes()?;
         let (id, real) = self.etcd.grant(ttl)?;
@@ -241,6 +252,15 @@ fn shutdown_returns_in_bounded_time_when_etcd_hangs() {
         }
         fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
             self.0.put(key, value, lease)
+        }
+        fn create_if(&self, g: &str, rev: u64, k: &str, v: &[u8], l: i64) -> EtcdResult<Txn> {
+            self.0.create_if(g, rev, k, v, l)
+        }
+        fn delete_if(&self, key: &str, rev: u64) -> EtcdResult<bool> {
+            self.0.delete_if(key, rev)
+        }
+        fn range(&self, prefix: &str, limit: usize) -> EtcdResult<Vec<Kv>> {
+            self.0.range(prefix, limit)
         }
         fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
             self.0.grant(ttl)

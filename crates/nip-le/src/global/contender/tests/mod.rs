@@ -114,6 +114,18 @@ impl Etcd for Cut {
         self.check()?;
         self.etcd.put(key, value, lease)
     }
+    fn create_if(&self, g: &str, rev: u64, k: &str, v: &[u8], lease: i64) -> EtcdResult<Txn> {
+        self.check()?;
+        self.etcd.create_if(g, rev, k, v, lease)
+    }
+    fn delete_if(&self, key: &str, rev: u64) -> EtcdResult<bool> {
+        self.check()?;
+        self.etcd.delete_if(key, rev)
+    }
+    fn range(&self, prefix: &str, limit: usize) -> EtcdResult<Vec<Kv>> {
+        self.check()?;
+        self.etcd.range(prefix, limit)
+    }
     fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
         self.check()?;
         self.etcd.grant(ttl)
@@ -383,7 +395,7 @@ fn shell_holding(calls: Arc<dyn Etcd>, watches: Arc<dyn Etcd>) -> (Contender, Ar
     let mut c = Contender::start_on(
         cfg,
         "a-window",
-        TTL,
+        (TTL, crate::config::DEFAULT_WORK_RETENTION),
         Box::new(move |_, n| apply.set_global(n.permit.state, n.permit.until)),
         calls,
         watches,

@@ -183,6 +183,15 @@ impl Etcd for WatchOnly {
     fn put(&self, _: &str, _: &[u8], _: i64) -> EtcdResult<()> {
         unreachable!()
     }
+    fn create_if(&self, _: &str, _: u64, _: &str, _: &[u8], _: i64) -> EtcdResult<Txn> {
+        unreachable!()
+    }
+    fn delete_if(&self, _: &str, _: u64) -> EtcdResult<bool> {
+        unreachable!()
+    }
+    fn range(&self, _: &str, _: usize) -> EtcdResult<Vec<Kv>> {
+        unreachable!()
+    }
     fn grant(&self, _: Duration) -> EtcdResult<(i64, Duration)> {
         unreachable!()
     }
