@@ -502,7 +502,9 @@ impl Hosts {
             self.fallback_spans.push((since, t));
         }
         let spans = std::mem::take(&mut self.fallback_spans);
-        let under_fallback = |at: u64| spans.iter().any(|&(a, b)| a <= at && at <= b);
+        // A turn taken under the fall-back ends at most two mean turns later.
+        let turn = 2 * self.o.per_host.turn_ms * MS;
+        let under_fallback = |at: u64| spans.iter().any(|&(a, b)| a <= at && at <= b + turn);
         let mut first_twice = None;
         for (n, by) in &answered {
             let hosts: BTreeSet<usize> = by.iter().map(|(h, _)| *h).collect();

@@ -159,6 +159,16 @@ impl Task {
                     }
                 }
             }
+            // No answer (it may have been applied): still standing down,
+            // tried again (the compare tells). Dropping the hand-over here
+            // left a key naming us that we did not hold, which the next
+            // look continued as a sibling's (seed 1001 of `--cluster hosts`).
+            None => {
+                if let Some(e) = self.entries.get_mut(&pk) {
+                    e.handing = Some((h, claim));
+                    e.swap_at = Some(retry);
+                }
+            }
             _ => {}
         }
     }

@@ -431,6 +431,11 @@ impl Task {
                 let e = self.entries.get_mut(&pk).expect("checked");
                 let had = e.holder.take().is_some();
                 e.retry_at = None;
+                // A hand-over still waiting when our lease ran out is moot:
+                // the key is free (a claim still posted is honoured again
+                // by whoever takes it).
+                e.handing = None;
+                e.swap_at = None;
                 if e.held.is_some() {
                     // Revoked or expired under us.
                     self.lost(pk);

@@ -92,14 +92,17 @@ impl Task {
     /// The writer granted a take of `id`: recorded while we hold the key
     /// (under the fall-back nothing is, and the take is counted apart).
     /// A record etcd refuses is sent again, and a hand-over to another
-    /// host waits for it (see [`Task::work_sent`]).
+    /// host waits for it (see [`Task::work_sent`]). A take under the
+    /// fall-back (we hold nothing) waits until we hold the key again: a
+    /// hand-over right after must not leave it unknown (seed 88 of
+    /// `--cluster hosts --strict-once`).
     pub(super) fn took(&mut self, pk: AgentPubkey, id: String) {
         // A hand-over under way still fences by the revision we held.
         let Some(revision) = self.entries.get(&pk).and_then(|e| {
             let h = e.held.or(e.handing.as_ref().map(|(h, _)| *h))?;
             Some(h.revision)
         }) else {
-            return;
+            return self.untaken(pk, id);
         };
         let Some(lease) = self.take_lease() else {
             return self.untaken(pk, id);
