@@ -155,6 +155,8 @@ struct Host {
     clock: ManualClock,
     confirms: usize,
     etcd: MemoryEtcd,
+    /// The last work records the writer was handed.
+    work: Option<Arc<crate::elector::upper::SharedWork>>,
 }
 
 impl Host {
@@ -213,6 +215,7 @@ impl Host {
             clock: clock.clone(),
             confirms: 0,
             etcd: etcd.clone(),
+            work: None,
         }
     }
 
@@ -247,6 +250,9 @@ impl Host {
             let news: Vec<UpperNews> = std::mem::take(&mut *self.news.lock().unwrap());
             for n in &news {
                 self.cell.set_global(n.permit.state, n.permit.until);
+                if n.work.is_some() {
+                    self.work.clone_from(&n.work);
+                }
                 if n.confirm {
                     self.confirms += 1;
                     inputs.push(Inbox::Withdrawn(pk()));
@@ -505,3 +511,4 @@ fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
 
 mod hardening;
 mod watching;
+mod work;
