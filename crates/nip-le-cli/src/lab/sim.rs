@@ -96,8 +96,9 @@ pub struct SimArgs {
     #[arg(long, value_enum, default_value_t = Policy::FallBack)]
     pub policy: Policy,
     /// In a `--cluster hosts` run, fail a seed on a mention answered twice
-    /// or never (counted otherwise: the ledger does not follow the agent
-    /// across hosts yet).
+    /// or never, but for a second answer under the fall-back or after a
+    /// first from a host whose link to etcd was cut or lossy (counted
+    /// apart).
     #[arg(long)]
     pub strict_once: bool,
     /// In a `--cluster hosts` run, faults drawn besides the default ones:

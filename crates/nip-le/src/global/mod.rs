@@ -108,6 +108,30 @@ pub fn key_history(config: &EtcdConfig, pubkey: &AgentPubkey) -> Result<Vec<KeyW
     Ok(writes)
 }
 
+/// One of the agent's work records in etcd (see docs/cross-host.md, "The
+/// work ledger across hosts").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkRecord {
+    /// The event id.
+    pub id: String,
+    /// `true`: answered; `false`: taken by a window still running.
+    pub done: bool,
+    /// The host and window that wrote it.
+    pub host_id: String,
+    /// See [`WorkRecord::host_id`].
+    pub instance_id: String,
+    /// When, unix ms.
+    pub at_ms: u64,
+}
+
+/// The agent's work records in etcd, in event id order, for audits and
+/// status tools (`config` is validated first; hostile records are skipped).
+pub fn work_records(config: &EtcdConfig, pubkey: &AgentPubkey) -> Result<Vec<WorkRecord>, String> {
+    config.validate()?;
+    let gw = gateway::Gateway::new(config, Duration::from_secs(2));
+    contender::work::records(config, &gw, pubkey).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,5 +164,8 @@ mod tests {
         let none = EtcdConfig::new(vec![], "h");
         assert!(read_holder(&none, &pk).unwrap_err().contains("no endpoint"));
         assert!(key_history(&none, &pk).unwrap_err().contains("no endpoint"));
+        assert!(work_records(&none, &pk)
+            .unwrap_err()
+            .contains("no endpoint"));
     }
 }

@@ -13,11 +13,12 @@
 //! hosts at once only under the fall-back policy (counted apart); no
 //! silence past the bound of the faults in force; every mention answered
 //! and each host's own invariants (two acting windows over a host's
-//! record, epochs, panics, hot loops). Exactly once is counted, not failed
-//! (unless [`HostsOptions::strict_once`]): the work ledger does not follow
-//! the agent across hosts yet, so a host that gains the key from another
-//! skips what was published before (the NIP's backlog rule) and answers
-//! again what the other answered while both acted under the fall-back.
+//! record, epochs, panics, hot loops). Exactly once is counted, and failed
+//! with [`HostsOptions::strict_once`], but for two exceptions counted
+//! apart: a second answer given under the fall-back (both hosts acted, as
+//! the policy allows), and a first answer from a host whose link to etcd
+//! was cut or lossy then (its done could not reach etcd before another
+//! host gained the agent, or ever, if its window went first).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};

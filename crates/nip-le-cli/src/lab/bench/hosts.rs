@@ -210,3 +210,79 @@ impl Bench {
         Ok(())
     }
 }
+
+/// One mention's way through the work ledger in process, with the etcd
+/// level on and (`etcd: false`) off, in the same run: take + done as the
+/// agent sees them (µs; the writer never waits for etcd), and how long
+/// after `done` returned etcd has the done record, what a host that gains
+/// the agent reads (µs; `None` without etcd). Medians and p99s.
+pub fn in_process_work(etcd: bool, mentions: usize) -> std::io::Result<WorkCost> {
+    let tmp = tempfile::tempdir()?;
+    let mut c = nip_le::Config::new(tmp.path());
+    let mut cfg = None;
+    if etcd {
+        let e = ETCD
+            .get_or_init(|| Etcd::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| std::io::Error::other(e.clone()))?;
+        c.etcd = Some(e.config("bench-host"));
+        cfg = c.etcd.clone();
+    }
+    let e =
+        nip_le::Elector::start(c, nip_le::InstanceId::random()).map_err(std::io::Error::other)?;
+    let pk = random_pubkey();
+    e.join(&pk).map_err(std::io::Error::other)?;
+    let flag = e.leader_flag(&pk).map_err(std::io::Error::other)?;
+    if !wait_until(Duration::from_secs(10), || flag.is_leader()) {
+        return Err(std::io::Error::other("never led"));
+    }
+    let work = e.work(&pk).map_err(std::io::Error::other)?;
+    let (mut agent, mut recorded) = (Vec::new(), Vec::new());
+    let mention = |id: &str| -> std::io::Result<()> {
+        if !work.take(id).map_err(std::io::Error::other)?.granted() {
+            return Err(std::io::Error::other(format!("take of {id} refused")));
+        }
+        work.done(id).map_err(std::io::Error::other).map(drop)
+    };
+    // As the agent sees it: nothing else runs meanwhile.
+    for i in 0..mentions {
+        let t = std::time::Instant::now();
+        mention(&format!("agent-{i}"))?;
+        agent.push(t.elapsed().as_nanos() as f64 / 1000.0);
+    }
+    // Until etcd has the record: one mention at a time, polled.
+    for i in 0..mentions.min(100) {
+        let Some(cfg) = &cfg else { break };
+        let id = format!("recorded-{i}");
+        mention(&id)?;
+        let t = std::time::Instant::now();
+        let seen = wait_until(Duration::from_secs(5), || {
+            nip_le::global::work_records(cfg, &pk)
+                .is_ok_and(|r| r.iter().any(|w| w.id == id && w.done))
+        });
+        if !seen {
+            return Err(std::io::Error::other(format!(
+                "the done of {id} never reached etcd"
+            )));
+        }
+        recorded.push(t.elapsed().as_nanos() as f64 / 1000.0);
+    }
+    e.shutdown();
+    let stats = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| (super::pct(&v, 50.0), super::pct(&v, 99.0)))
+    };
+    Ok(WorkCost {
+        agent: stats(agent).unwrap_or_default(),
+        recorded: stats(recorded),
+    })
+}
+
+/// What [`in_process_work`] measured: (median, p99) each.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkCost {
+    /// Take + done as the agent sees them, µs.
+    pub agent: (f64, f64),
+    /// From `done` returned until etcd has the record, µs.
+    pub recorded: Option<(f64, f64)>,
+}

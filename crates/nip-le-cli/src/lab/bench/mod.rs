@@ -38,8 +38,10 @@ pub struct BenchArgs {
     /// Only the rows whose key is listed (comma-separated): sigkill,
     /// graceful, claim, foreign, sigstop, start, idle, slept, pause, flock,
     /// queued, turn-kill, cross-kill, cross-lost, cross-graceful,
-    /// cross-claim, in-process. The cross-host rows start a real etcd
-    /// (Debian's etcd-server) and run only in the current extended build.
+    /// cross-claim, in-process, work-across. The cross-host rows (and
+    /// work-across, the work ledger's cost with the etcd level on and off)
+    /// start a real etcd (Debian's etcd-server) and run only in the current
+    /// extended build.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(flatten)]
@@ -293,6 +295,26 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
                 "in-process [{label}]: is_leader {ns:.1} ns median (LeaderFlag), refresh of a led key {us:.1} µs median (round trip through the writer), take + done of a mention {take_done:.1} µs median, {take_done_p99:.1} µs p99",
             ),
             Err(e) => println!("in-process [{label}]: failed: {e}"),
+        }
+    }
+    if wanted("work-across") {
+        // The same mentions with the etcd level off and on, one run.
+        for etcd in [false, true] {
+            let label = if etcd { "extended + etcd" } else { "extended" };
+            match hosts::in_process_work(etcd, 300) {
+                Ok(c) => {
+                    let recorded = c.recorded.map_or(String::new(), |(m, p)| {
+                        format!(
+                            "; the done in etcd {m:.0} µs median, {p:.0} µs p99 after it returned"
+                        )
+                    });
+                    println!(
+                        "work across hosts [{label}]: take + done of a mention {:.1} µs median, {:.1} µs p99{recorded}",
+                        c.agent.0, c.agent.1
+                    );
+                }
+                Err(e) => println!("work across hosts [{label}]: failed: {e}"),
+            }
         }
     }
     Ok(if failed {

@@ -30,7 +30,7 @@ mod claims;
 mod moves;
 pub(crate) mod task;
 pub(crate) mod watch;
-mod work;
+pub(crate) mod work;
 
 #[cfg(feature = "sim")]
 pub(crate) use task::Clock;

@@ -36,7 +36,8 @@ use serde::{Deserialize, Serialize};
 use crate::elector::upper::SharedWork;
 use crate::pubkey::AgentPubkey;
 
-use super::super::etcd::{Kv, Txn};
+use super::super::etcd::{Etcd, Kv, Result, Txn};
+use super::super::{EtcdConfig, WorkRecord};
 use super::task::Task;
 
 /// Most done records kept while etcd refuses them (the oldest go first).
@@ -73,10 +74,48 @@ pub(crate) struct WorkBook {
     retry_at: Option<Instant>,
 }
 
+/// `<prefix>/<pubkey>/work/`.
+fn work_prefix(cfg: &EtcdConfig, pk: &AgentPubkey) -> String {
+    format!("{}/{pk}/work/", cfg.prefix)
+}
+
+/// Every record of `pk` (see [`crate::global::work_records`]).
+pub(crate) fn records(
+    cfg: &EtcdConfig,
+    gw: &dyn Etcd,
+    pk: &AgentPubkey,
+) -> Result<Vec<WorkRecord>> {
+    let prefix = work_prefix(cfg, pk);
+    let kvs = gw.range(&prefix, MAX_RECORDS)?;
+    Ok(kvs
+        .iter()
+        .filter_map(|kv| {
+            let (id, r) = parse(&prefix, kv)?;
+            Some(WorkRecord {
+                id: id.to_owned(),
+                done: r.op == "done",
+                host_id: r.host_id,
+                instance_id: r.instance_id,
+                at_ms: r.at_ms,
+            })
+        })
+        .collect())
+}
+
+/// One record under `prefix`: its event id and value, unless hostile.
+fn parse<'a>(prefix: &str, kv: &'a Kv) -> Option<(&'a str, Record)> {
+    let id = kv.key.strip_prefix(prefix)?;
+    if crate::ledger::validate_event_id(id).is_err() || kv.value.len() > MAX_RECORD_BYTES {
+        return None;
+    }
+    let r: Record = serde_json::from_slice(&kv.value).ok()?;
+    matches!(r.op.as_str(), "take" | "done").then_some((id, r))
+}
+
 impl Task {
     /// `<prefix>/<pubkey>/work/`.
     fn work_prefix(&self, pk: &AgentPubkey) -> String {
-        format!("{}/{pk}/work/", self.cfg.prefix)
+        work_prefix(&self.cfg, pk)
     }
 
     fn record(&self, op: &str) -> Vec<u8> {
@@ -340,25 +379,12 @@ impl Task {
 fn shared_work(prefix: &str, kvs: &[Kv], our_id: &str) -> (SharedWork, bool) {
     let mut work = SharedWork::default();
     let mut others_open = false;
-    for kv in kvs {
-        let Some(id) = kv.key.strip_prefix(prefix) else {
-            continue;
-        };
-        if crate::ledger::validate_event_id(id).is_err() || kv.value.len() > MAX_RECORD_BYTES {
-            continue;
-        }
-        let Ok(r) = serde_json::from_slice::<Record>(&kv.value) else {
-            continue;
-        };
-        match r.op.as_str() {
-            "done" => {
-                work.done.insert(id.to_owned());
-            }
-            "take" => {
-                others_open |= r.instance_id != our_id;
-                work.taken.insert(id.to_owned());
-            }
-            _ => {}
+    for (id, r) in kvs.iter().filter_map(|kv| parse(prefix, kv)) {
+        if r.op == "done" {
+            work.done.insert(id.to_owned());
+        } else {
+            others_open |= r.instance_id != our_id;
+            work.taken.insert(id.to_owned());
         }
     }
     (work, others_open)
