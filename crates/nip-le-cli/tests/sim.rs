@@ -101,12 +101,13 @@ fn hosts(policy: Policy, seeds: u64) -> SimArgs {
 /// claims from another host. Never two holders of etcd's key, no silence
 /// past the bound, every host's own invariants, and every mention answered
 /// exactly once (`--strict-once`) but for the two exceptions counted apart:
-/// one answer given under the fall-back (etcd out of a host's reach), or a
-/// first answer from a host whose link was cut or lossy (its done could not
-/// be recorded in time). Before the work ledger followed the agent across
-/// hosts (issue 21, item 2), these 200 seeds had 5,674 mentions never
-/// answered and 1,395 answered on two hosts; now none never, and 954 on
-/// two hosts, all of them the exceptions (742 and 212).
+/// a turn taken or answered under the fall-back (etcd out of a host's
+/// reach), or a mention taken or answered on a host whose link was cut or
+/// lossy then (its take or done could not be recorded in time). Before the
+/// work ledger followed the agent across hosts (issue 21, item 2), these
+/// 200 seeds had 5,674 mentions never answered and 1,395 answered on two
+/// hosts; now none never, and 904 on two hosts, all of them the exceptions
+/// (640 and 264).
 ///
 /// Seeds 131 and 157 found two holders (a granted claim's lease revoked by
 /// its poster; a lease revoked under a sibling that continued it). Disk

@@ -344,7 +344,7 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
     }
     if let Some(a) = sum.across {
         println!(
-            "across hosts: {} mentions answered on two hosts ({} under the fall-back, {} first answered by a host whose link to etcd was cut or lossy), {} twice on one host, {} never, {} ms with two hosts acting (fall-back)",
+            "across hosts: {} mentions answered on two hosts ({} under the fall-back, {} taken or answered on a host whose link to etcd was cut or lossy), {} twice on one host, {} never, {} ms with two hosts acting (fall-back)",
             a.twice_across_hosts, a.twice_under_fallback, a.twice_done_cut_off, a.twice_within_a_host, a.unanswered, a.overlap_ms
         );
     }

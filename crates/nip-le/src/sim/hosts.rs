@@ -16,9 +16,10 @@
 //! record, epochs, panics, hot loops). Exactly once is counted, and failed
 //! with [`HostsOptions::strict_once`], but for two exceptions counted
 //! apart: a second answer given under the fall-back (both hosts acted, as
-//! the policy allows), and a first answer from a host whose link to etcd
-//! was cut or lossy then (its done could not reach etcd before another
-//! host gained the agent, or ever, if its window went first).
+//! the policy allows; the turn counts by when it was taken), and a mention
+//! taken or answered on a host whose link to etcd was cut or lossy then
+//! (its take or done could not reach etcd before another host gained the
+//! agent, or ever, if its window went first).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,8 +91,9 @@ impl HostsOptions {
     }
 }
 
-/// One answer: its host, and the window and time.
-type Answer = (usize, (String, u64));
+/// One answer: its host, and the window, the time and when that window
+/// took the mention.
+type Answer = (usize, (String, u64, u64));
 
 /// A fault between the hosts and etcd.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,10 +140,10 @@ pub struct HostsOutcome {
     /// Of which one answer came while a window acted under the fall-back
     /// (etcd out of its reach): the policy's price, counted apart.
     pub twice_under_fallback: u64,
-    /// Of which the first answer came from a host whose link to etcd was
-    /// cut or lossy (under the tail of its permit): its done could not be
-    /// recorded before the link came back, and not at all if the window
-    /// was gone by then. Counted apart.
+    /// Of which one was taken or answered on a host whose link to etcd was
+    /// cut or lossy then (under the tail of its permit): its take or done
+    /// could not be recorded before the link came back, and not at all if
+    /// the window was gone by then. Counted apart.
     pub twice_done_cut_off: u64,
     /// Mentions answered twice within one host.
     pub twice_within_a_host: u64,
@@ -386,13 +388,14 @@ impl Hosts {
         at > tail.max(last_answer) + 120_000 * MS || self.answered().len() == self.published.len()
     }
 
-    /// Whether the first of `by` came from a host whose link to etcd was
-    /// cut or lossy then.
+    /// Whether one of `by` was taken or answered on a host whose link to
+    /// etcd was cut or lossy then (its record could not reach etcd).
     fn done_cut_off(&self, by: &[Answer]) -> bool {
-        let Some(&(h, (_, first))) = by.iter().min_by_key(|(_, (_, at))| *at) else {
-            return false;
+        let cut = |h: usize, t: u64| {
+            (self.cut_spans.iter()).any(|&(host, a, b)| host == h && a <= t && t <= b)
         };
-        (self.cut_spans.iter()).any(|&(host, a, b)| host == h && a <= first && first <= b)
+        by.iter()
+            .any(|&(h, (_, at, took))| cut(h, at) || cut(h, took))
     }
 
     /// Every answer: per mention, the host, window and time of each.
@@ -401,7 +404,10 @@ impl Hosts {
         for (i, s) in self.sims.iter().enumerate() {
             for (n, by) in s.answers() {
                 for (id, at) in by {
-                    all.entry(*n).or_default().push((i, (id.clone(), *at)));
+                    let took = s.took_at(id, *n).unwrap_or(*at);
+                    all.entry(*n)
+                        .or_default()
+                        .push((i, (id.clone(), *at, took)));
                 }
             }
         }
@@ -503,13 +509,16 @@ impl Hosts {
             self.fallback_spans.push((since, t));
         }
         let spans = std::mem::take(&mut self.fallback_spans);
-        // A turn taken under the fall-back ends at most two mean turns later.
-        let turn = 2 * self.o.per_host.turn_ms * MS;
-        let under_fallback = |at: u64| spans.iter().any(|&(a, b)| a <= at && at <= b + turn);
+        // A turn taken under the fall-back is the fall-back's, however late
+        // it ends (its window may have been stopped meanwhile).
+        let under_fallback = |at: u64| spans.iter().any(|&(a, b)| a <= at && at <= b);
         let mut first_twice = None;
         for (n, by) in &answered {
             let hosts: BTreeSet<usize> = by.iter().map(|(h, _)| *h).collect();
-            let fallback = hosts.len() > 1 && by.iter().any(|(_, (_, at))| under_fallback(*at));
+            let fallback = hosts.len() > 1
+                && by
+                    .iter()
+                    .any(|(_, (_, at, took))| under_fallback(*at) || under_fallback(*took));
             let cut_off = hosts.len() > 1 && !fallback && self.done_cut_off(by);
             let excused = fallback || cut_off;
             if hosts.len() > 1 {

@@ -70,6 +70,8 @@ pub(crate) struct WorkBook {
     unsent: VecDeque<(AgentPubkey, String)>,
     /// Take records etcd has not taken yet (a failed call), oldest first.
     untaken: VecDeque<(AgentPubkey, String)>,
+    /// Give-backs etcd has not taken yet: our record and its revision.
+    ungiven: VecDeque<(AgentPubkey, String, u64)>,
     /// Don't send again before (after a failure).
     retry_at: Option<Instant>,
 }
@@ -132,24 +134,27 @@ impl Task {
     /// (under the fall-back nothing is, and the take is counted apart).
     /// A record etcd refuses is sent again, and a hand-over to another
     /// host waits for it (see [`Task::work_sent`]). A take under the
-    /// fall-back (we hold nothing) waits until we hold the key again: a
-    /// hand-over right after must not leave it unknown (seed 88 of
-    /// `--cluster hosts --strict-once`).
+    /// fall-back (we hold nothing) is recorded unfenced once etcd answers
+    /// again: the turn is real, and a host that gains the agent meanwhile
+    /// must leave it to us (seeds 88 and 1500 of `--cluster hosts
+    /// --strict-once`).
     pub(super) fn took(&mut self, pk: AgentPubkey, id: String) {
         // A hand-over under way still fences by the revision we held.
-        let Some(revision) = self.entries.get(&pk).and_then(|e| {
+        let revision = self.entries.get(&pk).and_then(|e| {
             let h = e.held.or(e.handing.as_ref().map(|(h, _)| *h))?;
             Some(h.revision)
-        }) else {
-            return self.untaken(pk, id);
-        };
+        });
         let Some(lease) = self.take_lease() else {
             return self.untaken(pk, id);
         };
         let key = format!("{}{id}", self.work_prefix(&pk));
         let value = self.record("take");
         let leader = self.cfg.leader_key(&pk);
-        match self.gw.create_if(&leader, revision, &key, &value, lease) {
+        let created = match revision {
+            Some(rev) => self.gw.create_if(&leader, rev, &key, &value, lease),
+            None => self.gw.create(&key, &value, lease),
+        };
+        match created {
             Ok(Txn::Done(rev)) => {
                 self.last_contact = self.clock.now();
                 self.store_at(rev);
@@ -180,8 +185,10 @@ impl Task {
         self.work.retry_at = None;
         self.send_untaken();
         self.send_done();
+        self.send_given();
         let pending = |q: &VecDeque<(AgentPubkey, String)>| q.iter().any(|(p, _)| *p == pk);
-        !pending(&self.work.untaken) && !pending(&self.work.unsent)
+        let given = self.work.ungiven.iter().any(|(p, _, _)| *p == pk);
+        !pending(&self.work.untaken) && !pending(&self.work.unsent) && !given
     }
 
     /// Sends the take records that failed before, while we still hold.
@@ -210,9 +217,35 @@ impl Task {
             self.work.retry_at = None;
             self.send_done();
         } else if let Some(rev) = rev {
+            if self.work.ungiven.len() >= MAX_UNSENT {
+                self.work.ungiven.pop_front();
+            }
+            self.work.ungiven.push_back((pk, id, rev));
+            self.work.retry_at = None;
+            self.send_given();
+        }
+    }
+
+    /// Deletes the take records given back, oldest first, stopping at the
+    /// first failure: a record left behind would keep every other host
+    /// from the event while our window lives (its lease is renewed for
+    /// our other takes).
+    fn send_given(&mut self) {
+        let now = self.clock.now();
+        if self.work.retry_at.is_some_and(|t| now < t) {
+            return;
+        }
+        while let Some((pk, id, rev)) = self.work.ungiven.front().cloned() {
             let key = format!("{}{id}", self.work_prefix(&pk));
-            if let Err(e) = self.gw.delete_if(&key, rev) {
-                tracing::debug!(pubkey = %pk, "etcd: the give-back of {id} is not recorded: {e}");
+            match self.gw.delete_if(&key, rev) {
+                Ok(_) => {
+                    self.last_contact = self.clock.now();
+                    self.work.ungiven.pop_front();
+                }
+                Err(e) => {
+                    tracing::debug!(pubkey = %pk, "etcd: the give-back of {id} waits: {e}");
+                    return self.retry_work();
+                }
             }
         }
     }
@@ -282,6 +315,7 @@ impl Task {
     pub(super) fn keep_work(&mut self) {
         self.send_untaken();
         self.send_done();
+        self.send_given();
         let now = self.clock.now();
         let Some((lease, renew_at)) = self.work.take_lease else {
             return;
@@ -311,7 +345,9 @@ impl Task {
 
     /// When the records need us next.
     pub(super) fn work_due(&self) -> Option<Instant> {
-        let waiting = !self.work.unsent.is_empty() || !self.work.untaken.is_empty();
+        let waiting = !self.work.unsent.is_empty()
+            || !self.work.untaken.is_empty()
+            || !self.work.ungiven.is_empty();
         let unsent = waiting.then_some(self.work.retry_at).flatten();
         let renew = (!self.work.mine.is_empty())
             .then_some(self.work.take_lease.map(|(_, t)| t))
@@ -375,15 +411,17 @@ impl Task {
 }
 
 /// The records under `prefix` (hostile content is skipped): what is done,
-/// what is taken, and whether a window other than `our_id` has a take open.
+/// what other windows have taken (our own takes are our ledger's: a
+/// snapshot of one we give back later would keep the event from us, seed
+/// 17 of `--cluster hosts --strict-once`), and whether there are any.
 fn shared_work(prefix: &str, kvs: &[Kv], our_id: &str) -> (SharedWork, bool) {
     let mut work = SharedWork::default();
     let mut others_open = false;
     for (id, r) in kvs.iter().filter_map(|kv| parse(prefix, kv)) {
         if r.op == "done" {
             work.done.insert(id.to_owned());
-        } else {
-            others_open |= r.instance_id != our_id;
+        } else if r.instance_id != our_id {
+            others_open = true;
             work.taken.insert(id.to_owned());
         }
     }
@@ -421,9 +459,9 @@ mod tests {
         ];
         let (w, others) = shared_work(p, &kvs, "us");
         assert_eq!(w.done.iter().collect::<Vec<_>>(), ["a"]);
+        assert!(w.taken.is_empty() && !others, "only our own take is open");
+        let (w, others) = shared_work(p, &kvs, "someone else");
         assert_eq!(w.taken.iter().collect::<Vec<_>>(), ["b"]);
-        assert!(!others, "only our own take is open");
-        let (_, others) = shared_work(p, &kvs, "someone else");
         assert!(others);
     }
 }

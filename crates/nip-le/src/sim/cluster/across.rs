@@ -129,6 +129,11 @@ impl Sim {
         &self.answers
     }
 
+    /// When window `by` last took mention `n`.
+    pub(crate) fn took_at(&self, by: &str, n: u64) -> Option<u64> {
+        self.took_at.get(&(by.to_owned(), n)).copied()
+    }
+
     /// The first broken invariant of this host, if any.
     pub(crate) fn host_violation(&self) -> Option<Violation> {
         self.violation

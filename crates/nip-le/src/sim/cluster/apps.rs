@@ -59,6 +59,11 @@ impl Sim {
                         self.forced_takes.remove(&grant);
                     }
                     let t = self.now();
+                    let by = lock(&self.m).procs[self.windows[w].proc]
+                        .instance_id
+                        .clone();
+                    let n = u64::from_str_radix(&id, 16).unwrap_or(u64::MAX);
+                    self.took_at.insert((by, n), t);
                     // Agent turns vary: a quarter to twice the mean.
                     let mean = self.opts.turn_ms;
                     let ends = t + self.rng.range(mean / 4, mean * 2) * MS;

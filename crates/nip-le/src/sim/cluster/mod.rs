@@ -103,6 +103,9 @@ pub struct Sim {
     last_answer: u64,
     published: Vec<(u64, u64)>,
     answers: BTreeMap<u64, Vec<(String, u64)>>,
+    /// When each window last took each mention (across hosts: a turn
+    /// taken under the fall-back is the fall-back's, however late it ends).
+    took_at: BTreeMap<(String, u64), u64>,
     faults_done: u64,
     end: u64,
     /// Print every fault and change (`--trace`).
@@ -200,6 +203,7 @@ impl Sim {
             last_answer: 0,
             published: Vec::new(),
             answers: BTreeMap::new(),
+            took_at: BTreeMap::new(),
             faults_done: 0,
             end,
             trace: false,
