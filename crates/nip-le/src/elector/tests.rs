@@ -245,3 +245,69 @@ fn a_panic_in_one_key_costs_that_key_a_look_never_the_election_task() {
     e.leave(&good).unwrap();
     e.shutdown();
 }
+
+/// The level above the host as the writer tells it: every `host_leader`
+/// call, (leads, locked).
+struct Told(Arc<Mutex<Vec<(bool, bool)>>>);
+
+impl upper::UpperLevel for Told {
+    fn host_id(&self) -> &str {
+        "h"
+    }
+    fn host_leader(&mut self, _: AgentPubkey, leads: bool, locked: bool, _: bool, _: u64) {
+        self.0.lock().unwrap().push((leads, locked));
+    }
+    fn claim(&mut self, _: AgentPubkey) {}
+    fn withdrawn(&mut self, _: AgentPubkey) {}
+    fn took(&mut self, _: AgentPubkey, _: &str) {}
+    fn settled(&mut self, _: AgentPubkey, _: &str, _: bool) {}
+    fn shutdown(&mut self) {}
+}
+
+/// Issue 21, item 3: a host leader whose lock file cannot be written (a
+/// full or failing disk) fences itself, and must stop leading for the
+/// level above too: kept, its etcd lease keeps every other host from the
+/// agent while it cannot act. With the host validity check in
+/// `Key::tell_upper` removed, the level above is never told.
+#[test]
+fn a_host_leader_that_fenced_itself_no_longer_leads_for_the_level_above() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Config::new(tmp.path());
+    c.refresh = Duration::from_millis(50);
+    c.stale = Duration::from_millis(500);
+    c.lock_wait = Duration::from_millis(10);
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (dir, f) = (tmp.path().to_owned(), Arc::clone(&failing));
+    let stores: StoreFactory = Box::new(move |pk| {
+        Box::new(Failing {
+            inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait, None),
+            failing: Arc::clone(&f),
+        }) as Box<dyn LockStore>
+    });
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let told = Arc::clone(&calls);
+    let above: upper::UpperBuilder =
+        Box::new(move |_| Ok(Some(Box::new(Told(told)) as Box<dyn upper::UpperLevel>)));
+    let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores, above).unwrap();
+    let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
+    e.join(&k).unwrap();
+    let last = || calls.lock().unwrap().last().copied();
+    assert!(
+        wait_for(Duration::from_secs(2), || last() == Some((true, true))),
+        "leads its host: {:?}",
+        calls.lock().unwrap()
+    );
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        wait_for(Duration::from_secs(3), || last() == Some((false, false))),
+        "a fenced host leader still leads for the level above: {:?}",
+        calls.lock().unwrap()
+    );
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        wait_for(Duration::from_secs(3), || last() == Some((true, true))),
+        "leads again once it can write: {:?}",
+        calls.lock().unwrap()
+    );
+    e.shutdown();
+}
