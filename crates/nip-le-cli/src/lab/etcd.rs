@@ -216,6 +216,8 @@ pub struct Cluster {
 struct Member {
     client_port: u16,
     child: Child,
+    /// How to start it again (same name, data, ports and cluster).
+    command: Vec<std::ffi::OsString>,
 }
 
 /// How long [`Cluster`] waits for the members to answer, and for a
@@ -266,35 +268,37 @@ impl Cluster {
         };
         for i in 0..n {
             let client = format!("http://127.0.0.1:{}", free_port()?);
-            let child = Command::new(&exe)
-                .args(["--name", &format!("m{i}")])
-                .arg("--data-dir")
-                .arg(c._data.path().join(format!("m{i}")))
-                .args(["--listen-client-urls", &client])
-                .args(["--advertise-client-urls", &client])
-                .args([
-                    "--listen-peer-urls",
-                    &format!("http://127.0.0.1:{}", real[i]),
-                ])
-                .args([
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{}", advertised[i]),
-                ])
-                .args(["--initial-cluster", &initial])
-                .args(["--initial-cluster-token", &token])
-                .args(["--initial-cluster-state", "new"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(if std::env::var_os("NIP_LE_ETCD_LOG").is_some() {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
-                })
-                .spawn()?;
+            let data = c._data.path().join(format!("m{i}"));
+            let command: Vec<std::ffi::OsString> = [
+                exe.as_os_str(),
+                "--name".as_ref(),
+                format!("m{i}").as_ref(),
+                "--data-dir".as_ref(),
+                data.as_os_str(),
+                "--listen-client-urls".as_ref(),
+                client.as_ref(),
+                "--advertise-client-urls".as_ref(),
+                client.as_ref(),
+                "--listen-peer-urls".as_ref(),
+                format!("http://127.0.0.1:{}", real[i]).as_ref(),
+                "--initial-advertise-peer-urls".as_ref(),
+                format!("http://127.0.0.1:{}", advertised[i]).as_ref(),
+                "--initial-cluster".as_ref(),
+                initial.as_ref(),
+                "--initial-cluster-token".as_ref(),
+                token.as_ref(),
+                "--initial-cluster-state".as_ref(),
+                "new".as_ref(),
+            ]
+            .iter()
+            .map(|s| s.to_os_string())
+            .collect();
+            let child = spawn_member(&command)?;
             let port = client.rsplit(':').next().and_then(|p| p.parse().ok());
             c.members.push(Member {
                 client_port: port.expect("a port"),
                 child,
+                command,
             });
         }
         let deadline = Instant::now() + CLUSTER_WAIT;
@@ -380,6 +384,44 @@ impl Cluster {
         })
     }
 
+    /// Cuts member `i` from the others (`true`) or joins it again, without
+    /// waiting for the members to notice.
+    pub fn set_cut(&self, i: usize, cut: bool) {
+        self.net.set(i, cut);
+    }
+
+    /// How many members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no member (never: [`Cluster::start`] makes
+    /// at least one).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Sends `sig` to member `i` (SIGSTOP/SIGCONT for a pause).
+    #[cfg(unix)]
+    pub fn signal(&self, i: usize, sig: i32) -> std::io::Result<()> {
+        let pid = self.members[i].child.id();
+        // SAFETY: kill has no memory effects.
+        if unsafe { libc::kill(pid as i32, sig) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Kills member `i` (SIGKILL) and starts it again on its data and
+    /// ports; it rejoins the others.
+    pub fn restart(&mut self, i: usize) -> std::io::Result<()> {
+        let m = &mut self.members[i];
+        let _ = m.child.kill();
+        let _ = m.child.wait();
+        m.child = spawn_member(&m.command)?;
+        Ok(())
+    }
+
     fn wait_for(&self, what: &str, f: impl Fn(&Self) -> bool) -> std::io::Result<()> {
         let deadline = Instant::now() + CLUSTER_WAIT;
         while !f(self) {
@@ -405,6 +447,20 @@ impl Drop for Cluster {
             let _ = p.join();
         }
     }
+}
+
+/// Starts a member from its command line (program first).
+fn spawn_member(command: &[std::ffi::OsString]) -> std::io::Result<Child> {
+    Command::new(&command[0])
+        .args(&command[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(if std::env::var_os("NIP_LE_ETCD_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .spawn()
 }
 
 fn num(v: &serde_json::Value) -> u64 {

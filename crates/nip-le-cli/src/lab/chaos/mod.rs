@@ -13,6 +13,7 @@
 //! a handoff.
 
 pub mod analysis;
+pub mod etcd_faults;
 pub mod harness;
 pub mod plan;
 pub mod report;
@@ -67,8 +68,13 @@ pub struct ChaosArgs {
     /// Simulated hosts (a lock dir and a host id each) sharing a real etcd
     /// on loopback (Debian's etcd-server): instances are dealt to hosts in
     /// turn and run with `--etcd`, and etcd itself is paused now and then.
-    #[arg(long, default_value_t = 1, conflicts_with = "turn_ms")]
+    #[arg(long, default_value_t = 1)]
     hosts: usize,
+    /// Cross-host runs: etcd members (a cluster on loopback whose peer
+    /// traffic the lab can cut): members are also restarted, and one at a
+    /// time cut from the others.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=5))]
+    etcd_members: u64,
     /// Give every extended window a harness child that carries its
     /// election id (INTEROP.md's writer, run with `python3`): it rewrites
     /// the record with its own pid every refresh and truncates the file
@@ -143,21 +149,33 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         println!("  every extended window has a harness child carrying its id");
     }
     let mut runner = if a.hosts > 1 {
-        let etcd = crate::lab::etcd::Etcd::start().map_err(io("<etcd>".into()))?;
+        use etcd_faults::SharedEtcd;
+        let members = a.etcd_members as usize;
+        let etcd = if members > 1 {
+            SharedEtcd::Cluster(crate::lab::etcd::Cluster::start(members).map_err(io("<etcd>".into()))?)
+        } else {
+            SharedEtcd::One(crate::lab::etcd::Etcd::start().map_err(io("<etcd>".into()))?)
+        };
         println!(
-            "  {} hosts sharing etcd at {} (lease TTL {} s); etcd is paused now and then",
+            "  {} hosts sharing etcd ({} member{} at {}; lease TTL {} s); etcd is paused and members restarted now and then{}",
             a.hosts,
-            etcd.url(),
-            a.etcd_ttl_s
+            members,
+            if members > 1 { "s" } else { "" },
+            etcd.urls_for(0).join(", "),
+            a.etcd_ttl_s,
+            if members > 1 { ", one at a time cut from the others" } else { "" }
         );
-        plan = plan.with_etcd_pauses(a.etcd_ttl_s * 1000);
+        plan = plan
+            .with_etcd_pauses(a.etcd_ttl_s * 1000)
+            .with_etcd_members(members);
         let hosts = (0..a.hosts)
             .map(|h| {
                 let mut o = opts.clone();
                 o.lock_dir = tmp.path().join(format!("locks-host{h}"));
+                for url in etcd.urls_for(h) {
+                    o.extra_args.extend(["--etcd".into(), url]);
+                }
                 o.extra_args.extend([
-                    "--etcd".into(),
-                    etcd.url(),
                     "--host-id".into(),
                     format!("host{h}"),
                     "--etcd-ttl-s".into(),
@@ -166,7 +184,8 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
                 o
             })
             .collect();
-        runner::Runner::start_on_hosts(hosts, Some(etcd), mentions, a.extended, spec)
+        let faults = etcd_faults::EtcdFaults::new(etcd);
+        runner::Runner::start_on_hosts(hosts, Some(faults), mentions, a.extended, spec)
     } else {
         runner::Runner::start(opts.clone(), mentions, a.extended, spec)
     }

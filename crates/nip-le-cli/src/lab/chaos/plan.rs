@@ -85,6 +85,19 @@ pub enum Fault {
         /// How long etcd stays stopped.
         hold_ms: u64,
     },
+    /// Cross-host runs: SIGKILL an etcd member and start it again.
+    EtcdRestart {
+        /// Which member (modulo how many there are).
+        member: usize,
+    },
+    /// Cross-host runs on a cluster: cut a member from the others for
+    /// `hold_ms` (clients still reach it).
+    EtcdPartition {
+        /// Which member (modulo how many there are).
+        member: usize,
+        /// How long the cut lasts.
+        hold_ms: u64,
+    },
 }
 
 /// What the plan needs to know about the cluster now.
@@ -97,7 +110,8 @@ pub struct View {
 }
 
 /// Chooses faults: 40 % mentions, 15 % SIGKILL, 10 % SIGTERM, 12 % SIGSTOP,
-/// 15 % claims, in cross-host runs 4 % etcd pauses, in runs with harness
+/// 15 % claims, in cross-host runs 4 % etcd pauses, 2 % restarts of an etcd
+/// member and (a cluster) 2 % partitions of one, in runs with harness
 /// children 4 % SIGKILL and 4 % SIGTERM of a child, the rest nothing.
 /// Faults hit the leader half the time, and signals to windows are sent
 /// only while more than two instances run.
@@ -107,6 +121,8 @@ pub struct Plan {
     stale_ms: u64,
     /// Cross-host runs: etcd's lease TTL in ms; etcd pauses are planned.
     etcd_ttl_ms: Option<u64>,
+    /// Cross-host runs: etcd's members (partitions only with several).
+    etcd_members: usize,
     /// Windows have harness children: child faults are planned.
     children: bool,
 }
@@ -118,6 +134,7 @@ impl Plan {
             rng: Rng::new(seed),
             stale_ms,
             etcd_ttl_ms: None,
+            etcd_members: 1,
             children: false,
         }
     }
@@ -133,6 +150,14 @@ impl Plan {
     /// a TTL to three TTLs.
     pub fn with_etcd_pauses(mut self, ttl_ms: u64) -> Self {
         self.etcd_ttl_ms = Some(ttl_ms);
+        self
+    }
+
+    /// Cross-host runs on `members` etcd members: also restart one (about
+    /// one fault in 50) and, with several, cut one from the others for one
+    /// to four TTLs (as often).
+    pub fn with_etcd_members(mut self, members: usize) -> Self {
+        self.etcd_members = members.max(1);
         self
     }
 
@@ -181,6 +206,13 @@ impl Plan {
             96..=99 if self.children => self
                 .pick(view)
                 .map(|slot| Fault::ChildTerm { slot, restart_ms }),
+            96..=97 if self.etcd_ttl_ms.is_some() => Some(Fault::EtcdRestart {
+                member: self.rng.below(self.etcd_members as u64) as usize,
+            }),
+            98..=99 if self.etcd_members > 1 => self.etcd_ttl_ms.map(|ttl| Fault::EtcdPartition {
+                member: self.rng.below(self.etcd_members as u64) as usize,
+                hold_ms: ttl + self.rng.below(3 * ttl),
+            }),
             _ => None,
         }
     }
@@ -264,5 +296,37 @@ mod tests {
             .collect();
         assert!(!holds.is_empty());
         assert!(holds.iter().all(|h| (1000..6000).contains(h)), "{holds:?}");
+    }
+
+    #[test]
+    fn member_restarts_in_cross_host_runs_and_partitions_only_on_a_cluster() {
+        let view = View {
+            running: vec![0, 1, 2],
+            leader: Some(0),
+        };
+        let draw =
+            |mut p: Plan| -> Vec<Fault> { (0..3000).filter_map(|_| p.next(&view)).collect() };
+        let restart = |f: &Fault| matches!(f, Fault::EtcdRestart { .. });
+        let cut = |f: &Fault| matches!(f, Fault::EtcdPartition { .. });
+        let single = draw(Plan::new(3, 1000));
+        assert!(!single.iter().any(|f| restart(f) || cut(f)));
+        let one = draw(Plan::new(3, 1000).with_etcd_pauses(2000));
+        assert!(one.iter().any(restart) && !one.iter().any(cut));
+        let three = draw(
+            Plan::new(3, 1000)
+                .with_etcd_pauses(2000)
+                .with_etcd_members(3),
+        );
+        assert!(three.iter().any(restart));
+        for f in &three {
+            match f {
+                Fault::EtcdRestart { member } => assert!(*member < 3),
+                Fault::EtcdPartition { member, hold_ms } => {
+                    assert!(*member < 3 && (2000..8000).contains(hold_ms), "{f:?}");
+                }
+                _ => {}
+            }
+        }
+        assert!(three.iter().any(cut));
     }
 }

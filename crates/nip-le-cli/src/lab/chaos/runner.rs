@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use nip_le::Mode;
 
+use super::etcd_faults::EtcdFaults;
 use super::harness::Harness;
 use super::plan::{Fault, Plan, View};
 use crate::lab::cluster::{Instance, RunOptions};
-use crate::lab::etcd::Etcd;
 use crate::lines::MentionLine;
 use crate::unix_ms;
 
@@ -51,6 +51,10 @@ pub struct Outcome {
     /// unreachable (the fall-back policy acts on a whole TTL of silence,
     /// and the hosts settle again after), ms.
     pub etcd_grace_ms: u64,
+    /// Cross-host runs on a cluster: a member restarted or partitioned,
+    /// (from, until) in unix ms; the majority still serves, so nothing is
+    /// excused by them.
+    pub etcd_member_faults: Vec<(u64, u64)>,
 }
 
 /// A place in the cluster that an instance occupies, restarted after death.
@@ -84,10 +88,8 @@ pub struct Runner {
     mentions: std::path::PathBuf,
     slots: Vec<Slot>,
     out: Outcome,
-    /// Cross-host runs: the etcd every host shares, and since when (and
-    /// until when) it is stopped.
-    etcd: Option<Etcd>,
-    etcd_stopped: Option<(u64, Instant)>,
+    /// Cross-host runs: the etcd every host shares, and its faults.
+    etcd: Option<EtcdFaults>,
     /// Runs with harness children: how to start one, and the children
     /// whose windows were killed.
     harness: Option<Harness>,
@@ -112,7 +114,7 @@ impl Runner {
     /// [`Fault::EtcdPause`].
     pub fn start_on_hosts(
         hosts: Vec<RunOptions>,
-        etcd: Option<Etcd>,
+        etcd: Option<EtcdFaults>,
         mentions: std::path::PathBuf,
         extended: usize,
         spec: usize,
@@ -135,7 +137,6 @@ impl Runner {
             slots: Vec::new(),
             out: Outcome::default(),
             etcd,
-            etcd_stopped: None,
             harness: None,
             orphans: Vec::new(),
         };
@@ -246,8 +247,8 @@ impl Runner {
     /// Resumes stopped instances whose time has come; restarts dead ones.
     fn resume_and_restart(&mut self) -> std::io::Result<()> {
         let now = Instant::now();
-        if self.etcd_stopped.is_some_and(|(_, until)| until <= now) {
-            self.cont_etcd();
+        if let Some(e) = self.etcd.as_mut() {
+            e.tick(false, &mut self.out);
         }
         for slot in self.slots.iter_mut() {
             if slot.cont_at.is_some_and(|t| t <= now) {
@@ -374,10 +375,18 @@ impl Runner {
                 *self.out.counts.entry("claim").or_default() += 1;
             }
             Fault::EtcdPause { hold_ms } => {
-                if let (Some(etcd), None) = (&self.etcd, self.etcd_stopped) {
-                    etcd.signal(libc::SIGSTOP)?;
-                    self.etcd_stopped = Some((unix_ms(), now + Duration::from_millis(hold_ms)));
-                    *self.out.counts.entry("etcd SIGSTOP/SIGCONT").or_default() += 1;
+                if let Some(e) = self.etcd.as_mut() {
+                    e.pause(hold_ms, &mut self.out)?;
+                }
+            }
+            Fault::EtcdRestart { member } => {
+                if let Some(e) = self.etcd.as_mut() {
+                    e.restart(member, &mut self.out)?;
+                }
+            }
+            Fault::EtcdPartition { member, hold_ms } => {
+                if let Some(e) = self.etcd.as_mut() {
+                    e.partition(member, hold_ms, &mut self.out);
                 }
             }
         }
@@ -385,9 +394,8 @@ impl Runner {
     }
 
     fn cont_etcd(&mut self) {
-        if let (Some(etcd), Some((since, _))) = (&self.etcd, self.etcd_stopped.take()) {
-            let _ = etcd.signal(libc::SIGCONT);
-            self.out.etcd_pauses.push((since, unix_ms()));
+        if let Some(e) = self.etcd.as_mut() {
+            e.tick(true, &mut self.out);
         }
     }
 
