@@ -384,6 +384,20 @@ impl Cluster {
         })
     }
 
+    /// Whether a majority of the members follow one leader that a member
+    /// outside the minority cut from the others sees too: the cluster can
+    /// serve writes. Each member is asked for its status (bounded).
+    pub fn serves(&self) -> bool {
+        let isolated = lock(&self.net.state).isolated.clone();
+        let seen: Vec<Option<u64>> = (0..self.members.len())
+            .map(|i| (!isolated[i]).then(|| self.leader_seen_by(i)).flatten())
+            .collect();
+        let majority = self.members.len() / 2 + 1;
+        seen.iter()
+            .flatten()
+            .any(|l| seen.iter().filter(|s| **s == Some(*l)).count() >= majority)
+    }
+
     /// Cuts member `i` from the others (`true`) or joins it again, without
     /// waiting for the members to notice.
     pub fn set_cut(&self, i: usize, cut: bool) {

@@ -132,8 +132,19 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                                     )
                                 })
                                 .collect();
+                            // What it last said before the reply.
+                            let said = out
+                                .lives
+                                .iter()
+                                .filter(|l| l.instance_id == *w)
+                                .flat_map(|l| l.said.iter())
+                                .filter(|(s, _)| s <= t)
+                                .last()
+                                .map_or(String::new(), |(s, v)| {
+                                    format!(" [{v} at {:+} ms]", *s as i64 - *at as i64)
+                                });
                             format!(
-                                "{w} [{mode}] +{} ms{}",
+                                "{w} [{mode}]{said} +{} ms{}",
                                 t.saturating_sub(*at),
                                 if stops.is_empty() {
                                     String::new()
@@ -237,6 +248,7 @@ mod tests {
             end: Some(10_000),
             stops: Vec::new(),
             views: views.to_vec(),
+            said: Vec::new(),
         }
     }
 

@@ -5,7 +5,11 @@
 //! still reach it. Each is recorded in the outcome: a pause, and the
 //! restart of a lone etcd, as a span in which etcd was unreachable (the
 //! fall-back's); a member's restart or partition apart, since a cluster
-//! keeps its majority and nothing is excused by them.
+//! keeps its majority. What a member fault costs the cluster is measured,
+//! not assumed: while faults are in force the members are asked (every
+//! 200 ms) whether a majority follows a leader, and a span without one
+//! (the election after the leader was killed or cut, or after a cut member
+//! came back with a higher term) counts as etcd unreachable too.
 
 use std::time::{Duration, Instant};
 
@@ -52,6 +56,11 @@ pub struct EtcdFaults {
     stopped: Option<(u64, Instant)>,
     /// A member cut from the others: which, since (unix ms), until.
     cut: Option<(usize, u64, Instant)>,
+    /// A cluster: since when (unix ms) no majority follows a leader, the
+    /// next probe, and until when to keep probing after a member fault.
+    leaderless: Option<u64>,
+    probe_at: Instant,
+    watch_until: Instant,
 }
 
 impl EtcdFaults {
@@ -61,6 +70,9 @@ impl EtcdFaults {
             etcd,
             stopped: None,
             cut: None,
+            leaderless: None,
+            probe_at: Instant::now(),
+            watch_until: Instant::now(),
         }
     }
 
@@ -90,6 +102,7 @@ impl EtcdFaults {
                 let member = member % c.len();
                 c.restart(member)?;
                 out.etcd_member_faults.push((at, unix_ms()));
+                self.watch_until = Instant::now() + Duration::from_secs(15);
             }
         }
         *out.counts
@@ -111,6 +124,7 @@ impl EtcdFaults {
         c.set_cut(member, true);
         let until = Instant::now() + Duration::from_millis(hold_ms);
         self.cut = Some((member, unix_ms(), until));
+        self.watch_until = until + Duration::from_secs(15);
         *out.counts.entry("etcd member partitioned").or_default() += 1;
     }
 
@@ -118,6 +132,7 @@ impl EtcdFaults {
     /// with `all`).
     pub fn tick(&mut self, all: bool, out: &mut Outcome) {
         let now = Instant::now();
+        self.probe(now, all, out);
         if let Some((since, until)) = self.stopped {
             if all || until <= now {
                 let _ = self.etcd.signal_all(libc::SIGCONT);
@@ -133,6 +148,29 @@ impl EtcdFaults {
                 out.etcd_member_faults.push((since, unix_ms()));
                 self.cut = None;
             }
+        }
+    }
+
+    /// A cluster under a member fault (or just after): whether a majority
+    /// still follows a leader. Not while every member is stopped (a status
+    /// call would wait; that span is counted as a pause).
+    fn probe(&mut self, now: Instant, all: bool, out: &mut Outcome) {
+        let SharedEtcd::Cluster(c) = &self.etcd else {
+            return;
+        };
+        let watching = now < self.watch_until || self.leaderless.is_some();
+        if self.stopped.is_some() || !watching || (now < self.probe_at && !all) {
+            return;
+        }
+        self.probe_at = now + Duration::from_millis(200);
+        match (c.serves() || all, self.leaderless) {
+            (false, None) => self.leaderless = Some(unix_ms()),
+            (true, Some(since)) => {
+                out.etcd_pauses.push((since, unix_ms()));
+                *out.counts.entry("etcd without a leader (election)").or_default() += 1;
+                self.leaderless = None;
+            }
+            _ => {}
         }
     }
 }

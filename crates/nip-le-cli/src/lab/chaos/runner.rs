@@ -32,6 +32,9 @@ pub struct Life {
     pub stops: Vec<(u64, u64)>,
     /// Leadership reports: (at_ms, is_leader).
     pub views: Vec<(u64, bool)>,
+    /// The same reports as said: (at_ms, "level reason"), to explain a
+    /// duplicate.
+    pub said: Vec<(u64, String)>,
 }
 
 /// Everything the runner recorded.
@@ -199,6 +202,7 @@ impl Runner {
             end: None,
             stops: Vec::new(),
             views: Vec::new(),
+            said: Vec::new(),
         };
         Ok((inst, life))
     }
@@ -508,9 +512,10 @@ fn record_views(slot: &mut Slot) {
     let Some(life) = slot.lives.last_mut() else {
         return;
     };
-    life.views = inst
-        .views()
+    let views = inst.views();
+    life.views = views.iter().map(|l| (l.at_ms, l.is_leader)).collect();
+    life.said = views
         .iter()
-        .map(|l| (l.at_ms, l.is_leader))
+        .map(|l| (l.at_ms, format!("{:?} {:?}", l.level, l.reason)))
         .collect();
 }
