@@ -136,12 +136,7 @@ impl Etcd {
             .args(["--initial-cluster", &format!("default={peer}")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            // NIP_LE_ETCD_LOG=1 shows etcd's log (to debug a launch).
-            .stderr(if std::env::var_os("NIP_LE_ETCD_LOG").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
+            .stderr(etcd_log())
             .spawn()?;
         self.child = Some(child);
         let probe = self.config("probe");
@@ -469,12 +464,17 @@ fn spawn_member(command: &[std::ffi::OsString]) -> std::io::Result<Child> {
         .args(&command[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(if std::env::var_os("NIP_LE_ETCD_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        })
+        .stderr(etcd_log())
         .spawn()
+}
+
+/// Where etcd's log goes: NIP_LE_ETCD_LOG=1 shows it (to debug a launch).
+fn etcd_log() -> Stdio {
+    if std::env::var_os("NIP_LE_ETCD_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    }
 }
 
 fn num(v: &serde_json::Value) -> u64 {

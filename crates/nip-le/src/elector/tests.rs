@@ -105,6 +105,19 @@ impl LockStore for Failing {
     }
 }
 
+/// File stores for `c` that fail while the flag returned is set.
+fn failing_stores(c: &Config) -> (StoreFactory, Arc<std::sync::atomic::AtomicBool>) {
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (dir, f, wait) = (c.lock_dir.clone(), Arc::clone(&failing), c.lock_wait);
+    let stores: StoreFactory = Box::new(move |pk| {
+        Box::new(Failing {
+            inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), wait, None),
+            failing: Arc::clone(&f),
+        }) as Box<dyn LockStore>
+    });
+    (stores, failing)
+}
+
 /// Whether `f` holds within `within`.
 fn wait_for(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = std::time::Instant::now() + within;
@@ -142,14 +155,7 @@ fn fencing_and_unfencing_are_announced_and_agree_with_status() {
     c.refresh = Duration::from_millis(1_000);
     c.stale = Duration::from_millis(2_500);
     c.lock_wait = Duration::from_millis(10);
-    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (dir, f) = (tmp.path().to_owned(), Arc::clone(&failing));
-    let stores: StoreFactory = Box::new(move |pk| {
-        Box::new(Failing {
-            inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait, None),
-            failing: Arc::clone(&f),
-        }) as Box<dyn LockStore>
-    });
+    let (stores, failing) = failing_stores(&c);
     let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores, upper::none()).unwrap();
     let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
     let mut rx = e.subscribe();
@@ -276,14 +282,7 @@ fn a_host_leader_that_fenced_itself_no_longer_leads_for_the_level_above() {
     c.refresh = Duration::from_millis(50);
     c.stale = Duration::from_millis(500);
     c.lock_wait = Duration::from_millis(10);
-    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (dir, f) = (tmp.path().to_owned(), Arc::clone(&failing));
-    let stores: StoreFactory = Box::new(move |pk| {
-        Box::new(Failing {
-            inner: FileStore::new(&dir, lockfile::lock_path(&dir, pk), c.lock_wait, None),
-            failing: Arc::clone(&f),
-        }) as Box<dyn LockStore>
-    });
+    let (stores, failing) = failing_stores(&c);
     let calls = Arc::new(Mutex::new(Vec::new()));
     let told = Arc::clone(&calls);
     let above: upper::UpperBuilder =

@@ -109,6 +109,16 @@ pub(crate) trait Etcd: Send + Sync {
         read_timeout: Duration,
     ) -> Result<Box<dyn Watch>>;
 
+    /// The id of the cluster that sent the last answer (0: not known). A
+    /// new one means a new cluster: an etcd recreated, or restored from a
+    /// snapshot as a new cluster, whose revisions say nothing of the old.
+    /// (A member id tells only which member answered, which changes with
+    /// every failover between endpoints, and a raft term is per cluster:
+    /// neither says that data was lost.)
+    fn cluster_id(&self) -> u64 {
+        0
+    }
+
     /// The key's current value, if any.
     fn get(&self, key: &str) -> Result<Option<Kv>> {
         self.get_at(key).map(|(kv, _)| kv)

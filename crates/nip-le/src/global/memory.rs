@@ -12,6 +12,8 @@ use super::etcd::{Change, Etcd, GatewayError, Kv, Result, Txn, Watch, WatchMessa
 
 #[derive(Debug, Default)]
 struct Store {
+    /// The cluster's id (a data loss makes a new cluster).
+    cluster: u64,
     revision: u64,
     kvs: BTreeMap<String, Kv>,
     /// Lease id → (TTL, expiry). Ordered: leases that expire together go
@@ -156,9 +158,10 @@ impl MemoryEtcd {
     /// gone; revisions start again from zero.
     pub(crate) fn lose_everything(&self) {
         let mut s = self.lock();
-        let next_lease = s.next_lease;
+        let (next_lease, cluster) = (s.next_lease, s.cluster + 1);
         *s = Store {
             next_lease,
+            cluster,
             ..Store::default()
         };
     }
@@ -169,6 +172,10 @@ impl MemoryEtcd {
 }
 
 impl Etcd for MemoryEtcd {
+    fn cluster_id(&self) -> u64 {
+        self.lock().cluster + 1
+    }
+
     fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
         let s = self.lock();
         Ok((s.kvs.get(key).cloned(), s.revision))

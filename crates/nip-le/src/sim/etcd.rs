@@ -207,6 +207,9 @@ struct Client {
 }
 
 impl Etcd for Client {
+    fn cluster_id(&self) -> u64 {
+        self.etcd.etcd.cluster_id()
+    }
     fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
         let r = self.etcd.call(self.host, |e| e.get_at(key));
         if self.etcd.forged(self.host) {

@@ -28,7 +28,9 @@ pub struct Summary {
     /// Duplicates nothing excuses.
     pub dup_unexplained: usize,
     /// Cross-host runs: duplicates answered while etcd was unreachable
-    /// (the fall-back policy: each host leader acts for its host).
+    /// (paused, or without a leader), or by a window acting for its host
+    /// only (the fall-back policy: each host leader acts for its host once
+    /// etcd has not answered it for a whole TTL).
     pub dup_etcd_unreachable: usize,
     /// Never answered.
     pub missed: usize,
@@ -83,6 +85,17 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
             .find(|l| l.instance_id == id)
             .map(|l| l.mode)
     };
+    // A replier that acted at the host level only when it replied: across
+    // hosts a window acts without etcd's key only under the fall-back (its
+    // contender had no answer from etcd for a whole TTL).
+    let fell_back = |id: &str, t: u64| {
+        out.lives
+            .iter()
+            .filter(|l| l.instance_id == id)
+            .flat_map(|l| l.said.iter())
+            .rfind(|(s, _)| *s <= t)
+            .is_some_and(|(_, v)| v.starts_with("Host "))
+    };
     let recently_resumed = |id: &str, t: u64, within: u64| {
         out.lives
             .iter()
@@ -103,7 +116,12 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                 s.missing.push(id.clone());
             }
             1 => s.once += 1,
-            _ if r.iter().any(|(_, t)| etcd_unreachable(out, *t)) => s.dup_etcd_unreachable += 1,
+            _ if r
+                .iter()
+                .any(|(who, t)| etcd_unreachable(out, *t) || fell_back(who, *t)) =>
+            {
+                s.dup_etcd_unreachable += 1
+            }
             _ => {
                 let forced = r.iter().any(|(who, t)| {
                     mode_of(who) == Some(Mode::Spec)
@@ -138,8 +156,7 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                                 .iter()
                                 .filter(|l| l.instance_id == *w)
                                 .flat_map(|l| l.said.iter())
-                                .filter(|(s, _)| s <= t)
-                                .last()
+                                .rfind(|(s, _)| s <= t)
                                 .map_or(String::new(), |(s, v)| {
                                     format!(" [{v} at {:+} ms]", *s as i64 - *at as i64)
                                 });
@@ -361,5 +378,13 @@ mod tests {
         // m0 fell in the grace after the pause; m1 long after: split-brain.
         assert_eq!((s.dup_etcd_unreachable, s.dup_unexplained), (1, 1));
         assert_eq!(s.two_while_etcd_unreachable_ms, 500);
+        // A replier that said it fell back (acting for its host only: etcd
+        // had not answered it for a TTL) is the fall-back's too.
+        o.lives[1].said = vec![(7900, "Host FailSafe".into())];
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.dup_etcd_unreachable, s.dup_unexplained), (2, 0));
+        o.lives[1].said = vec![(7900, "Global Acquired".into())];
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.dup_etcd_unreachable, s.dup_unexplained), (1, 1));
     }
 }

@@ -44,7 +44,13 @@ impl SharedEtcd {
     fn signal_all(&self, sig: i32) -> std::io::Result<()> {
         match self {
             Self::One(e) => e.signal(sig),
-            Self::Cluster(c) => (0..c.len()).try_for_each(|i| c.signal(i, sig)),
+            // Every member, even after one failed (a SIGSTOP half sent
+            // would leave members stopped for ever).
+            Self::Cluster(c) => {
+                let sent: Vec<std::io::Result<()>> =
+                    (0..c.len()).map(|i| c.signal(i, sig)).collect();
+                sent.into_iter().collect()
+            }
         }
     }
 }
@@ -167,7 +173,9 @@ impl EtcdFaults {
             (false, None) => self.leaderless = Some(unix_ms()),
             (true, Some(since)) => {
                 out.etcd_pauses.push((since, unix_ms()));
-                *out.counts.entry("etcd without a leader (election)").or_default() += 1;
+                *out.counts
+                    .entry("etcd without a leader (election)")
+                    .or_default() += 1;
                 self.leaderless = None;
             }
             _ => {}

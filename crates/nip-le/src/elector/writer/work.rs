@@ -271,15 +271,18 @@ impl Key {
                 let _ = r.send(Ok(out));
                 granted.then_some((id, None))
             }
+            // The level above hears of every end, whatever this host's
+            // ledger made of it: a reply sent is done for every host, and a
+            // take record of ours must not outlive its turn.
             (WorkOp::Done(id), WorkReply::Flag(r)) => {
                 let ok = self.settle(ctx, &id, leads, now_ms, Settle::Done);
                 let _ = r.send(Ok(ok));
-                ok.then_some((id, Some(true)))
+                Some((id, Some(true)))
             }
             (WorkOp::GiveBack(id), WorkReply::Flag(r)) => {
                 let ok = self.settle(ctx, &id, leads, now_ms, Settle::GiveBack);
                 let _ = r.send(Ok(ok));
-                ok.then_some((id, Some(false)))
+                Some((id, Some(false)))
             }
             (WorkOp::Owed(queue), WorkReply::Owed(r)) => {
                 let owed = if leads && !self.work_unread {

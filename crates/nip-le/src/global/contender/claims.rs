@@ -116,7 +116,8 @@ impl Task {
         if self.entries.get(&pk).is_none_or(|e| e.handing.is_none()) {
             return;
         }
-        let sent = self.work_sent(pk);
+        // Shutting down: the records go as far as they can, the key goes.
+        let sent = self.work_sent(pk) || self.shutting_down;
         let retry = self.clock.now() + (self.cfg.ttl / 20).max(Duration::from_millis(50));
         let e = self.entries.get_mut(&pk).expect("checked");
         if !sent {

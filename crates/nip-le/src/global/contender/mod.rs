@@ -26,6 +26,7 @@ use super::etcd::{Change, Etcd, Kv};
 use super::gateway::Gateway;
 use super::EtcdConfig;
 
+mod book;
 mod claims;
 mod moves;
 pub(crate) mod task;

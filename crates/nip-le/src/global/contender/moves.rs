@@ -330,6 +330,12 @@ impl Task {
         e.seen = e.seen.max(revision);
         e.grant(HELD, until);
         tracing::info!(pubkey = %pk, revision, ?reason, instance = %self.our_id, "holds the etcd lease");
+        // What every host recorded of the agent's work comes with the gain,
+        // or with the stand-down for a claim found now: a hand-over that
+        // then fails reopens the permit on this snapshot, never on none.
+        self.entries.get_mut(&pk).expect("checked").unread_since = None;
+        let work = self.read_work(pk);
+        self.entries.get_mut(&pk).expect("checked").work_news = work;
         // A claim waiting for whoever takes the key is honoured before the
         // writer hears of the gain (no act-then-stand-down). Only on a
         // lease of our own: a sibling whose lease we continue may be paused
@@ -341,9 +347,6 @@ impl Task {
                 return;
             }
         }
-        // What every host recorded of the agent's work comes with the gain.
-        let work = self.read_work(pk);
-        self.entries.get_mut(&pk).expect("checked").work_news = work;
         self.tell_with(pk, Some(reason), from_other_host, false);
     }
 
@@ -523,6 +526,7 @@ impl Task {
     /// could; those were told with `revoke: false`).
     pub(crate) fn give_up_all(&mut self) {
         self.give_up_work();
+        self.shutting_down = true;
         // A hand-over the writer had no time to confirm: it has stopped
         // acting by now, so the claimant gets the key.
         let handing: Vec<AgentPubkey> = self

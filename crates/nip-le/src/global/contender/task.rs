@@ -17,7 +17,7 @@ use crate::pubkey::AgentPubkey;
 
 use super::super::etcd::{Etcd, GatewayError};
 use super::super::EtcdConfig;
-use super::work::WorkBook;
+use super::book::WorkBook;
 use super::{Inbox, Value};
 
 /// The clocks the task reads.
@@ -96,6 +96,8 @@ pub(super) struct Entry {
     pub work_again_at: Option<Instant>,
     /// We hold the key and its work records could not be read yet.
     pub work_unread: bool,
+    /// Since when they could not be read.
+    pub unread_since: Option<Instant>,
     /// The writer confirmed a hand-over whose swap waits for our work
     /// records: tried again then.
     pub swap_at: Option<Instant>,
@@ -118,10 +120,15 @@ pub(crate) struct Task {
     /// After etcd lost data, nobody takes a key before this: a lease etcd
     /// forgot may still back a permit until then.
     pub(super) rewound_until: Option<Instant>,
+    /// The cluster id etcd answered with (0: none yet): another one is a
+    /// new cluster, which lost whatever the old one held.
+    pub(super) known_cluster: u64,
     /// Our work records in etcd (see [`super::work`]).
     pub(super) work: WorkBook,
     /// How long done records are kept.
     pub(super) retention: Duration,
+    /// Giving everything up: a hand-over no longer waits for records.
+    pub(super) shutting_down: bool,
 }
 
 impl Task {
@@ -145,8 +152,10 @@ impl Task {
             entries: BTreeMap::new(),
             known_revision: 0,
             rewound_until: None,
+            known_cluster: 0,
             work: WorkBook::default(),
             retention: crate::config::DEFAULT_WORK_RETENTION,
+            shutting_down: false,
         }
     }
 
@@ -221,13 +230,18 @@ impl Task {
                 e.claim_until,
                 (!e.fallback && e.held.is_none()).then(|| self.last_contact + self.cfg.ttl),
                 e.work_again_at.filter(|_| e.held.is_some()),
-                e.swap_at,
             ];
             for t in times.into_iter().flatten().filter(|t| *t > now) {
                 due = due.min(t);
             }
         }
-        if let Some(t) = self.work_due().filter(|t| *t > now) {
+        let swaps = self.entries.values().filter_map(|e| e.swap_at);
+        for t in self
+            .work_due()
+            .into_iter()
+            .chain(swaps)
+            .filter(|t| *t > now)
+        {
             due = due.min(t);
         }
         due.max(now)
@@ -302,6 +316,23 @@ impl Task {
             self.rewound(revision);
         }
         self.known_revision = self.known_revision.max(revision);
+    }
+
+    /// Whether etcd still answers as the cluster it did: a new cluster id
+    /// is a data loss even when the new store's revisions have already
+    /// climbed past what we saw (the work records write two per mention).
+    pub(super) fn same_cluster(&mut self) -> bool {
+        let id = self.gw.cluster_id();
+        if id == 0 || id == self.known_cluster {
+            return true;
+        }
+        let was = std::mem::replace(&mut self.known_cluster, id);
+        if was != 0 {
+            tracing::warn!(was, now = id, "etcd answers as another cluster");
+            self.rewound(0);
+            return false;
+        }
+        true
     }
 
     /// etcd lost data: what we knew of its revisions means nothing now,
@@ -383,6 +414,13 @@ impl Task {
     /// Records a call's outcome for `pk`: contact on success, a retry
     /// delay and the error on failure.
     pub(super) fn noted<T>(&mut self, pk: AgentPubkey, r: Result<T, GatewayError>) -> Option<T> {
+        // An answer from a new cluster is not acted on: the caller checked
+        // `may_take` before it knew.
+        let r = if self.same_cluster() {
+            r
+        } else {
+            Err(GatewayError("etcd answered as a new cluster".into()))
+        };
         let now = self.clock.now();
         let e = self.entries.get_mut(&pk)?;
         match r {
@@ -464,6 +502,7 @@ impl Entry {
             work_news: None,
             work_again_at: None,
             work_unread: false,
+            unread_since: None,
             swap_at: None,
         }
     }

@@ -9,7 +9,7 @@
 //!   record only if there is none (a take sent late never overwrites a
 //!   done, seed 25 of `--cluster hosts --strict-once`), bound to a lease
 //!   of this window that is renewed while any take of ours is open. So a
-//!   take record exists exactly while its window runs (at most a TTL
+//!   take record lives while its window runs (at most a TTL
 //!   after it died): another host's holder leaves the event to it, as a
 //!   host's ledger leaves an event to a live taker.
 //! * `done`: the reply was sent. Written whoever leads by now (fence the
@@ -27,7 +27,7 @@
 //! before a hand-over is in etcd before the claimant can read the range.
 //! The watch sees these keys too and ignores them.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,25 +55,6 @@ struct Record {
     host_id: String,
     instance_id: String,
     at_ms: u64,
-}
-
-/// This window's records in etcd.
-#[derive(Debug, Default)]
-pub(crate) struct WorkBook {
-    /// The lease our take records are bound to, and when to renew it.
-    take_lease: Option<(i64, Instant)>,
-    /// The lease done records are bound to, and when it was granted.
-    done_lease: Option<(i64, Instant)>,
-    /// Our open takes in etcd: the revision of each record.
-    mine: BTreeMap<(AgentPubkey, String), u64>,
-    /// Done records etcd has not taken yet, oldest first.
-    unsent: VecDeque<(AgentPubkey, String)>,
-    /// Take records etcd has not taken yet (a failed call), oldest first.
-    untaken: VecDeque<(AgentPubkey, String)>,
-    /// Give-backs etcd has not taken yet: our record and its revision.
-    ungiven: VecDeque<(AgentPubkey, String, u64)>,
-    /// Don't send again before (after a failure).
-    retry_at: Option<Instant>,
 }
 
 /// `<prefix>/<pubkey>/work/`.
@@ -130,8 +111,8 @@ impl Task {
         .unwrap_or_default()
     }
 
-    /// The writer granted a take of `id`: recorded while we hold the key
-    /// (under the fall-back nothing is, and the take is counted apart).
+    /// The writer granted a take of `id`: recorded fenced by our hold, or,
+    /// under the fall-back (we hold nothing), unfenced once etcd answers.
     /// A record etcd refuses is sent again, and a hand-over to another
     /// host waits for it (see [`Task::work_sent`]). A take under the
     /// fall-back (we hold nothing) is recorded unfenced once etcd answers
@@ -159,6 +140,16 @@ impl Task {
                 self.last_contact = self.clock.now();
                 self.store_at(rev);
                 self.work.mine.insert((pk, id), rev);
+            }
+            // The key names us on our lease at a later revision (our own
+            // rewrite, not yet seen): fence by that one, once.
+            Ok(Txn::Failed(Some(kv))) if revision.is_some_and(|r| kv.mod_revision > r) => {
+                let held = self.entries.get_mut(&pk).and_then(|e| e.held.as_mut());
+                let ours = super::holder_of(&kv).instance_id == self.our_id;
+                if let Some(h) = held.filter(|h| ours && h.lease == kv.lease) {
+                    h.revision = kv.mod_revision;
+                    self.took(pk, id);
+                }
             }
             // Moved under us (the watch tells the machine), or a record is
             // there: a done is never overwritten by a take sent late.
@@ -197,8 +188,15 @@ impl Task {
         if self.work.retry_at.is_some_and(|t| now < t) {
             return;
         }
-        for (pk, id) in std::mem::take(&mut self.work.untaken) {
+        let mut queue = std::mem::take(&mut self.work.untaken);
+        while let Some((pk, id)) = queue.pop_front() {
+            let before = self.work.untaken.len();
             self.took(pk, id);
+            if self.work.untaken.len() > before {
+                // Refused again: the rest wait, in order.
+                self.work.untaken.extend(queue);
+                return;
+            }
         }
     }
 
@@ -297,14 +295,16 @@ impl Task {
         Some(id)
     }
 
-    /// The lease of done records: a new one once half the retention passed.
+    /// The lease of done records: one and a half retentions long, a new
+    /// one once half the retention passed, so that every done lives at
+    /// least the retention (as long as the host ledger keeps it).
     fn done_lease(&mut self) -> Option<i64> {
         let now = self.clock.now();
         let half = self.retention / 2;
         if let Some((id, _)) = self.work.done_lease.filter(|(_, at)| now < *at + half) {
             return Some(id);
         }
-        let (id, _) = self.gw.grant(self.retention).ok()?;
+        let (id, _) = self.gw.grant(self.retention + half).ok()?;
         self.work.done_lease = Some((id, now));
         Some(id)
     }
@@ -369,14 +369,23 @@ impl Task {
         let kvs = match read {
             Ok(kvs) => kvs,
             Err(err) => {
-                tracing::warn!(pubkey = %pk, "etcd: the agent's work records cannot be read: {err}");
-                e.work_unread = true;
-                e.work_again_at = Some(retry);
+                if e.unread_since.is_none() {
+                    tracing::warn!(pubkey = %pk, "etcd: the agent's work records cannot be read: {err}");
+                }
+                let since = *e.unread_since.get_or_insert(now);
+                // Unread for a whole TTL (too many records, a hostile one
+                // too large to page): we act as after a holder whose ledger
+                // we cannot read, owing only what is published from now on,
+                // and read again now and then.
+                let long = now.saturating_duration_since(since) >= self.cfg.ttl;
+                e.work_unread = !long;
+                e.work_again_at = Some(if long { now + self.cfg.ttl / 3 } else { retry });
                 return None;
             }
         };
         let (work, others_open) = shared_work(&prefix, &kvs, &self.our_id);
         e.work_unread = false;
+        e.unread_since = None;
         e.work_again_at = others_open.then(|| now + self.cfg.ttl / 3);
         self.last_contact = now;
         Some(Arc::new(work))
@@ -392,9 +401,14 @@ impl Task {
         if e.held.is_none() || e.work_again_at.is_none_or(|t| now < t) {
             return;
         }
+        let was_unread = self.entries[&pk].work_unread;
         if let Some(w) = self.read_work(pk) {
             self.entries.get_mut(&pk).expect("checked").work_news = Some(w);
             self.tell(pk, None);
+        } else if was_unread && !self.entries[&pk].work_unread {
+            // Given up on the records: a gain from a host unknown here.
+            tracing::warn!(pubkey = %pk, "acting without the agent's work records: only what is published from now on is owed");
+            self.tell_with(pk, None, true, false);
         }
     }
 
@@ -403,10 +417,14 @@ impl Task {
     pub(super) fn give_up_work(&mut self) {
         self.work.retry_at = None;
         self.send_done();
+        // The revoke takes every take record of ours with it: none is
+        // written now (it would need a new lease, and outlive us).
         if let Some((lease, _)) = self.work.take_lease.take() {
             let _ = self.gw.revoke(lease);
         }
         self.work.mine.clear();
+        self.work.untaken.clear();
+        self.work.ungiven.clear();
     }
 }
 

@@ -20,7 +20,7 @@ mod net;
 mod tests;
 mod wire;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +50,8 @@ pub(crate) struct Gateway {
     /// Why this configuration cannot be used (a TLS file gone since it was
     /// validated): every call fails with it.
     broken: Option<String>,
+    /// The cluster id of the last answer (see [`Etcd::cluster_id`]).
+    cluster: AtomicU64,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -133,6 +135,7 @@ impl Gateway {
             tls,
             auth: cfg.auth.clone().map(|a| Arc::new(Auth::new(a))),
             broken,
+            cluster: AtomicU64::new(0),
         };
         gw.agent = gw
             .builder(timeout)
@@ -206,17 +209,22 @@ impl Gateway {
     /// answer; a refused token is taken again once.
     fn call(&self, path: &str, body: &Value) -> Result<Value> {
         let token = self.token()?;
-        match self.post(path, body, token.as_deref()) {
+        let v = match self.post(path, body, token.as_deref()) {
             Err(Failure::Token(e)) => {
                 let (Some(auth), Some(old)) = (&self.auth, &token) else {
                     return Err(e);
                 };
                 auth.forget(old);
                 let token = self.token()?;
-                Ok(self.post(path, body, token.as_deref())?)
+                self.post(path, body, token.as_deref())?
             }
-            r => Ok(r?),
+            r => r?,
+        };
+        let cluster = num(&v["header"]["cluster_id"]);
+        if cluster != 0 {
+            self.cluster.store(cluster, Ordering::Relaxed);
         }
+        Ok(v)
     }
 
     /// One request.
@@ -300,6 +308,10 @@ impl Gateway {
 }
 
 impl Etcd for Gateway {
+    fn cluster_id(&self) -> u64 {
+        self.cluster.load(Ordering::Relaxed)
+    }
+
     /// The key's current value and the store's revision.
     fn get_at(&self, key: &str) -> Result<(Option<Kv>, u64)> {
         let v = self.call("/v3/kv/range", &json!({ "key": b64(key) }))?;
@@ -375,9 +387,16 @@ impl Etcd for Gateway {
         let end = prefix_end(prefix);
         let mut from = b64(prefix);
         let mut kvs = Vec::new();
+        let mut at = None;
         loop {
-            let body = json!({ "key": from, "range_end": end, "limit": RANGE_PAGE.to_string() });
+            let mut body =
+                json!({ "key": from, "range_end": end, "limit": RANGE_PAGE.to_string() });
+            if let Some(rev) = &at {
+                // Every page from the first page's snapshot.
+                body["revision"] = json!(rev);
+            }
             let v = self.call("/v3/kv/range", &body)?;
+            at.get_or_insert_with(|| num(&v["header"]["revision"]).to_string());
             let page = v["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
             kvs.extend(page.iter().filter_map(parse_kv));
             if kvs.len() > limit {
@@ -385,11 +404,20 @@ impl Etcd for Gateway {
                     "more than {limit} keys under {prefix}"
                 )));
             }
-            let (Some(last), true) = (kvs.last(), v["more"].as_bool() == Some(true)) else {
+            if v["more"].as_bool() != Some(true) {
                 return Ok(kvs);
-            };
-            // The next page starts just after the last key.
-            from = B64.encode([last.key.as_bytes(), b"\0"].concat());
+            }
+            // The next page starts just after the page's last key as etcd
+            // sent it (one we could not parse included: paging on the last
+            // parsed one would ask for the same page for ever).
+            let last = page
+                .last()
+                .and_then(|kv| kv["key"].as_str())
+                .and_then(|k| B64.decode(k).ok())
+                .ok_or_else(|| {
+                    GatewayError(format!("{prefix}: a page said more and held no key"))
+                })?;
+            from = B64.encode([&last[..], b"\0"].concat());
         }
     }
 

@@ -201,6 +201,39 @@ fn after_etcd_lost_its_data_nobody_takes_the_key_before_the_old_permits_ran_out(
     );
 }
 
+/// Item 6: the same when the new cluster's revisions have climbed past
+/// what b saw before b asks again (others wrote meanwhile, as the work
+/// records do two per mention): only the cluster id tells. With it
+/// ignored, b takes the key at once.
+#[test]
+fn a_new_cluster_whose_revisions_climbed_past_ours_is_still_a_data_loss() {
+    let (clock, etcd, mut a, mut b) = two_hosts(WhenUnreachable::StaySilent);
+    assert!(a.acts() && !b.acts());
+    pump_all(&mut [&mut a, &mut b]);
+    let known = etcd.revision();
+    etcd.lose_everything();
+    for _ in 0..known + 10 {
+        etcd.put("/elsewhere/x", b"x", 0).unwrap();
+    }
+    b.cursor.lost();
+    b.task.step(Some(Inbox::Synced));
+    let lost_at = clock.nanos();
+    let mut b_from = None;
+    for _ in 0..300u64 {
+        pump_all(&mut [&mut b, &mut a]);
+        if b.acts() && b_from.is_none() {
+            b_from = Some(clock.nanos());
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    let b_from = b_from.expect("b took the key in the end");
+    assert!(
+        b_from - lost_at >= TTL.as_nanos() as u64,
+        "b took the key {} ms after the loss",
+        (b_from - lost_at) / MS
+    );
+}
+
 /// Item 9: a claim posted while the holder's watch was resyncing (or
 /// before the holder took the key) is never delivered as a change: the
 /// holder must find it when it looks again.

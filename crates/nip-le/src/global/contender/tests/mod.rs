@@ -114,6 +114,9 @@ impl Etcd for Cut {
         self.check()?;
         self.etcd.put(key, value, lease)
     }
+    fn cluster_id(&self) -> u64 {
+        self.etcd.cluster_id()
+    }
     fn create_if(&self, g: &str, rev: u64, k: &str, v: &[u8], lease: i64) -> EtcdResult<Txn> {
         self.check()?;
         self.etcd.create_if(g, rev, k, v, lease)
