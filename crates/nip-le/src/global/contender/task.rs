@@ -347,11 +347,24 @@ impl Task {
         );
         self.known_revision = revision;
         self.rewound_until = Some(self.clock.now() + self.cfg.ttl);
-        for e in self.entries.values_mut() {
+        let mut held = Vec::new();
+        for (pk, e) in &mut self.entries {
             e.seen = 0;
             e.verify = true;
             e.retry_at = None;
             e.claim_lease = None;
+            // Our lease is gone with the data: stop acting now, not at the
+            // permit's deadline (a renewal that just failed would leave it
+            // open until then, while a window that first reached etcd after
+            // the loss takes the key).
+            if e.held.take().is_some() || e.handing.take().is_some() {
+                e.swap_at = None;
+                e.grant(NOT_HELD, 0);
+                held.push(*pk);
+            }
+        }
+        for pk in held {
+            self.tell(pk, Some(ChangeReason::Lost));
         }
     }
 
