@@ -106,8 +106,8 @@ fn hosts(policy: Policy, seeds: u64) -> SimArgs {
 /// lossy then (its take or done could not be recorded in time). Before the
 /// work ledger followed the agent across hosts (issue 21, item 2), these
 /// 200 seeds had 5,674 mentions never answered and 1,395 answered on two
-/// hosts; now none never, and 904 on two hosts, all of them the exceptions
-/// (640 and 264).
+/// hosts; now none never, and 922 on two hosts, all of them the exceptions
+/// (651 and 271).
 ///
 /// Seeds 131 and 157 found two holders (a granted claim's lease revoked by
 /// its poster; a lease revoked under a sibling that continued it). Disk
