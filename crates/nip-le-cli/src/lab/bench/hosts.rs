@@ -5,7 +5,7 @@
 //! Latencies run from the moment the bench acted to the `at_ms` of the
 //! first report of a window acting at the global level.
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use nip_le::{AgentPubkey, Level, Mode};
@@ -16,8 +16,24 @@ use crate::lab::cluster::{random_pubkey, wait_until, Instance, RunOptions};
 use crate::lab::etcd::Etcd;
 use crate::unix_ms;
 
-/// The bench's etcd, started at the first cross-host row.
-static ETCD: OnceLock<Result<Etcd, String>> = OnceLock::new();
+/// The bench's etcd, started at the first cross-host row and stopped by
+/// [`stop_etcd`] (a static is never dropped: its process would outlive
+/// the bench).
+static ETCD: Mutex<Option<Etcd>> = Mutex::new(None);
+
+/// `f` on the bench's etcd, started first if need be.
+fn with_etcd<T>(f: impl FnOnce(&Etcd) -> T) -> std::io::Result<T> {
+    let mut etcd = ETCD.lock().unwrap_or_else(|e| e.into_inner());
+    if etcd.is_none() {
+        *etcd = Some(Etcd::start()?);
+    }
+    Ok(f(etcd.as_ref().expect("just started")))
+}
+
+/// Stops the bench's etcd, if it was started.
+pub fn stop_etcd() {
+    ETCD.lock().unwrap_or_else(|e| e.into_inner()).take();
+}
 
 /// Simulated hosts sharing the bench's etcd.
 struct Hosts {
@@ -69,10 +85,7 @@ impl Bench {
         if v.before || v.mode != Mode::Extended {
             return Ok(None);
         }
-        let etcd = ETCD
-            .get_or_init(|| Etcd::start().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| std::io::Error::other(e.clone()))?;
+        let url = with_etcd(Etcd::url)?;
         let tmp = tempfile::tempdir()?;
         let pk: AgentPubkey = random_pubkey();
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -85,7 +98,7 @@ impl Bench {
             );
             o.extra_args = [
                 "--etcd".to_owned(),
-                etcd.url(),
+                url.clone(),
                 "--host-id".into(),
                 format!("host{h}"),
                 "--etcd-ttl-s".into(),
@@ -221,11 +234,7 @@ pub fn in_process_work(etcd: bool, mentions: usize) -> std::io::Result<WorkCost>
     let mut c = nip_le::Config::new(tmp.path());
     let mut cfg = None;
     if etcd {
-        let e = ETCD
-            .get_or_init(|| Etcd::start().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| std::io::Error::other(e.clone()))?;
-        c.etcd = Some(e.config("bench-host"));
+        c.etcd = Some(with_etcd(|e| e.config("bench-host"))?);
         cfg = c.etcd.clone();
     }
     let e =

@@ -317,6 +317,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             }
         }
     }
+    hosts::stop_etcd();
     Ok(if failed {
         ExitCode::FAILURE
     } else {
