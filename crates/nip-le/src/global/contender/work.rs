@@ -304,7 +304,10 @@ impl Task {
         if let Some((id, _)) = self.work.done_lease.filter(|(_, at)| now < *at + half) {
             return Some(id);
         }
-        let (id, _) = self.gw.grant(self.retention + half).ok()?;
+        // etcd counts TTLs in whole seconds: a retention under a second
+        // would ask for none.
+        let ttl = (self.retention + half).max(Duration::from_secs(2));
+        let (id, _) = self.gw.grant(ttl).ok()?;
         self.work.done_lease = Some((id, now));
         Some(id)
     }
