@@ -2,8 +2,6 @@
 //! find one the watch could not bring, stand down for one (the writer
 //! confirms first) and hand the key over, and take a granted one.
 
-use std::time::Duration;
-
 use crate::elector::ChangeReason;
 use crate::pubkey::AgentPubkey;
 
@@ -118,7 +116,7 @@ impl Task {
         }
         // Shutting down: the records go as far as they can, the key goes.
         let sent = self.work_sent(pk) || self.shutting_down;
-        let retry = self.clock.now() + (self.cfg.ttl / 20).max(Duration::from_millis(50));
+        let retry = self.clock.now() + self.retry_delay();
         let e = self.entries.get_mut(&pk).expect("checked");
         if !sent {
             e.swap_at = Some(retry);

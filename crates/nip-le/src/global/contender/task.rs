@@ -435,6 +435,7 @@ impl Task {
             Err(GatewayError("etcd answered as a new cluster".into()))
         };
         let now = self.clock.now();
+        let retry = self.retry_delay();
         let e = self.entries.get_mut(&pk)?;
         match r {
             Ok(v) => {
@@ -445,7 +446,7 @@ impl Task {
             Err(err) => {
                 tracing::debug!(pubkey = %pk, "etcd: {err}");
                 e.last_error = Some(err.to_string());
-                e.retry_at = Some(now + (self.cfg.ttl / 20).max(Duration::from_millis(50)));
+                e.retry_at = Some(now + retry);
                 None
             }
         }
@@ -465,6 +466,11 @@ impl Task {
     /// and must never stretch a permit or overflow a timer.
     pub(super) fn bounded(&self, ttl: Duration) -> Duration {
         ttl.min(self.cfg.ttl)
+    }
+
+    /// How long to wait before calling etcd again after a failure.
+    pub(super) fn retry_delay(&self) -> Duration {
+        (self.cfg.ttl / 20).max(Duration::from_millis(50))
     }
 
     /// The permit's deadline for a lease renewed (or granted) by a request

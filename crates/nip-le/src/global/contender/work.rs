@@ -162,10 +162,7 @@ impl Task {
     }
 
     fn untaken(&mut self, pk: AgentPubkey, id: String) {
-        if self.work.untaken.len() >= MAX_UNSENT {
-            self.work.untaken.pop_front();
-        }
-        self.work.untaken.push_back((pk, id));
+        keep(&mut self.work.untaken, (pk, id));
         self.retry_work();
     }
 
@@ -208,17 +205,11 @@ impl Task {
             .untaken
             .retain(|(p, i)| (*p, i.as_str()) != (pk, id.as_str()));
         if done {
-            if self.work.unsent.len() >= MAX_UNSENT {
-                self.work.unsent.pop_front();
-            }
-            self.work.unsent.push_back((pk, id));
+            keep(&mut self.work.unsent, (pk, id));
             self.work.retry_at = None;
             self.send_done();
         } else if let Some(rev) = rev {
-            if self.work.ungiven.len() >= MAX_UNSENT {
-                self.work.ungiven.pop_front();
-            }
-            self.work.ungiven.push_back((pk, id, rev));
+            keep(&mut self.work.ungiven, (pk, id, rev));
             self.work.retry_at = None;
             self.send_given();
         }
@@ -276,7 +267,7 @@ impl Task {
     }
 
     fn retry_work(&mut self) {
-        let wait = (self.cfg.ttl / 20).max(Duration::from_millis(50));
+        let wait = self.retry_delay();
         self.work.retry_at = Some(self.clock.now() + wait);
     }
 
@@ -340,7 +331,7 @@ impl Task {
                 }
             }
             Err(_) => {
-                let wait = (self.cfg.ttl / 20).max(Duration::from_millis(50));
+                let wait = self.retry_delay();
                 self.work.take_lease = Some((lease, now + wait));
             }
         }
@@ -367,7 +358,7 @@ impl Task {
         let prefix = self.work_prefix(&pk);
         let read = self.gw.range(&prefix, MAX_RECORDS);
         let now = self.clock.now();
-        let retry = now + (self.cfg.ttl / 20).max(Duration::from_millis(50));
+        let retry = now + self.retry_delay();
         let e = self.entries.get_mut(&pk)?;
         let kvs = match read {
             Ok(kvs) => kvs,
@@ -429,6 +420,15 @@ impl Task {
         self.work.untaken.clear();
         self.work.ungiven.clear();
     }
+}
+
+/// Queues a record etcd has yet to take, the oldest dropped past
+/// [`MAX_UNSENT`].
+fn keep<T>(queue: &mut VecDeque<T>, record: T) {
+    if queue.len() >= MAX_UNSENT {
+        queue.pop_front();
+    }
+    queue.push_back(record);
 }
 
 /// The records under `prefix` (hostile content is skipped): what is done,
