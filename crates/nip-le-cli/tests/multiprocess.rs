@@ -393,7 +393,7 @@ fn claim_whose_target_never_acquires_lets_the_old_leader_resume() {
         }
     );
     // The target hangs before it can acquire.
-    b.signal(libc::SIGSTOP).unwrap();
+    stop_outside_flock(&b, &s.lock_path());
     let stood = a
         .wait_after(ca, ms(REFRESH_MS) + MARGIN, |r| r.event() == "leadership")
         .unwrap();
@@ -439,7 +439,8 @@ fn extended_claim_target_that_hangs_after_the_handoff_is_replaced_after_the_stal
     assert_eq!(s.holder().as_deref(), Some(b.instance_id.as_str()));
     // b hangs: a takes the lock back once b's record has not changed for
     // the stale bound, and b, resumed, reports it lost within a refresh.
-    b.signal(libc::SIGSTOP).unwrap();
+    let inside = stop_outside_flock(&b, &s.lock_path());
+    eprintln!("stops inside the flock before one outside: {inside}");
     let hung_at = Instant::now();
     let back = a
         .wait_after(ca, ms(STALE_MS + REFRESH_MS) + MARGIN, |r| {
@@ -554,7 +555,7 @@ fn sigstopped_leader(
     let b = s.spawn_with("b", mode(s.opts()));
     assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
     let cb = b.cursor();
-    a.signal(libc::SIGSTOP).unwrap();
+    stop_outside_flock(&a, &s.lock_path());
     let stopped = Instant::now();
     let took = b.wait_after(cb, ms(STALE_MS + REFRESH_MS) + MARGIN, |r| {
         r.is_leader() == Some(true)
@@ -841,7 +842,7 @@ fn a_leader_that_regains_the_lock_after_a_stop_first_says_it_was_fenced() {
     let b = 1 - a;
     let ca = insts[a].cursor();
     let cb = insts[b].cursor();
-    insts[a].signal(libc::SIGSTOP).unwrap();
+    stop_outside_flock(&insts[a], &s.lock_path());
     assert!(
         wait_until(Duration::from_secs(5), || ever_led_after(&insts[b], cb)),
         "b never replaced the stopped leader"

@@ -23,12 +23,6 @@ fn settled(insts: &[Instance]) -> usize {
         .unwrap()
 }
 
-/// Whether the lock file's flock can be taken now (taken and released at
-/// once).
-fn flock_free(path: &std::path::Path) -> bool {
-    nip_le::lockfile::LockedFile::open_and_lock(path, Duration::from_millis(1)).is_ok()
-}
-
 /// A cheap, seedless shuffle: the order signals are sent in.
 fn shuffled(n: usize, round: u64) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
@@ -105,13 +99,11 @@ fn a_leader_paused_alone_is_judged_hung_at_the_stale_bound_not_at_a_later_tick()
     let leader = settled(&insts);
     let cursors: Vec<usize> = insts.iter().map(Instance::cursor).collect();
     // Stop it right after one of its refreshes: observers saw that write.
-    // Not while it still holds the lock file's flock after writing: a
-    // process hung holding the flock cannot be replaced by anyone (the
-    // lock-hold tests cover that), so wait until the flock is free.
+    // Not while it still holds the lock file's flock after writing (see
+    // `stop_outside_flock`).
     let before = s.raw();
-    assert!(wait_until(Duration::from_secs(3), || s.raw() != before
-        && flock_free(&s.lock_path())));
-    insts[leader].signal(libc::SIGSTOP).unwrap();
+    assert!(wait_until(Duration::from_secs(3), || s.raw() != before));
+    stop_outside_flock(&insts[leader], &s.lock_path());
     let stopped = Instant::now();
     assert!(
         wait_until(Duration::from_secs(5), || (0..3)

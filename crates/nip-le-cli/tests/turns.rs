@@ -185,7 +185,7 @@ fn a_resumed_hung_leader_is_fenced_and_does_not_answer_again() {
     }
     wait_turn_started(&insts[l], c);
     // Hung mid-turn, past the stale bound: the other takes over and answers.
-    insts[l].signal(libc::SIGSTOP).unwrap();
+    stop_outside_flock(&insts[l], &s.lock_path());
     assert!(
         wait_until(ms(STALE_MS * 3), || feed.all_answered(&all)),
         "the survivor did not answer: {:?}",

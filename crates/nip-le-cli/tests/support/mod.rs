@@ -168,3 +168,69 @@ pub fn ever_led_after(inst: &Instance, cursor: usize) -> bool {
         .skip(cursor)
         .any(|r| r.event() == "leadership" && r.is_leader() == Some(true))
 }
+
+/// Whether the lock file's `flock` can be taken now (taken and released at
+/// once).
+pub fn flock_free(path: &Path) -> bool {
+    nip_le::lockfile::LockedFile::open_and_lock(path, Duration::from_millis(1)).is_ok()
+}
+
+/// SIGSTOPs `inst` at a moment it holds no `flock` on the lock file at
+/// `lock`: stopped, checked, and resumed to try again if it was caught
+/// inside its read-decide-write. A process frozen while it holds the
+/// `flock` cannot be replaced by anyone until it resumes (the NIP's writers
+/// all wait for that lock; `docs/known-limits.md`, "A window frozen inside
+/// its lock"); the lock-hold tests cover that case on purpose, so the tests
+/// of a hung window must not meet it by chance. Returns how many stops
+/// landed inside the lock before one did not.
+#[cfg(unix)]
+pub fn stop_outside_flock(inst: &Instance, lock: &Path) -> u32 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut inside = 0;
+    loop {
+        inst.signal(libc::SIGSTOP).unwrap();
+        // The signal is delivered when each thread next runs: only a
+        // process whose every thread has stopped can take no lock after
+        // the check.
+        assert!(
+            nip_le_cli::lab::cluster::wait_until(Duration::from_secs(5), || all_stopped(inst.pid)),
+            "{} never stopped",
+            inst.name
+        );
+        if flock_free(lock) {
+            return inside;
+        }
+        inside += 1;
+        inst.signal(libc::SIGCONT).unwrap();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} held the lock file's flock at each of {inside} stops",
+            inst.name
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether every thread of `pid` is stopped (Linux: `T` in each
+/// `/proc/<pid>/task/*/stat`; elsewhere a short wait stands in).
+#[cfg(unix)]
+fn all_stopped(pid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().all(|t| {
+            std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+            })
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        std::thread::sleep(Duration::from_millis(20));
+        true
+    }
+}
