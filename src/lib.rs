@@ -94,6 +94,7 @@ pub struct Builder {
     agents: Vec<String>,
     allowed: Vec<String>,
     election_id: Option<String>,
+    inherit_election_id: bool,
     supervised: Vec<(String, AgentCommand)>,
     #[cfg(feature = "etcd")]
     etcd: Option<nip_le::global::EtcdConfig>,
@@ -101,7 +102,7 @@ pub struct Builder {
 
 impl Builder {
     /// Defaults: lock dir `$BUZZ_LEADER_LOCK_DIR` or `~/.buzz/leader-locks`,
-    /// election id `$BUZZ_INSTANCE_ELECTION_ID` or a fresh UUID v4.
+    /// a fresh election id (UUID v4) for this app process.
     pub fn new() -> Self {
         Self::default()
     }
@@ -199,10 +200,24 @@ impl Builder {
         self
     }
 
-    /// Overrides the election id (otherwise `$BUZZ_INSTANCE_ELECTION_ID` or a
-    /// fresh UUID v4). It must be unique per running window.
+    /// Overrides the election id (otherwise a fresh UUID v4 per app
+    /// process). It must be unique per running app process: every webview
+    /// of the process shares it and its leadership.
     pub fn election_id(mut self, id: impl Into<String>) -> Self {
         self.election_id = Some(id.into());
+        self
+    }
+
+    /// Opt-in: adopt an inherited `$BUZZ_INSTANCE_ELECTION_ID` (and fail
+    /// the launch if it is set but unusable) instead of minting an id, for
+    /// an app process started by another process *as that process's
+    /// instance*. Off by default: the variable is how a window hands its id
+    /// to the agent harness it spawns, so a Buzz built and started from an
+    /// agent's shell inherits it, and adopting it would make the new app
+    /// and the window that runs the agent both lead. An explicit
+    /// [`Builder::election_id`] wins over this.
+    pub fn inherit_election_id(mut self) -> Self {
+        self.inherit_election_id = true;
         self
     }
 
@@ -277,7 +292,10 @@ impl Builder {
         let config = self.config()?;
         let id = match &self.election_id {
             Some(id) => nip_le::InstanceId::new(id.clone()).map_err(nip_le::Error::from)?,
-            None => nip_le::InstanceId::from_env().map_err(nip_le::Error::from)?,
+            None if self.inherit_election_id => {
+                nip_le::InstanceId::from_env().map_err(nip_le::Error::from)?
+            }
+            None => nip_le::InstanceId::random(),
         };
         let parse = |list: &[String]| {
             list.iter()
