@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use nip_le::agent::{AgentCommand, AgentReport, AgentSupervisor};
+use nip_le::agent::{AgentReport, AgentRunner, AgentSupervisor, AgentTimings};
 use nip_le::{AgentPubkey, Elector};
 use tokio::sync::broadcast;
 
@@ -38,13 +38,14 @@ impl Default for Agents {
 }
 
 impl Agents {
-    /// Supervises `cmd` for `pubkey` (joined), replacing (and first
-    /// stopping) an earlier command of that agent.
+    /// Runs `pubkey`'s (joined) agent through `runner`, replacing (and
+    /// first stopping) an earlier runner of that agent.
     pub(crate) fn supervise(
         &self,
         elector: &Elector,
         pubkey: AgentPubkey,
-        cmd: AgentCommand,
+        runner: impl AgentRunner,
+        timings: AgentTimings,
     ) -> Result<()> {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         if running.closed {
@@ -53,7 +54,7 @@ impl Agents {
         if let Some(old) = running.by_key.remove(&pubkey) {
             old.stop();
         }
-        let sup = AgentSupervisor::start(elector, &pubkey, cmd)?;
+        let sup = AgentSupervisor::start(elector, &pubkey, runner, timings)?;
         let (mut rx, tx) = (sup.subscribe(), self.reports.clone());
         let forwarder = std::thread::Builder::new()
             .name("leader-election-agent-reports".into())

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, PoisonError, RwLock};
 
+use nip_le::agent::{AgentRunner, AgentTimings, CommandRunner};
 use nip_le::{AgentPubkey, Elector, LeaderFlag, LeadershipChange};
 use tokio::sync::broadcast;
 
@@ -250,12 +251,10 @@ impl LeaderElection {
         self.elector.shutdown();
     }
 
-    /// Runs `cmd` only while this window may act for `pubkey` (joining it
-    /// first), with `BUZZ_INSTANCE_ELECTION_ID` set: started when we may,
-    /// stopped (SIGTERM, its grace, SIGKILL) on any loss, restarted with a
-    /// bounded backoff when it exits while we may act. Replaces an earlier
-    /// command of that agent. What each platform guarantees when the
-    /// window itself is killed: `docs/platforms.md`.
+    /// Runs `cmd` only while this app process may act for `pubkey`
+    /// (joining it first), through the engine's [`CommandRunner`]: see
+    /// [`LeaderElection::run_agent`]. Replaces an earlier runner of that
+    /// agent.
     ///
     /// ```
     /// use tauri_plugin_leader_election::{AgentCommand, LeaderElectionExt, Result};
@@ -268,8 +267,61 @@ impl LeaderElection {
     /// # let _ = signed_in::<tauri::test::MockRuntime>;
     /// ```
     pub fn supervise_agent(&self, pubkey: &str, cmd: nip_le::agent::AgentCommand) -> Result<()> {
+        cmd.validate().map_err(nip_le::Error::AgentCommand)?;
+        let timings = cmd.timings;
+        let runner = CommandRunner::new(cmd, self.elector.config().backend);
+        self.run_agent(pubkey, runner, timings)
+    }
+
+    /// Runs `pubkey`'s agent process through the app's own `runner` (its
+    /// process manager, implementing [`AgentRunner`]) only while this app
+    /// process may act for the agent, joining it first: started when we
+    /// may; stopped on every loss; a start answered "busy" (the
+    /// predecessor's agent still holds its instance lease) retried within
+    /// `timings.busy_min`..`busy_max`; a failed start or an agent that
+    /// exits by itself retried after a backoff; a claim by another window,
+    /// a release or a leave gives the lock up only once the agent has
+    /// stopped. Replaces (after stopping) an earlier runner of that agent.
+    /// Call [`LeaderElection::stop_agent`] before leaving an agent for
+    /// good. What each platform guarantees when the app itself is killed:
+    /// `docs/platforms.md`; the whole table: `docs/buzz.md`.
+    ///
+    /// ```
+    /// use tauri_plugin_leader_election::{
+    ///     AgentExit, AgentRunner, AgentStart, AgentTimings, LeaderElectionExt, Result,
+    ///     StartError, StopOutcome,
+    /// };
+    ///
+    /// /// The app's process manager (Buzz's would start its harness).
+    /// struct Harness;
+    ///
+    /// impl AgentRunner for Harness {
+    ///     fn start(&mut self, start: &AgentStart) -> std::result::Result<u32, StartError> {
+    ///         // Spawn held back, then `start.started(pid)`, then let it run.
+    ///         Err(StartError::Failed(format!("no harness for {}", start.pubkey())))
+    ///     }
+    ///     fn stop(&mut self, _pid: u32) -> StopOutcome {
+    ///         StopOutcome::default()
+    ///     }
+    ///     fn exited(&mut self, _pid: u32) -> AgentExit {
+    ///         AgentExit::default()
+    ///     }
+    /// }
+    ///
+    /// fn restored<R: tauri::Runtime>(app: &tauri::AppHandle<R>, agent: &str) -> Result<()> {
+    ///     app.leader_election().run_agent(agent, Harness, AgentTimings::default())
+    /// }
+    /// # let _ = restored::<tauri::test::MockRuntime>;
+    /// ```
+    pub fn run_agent(
+        &self,
+        pubkey: &str,
+        runner: impl AgentRunner,
+        timings: AgentTimings,
+    ) -> Result<()> {
         self.join(pubkey)?;
-        self.agents.supervise(&self.elector, key(pubkey)?, cmd)
+        self.agents
+            .supervise(&self.elector, key(pubkey)?, runner, timings)
     }
 
     /// Stops `pubkey`'s supervised agent; whether there was one.

@@ -46,9 +46,12 @@ mod turns;
 pub use error::{Error, ErrorKind, LeaderElectionError, Result};
 pub use leader_election::{read_side, LeaderElection};
 pub use models::Status;
-/// A supervised agent process's command and reports (see
-/// [`LeaderElection::supervise_agent`]).
-pub use nip_le::agent::{AgentCommand, AgentEvent, AgentReport, AgentTimings};
+/// The runner seam and the supervised agent's reports (see
+/// [`LeaderElection::run_agent`] and [`LeaderElection::supervise_agent`]).
+pub use nip_le::agent::{
+    AgentCommand, AgentEvent, AgentExit, AgentExits, AgentReport, AgentRunner, AgentStart,
+    AgentTimings, CommandRunner, StartError, StopOutcome,
+};
 /// The engine's types that cross IPC or that an app handles: one vocabulary
 /// from the engine to the webview.
 pub use nip_le::{

@@ -18,14 +18,24 @@ fn an_inherited_election_id_is_adopted_only_when_the_app_opts_in() {
     let dir = tmp.path().join("locks");
     // As in a Buzz built and started from a harness's shell: the harness's
     // window id is in the environment.
-    std::env::set_var("BUZZ_INSTANCE_ELECTION_ID", "the-window-that-runs-the-agent");
+    std::env::set_var(
+        "BUZZ_INSTANCE_ELECTION_ID",
+        "the-window-that-runs-the-agent",
+    );
 
     let minted = app_with(Builder::new().lock_dir(&dir)).unwrap();
     let id = minted.leader_election().instance_id().to_owned();
-    assert_ne!(id, "the-window-that-runs-the-agent", "adopted without asking");
+    assert_ne!(
+        id, "the-window-that-runs-the-agent",
+        "adopted without asking"
+    );
     assert_eq!(id.len(), 36, "a UUID v4: {id}");
     let again = app_with(Builder::new().lock_dir(&dir)).unwrap();
-    assert_ne!(again.leader_election().instance_id(), id, "one id per process");
+    assert_ne!(
+        again.leader_election().instance_id(),
+        id,
+        "one id per process"
+    );
 
     let inherited = app_with(Builder::new().lock_dir(&dir).inherit_election_id()).unwrap();
     assert_eq!(

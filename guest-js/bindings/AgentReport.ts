@@ -27,7 +27,12 @@ code: number | null,
 /**
  * The signal that ended it (Unix), when one did.
  */
-signal: number | null, } | { "what": "stopped", 
+signal: number | null, 
+/**
+ * It exited because its instance lease is held elsewhere (retried
+ * soon).
+ */
+busy: boolean, } | { "what": "stopped", 
 /**
  * Its pid.
  */
@@ -43,8 +48,13 @@ pid: number,
 /**
  * Whether it needed SIGKILL after the grace.
  */
-killed: boolean, } | { "what": "spawn_failed", 
+killed: boolean, } | { "what": "start_failed", 
 /**
  * Why.
  */
-error: string, });
+error: string, 
+/**
+ * Its instance lease is held elsewhere, by the predecessor's agent
+ * that is stopping (retried soon).
+ */
+busy: boolean, });

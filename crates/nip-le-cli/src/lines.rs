@@ -92,7 +92,7 @@ pub enum Line {
         /// When, unix ms.
         at_ms: u64,
         /// What happened (`what`: `started`, `exited`, `stopped`,
-        /// `spawn_failed`), with the pid.
+        /// `start_failed`), with the pid.
         #[serde(flatten)]
         agent: nip_le::agent::AgentEvent,
     },
@@ -305,6 +305,7 @@ mod tests {
                 pid: 42,
                 code: None,
                 signal: Some(9),
+                busy: false,
             },
         };
         let text = l.to_json();

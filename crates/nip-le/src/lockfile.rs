@@ -104,6 +104,32 @@ pub(crate) fn replace_whole(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::R
     written
 }
 
+/// [`replace_whole`], durably: the new file's bytes on disk before the
+/// rename, and the rename itself after it, so a power cut leaves the old
+/// file or the new one, never an empty file in its place.
+pub(crate) fn replace_whole_synced(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let written = open_regular_file(tmp, Create::New)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(tmp, path))
+        .and_then(|()| sync_dir(path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    written
+}
+
+/// Makes a rename in `path`'s directory durable (Unix: the directory's own
+/// `fsync`; elsewhere the file system orders it).
+pub(crate) fn sync_dir(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
 /// Opens with [`open_options`] and refuses anything but a regular file.
 pub(crate) fn open_regular_file(path: &Path, create: Create) -> std::io::Result<File> {
     let f = open_options(create).open(path)?;

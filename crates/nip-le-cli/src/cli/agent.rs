@@ -30,6 +30,11 @@ pub struct AgentArgs {
     /// Longest restart delay, in milliseconds [default: 10000].
     #[arg(long, requires = "agent_cmd")]
     pub agent_backoff_max_ms: Option<u64>,
+    /// The exit code with which the agent says its instance lease is held
+    /// elsewhere (the predecessor's agent is still stopping): such an exit
+    /// is retried within 25 to 100 ms, not backed off [default: none].
+    #[arg(long, requires = "agent_cmd")]
+    pub agent_busy_exit_code: Option<i32>,
 }
 
 impl AgentArgs {
@@ -54,6 +59,7 @@ impl AgentArgs {
         if let Some(v) = self.agent_backoff_max_ms {
             c.timings.backoff_max = ms(v);
         }
+        c.busy_exit_code = self.agent_busy_exit_code;
         c.validate().map_err(nip_le::Error::AgentCommand)?;
         Ok(Some(c))
     }
@@ -81,7 +87,7 @@ pub(super) fn supervise(
     cmd: AgentCommand,
     tx: mpsc::Sender<Msg>,
 ) -> Result<Supervised, nip_le::Error> {
-    let sup = AgentSupervisor::start(elector, pubkey, cmd)?;
+    let sup = AgentSupervisor::command(elector, pubkey, cmd)?;
     let mut reports = sup.subscribe();
     let forwarder = std::thread::spawn(move || {
         use tokio::sync::broadcast::error::RecvError;

@@ -1,30 +1,98 @@
-//! The rules of a leader-gated agent process, pure: whether the window may
-//! act and what its child did go in, with the time; what to do with the
-//! child comes out. The shell ([`super::AgentSupervisor`]) only spawns, signals
-//! and reaps.
+//! The rules of a leader-gated agent process, pure: what the election says
+//! and what the runner answered go in, with the time; what to ask of the
+//! runner comes out. The shell ([`super::AgentSupervisor`]) only calls the
+//! runner ([`super::AgentRunner`]) and reports.
 //!
-//! * The child runs only while we may act: it is started when we may, and
-//!   stopped (SIGTERM, then SIGKILL after the grace) as soon as we may not.
-//! * A child that exits while we may act is started again after a backoff
-//!   that doubles from `backoff_min` to `backoff_max`; one that ran for
-//!   `backoff_max` or longer before exiting starts the backoff afresh. An
-//!   agent that refuses to start while another holds its instance lease
-//!   (upstream's harness, the predecessor's agent still stopping) is so
-//!   retried until the lease is free.
-//! * At most one child exists at any time: a new one is started only once
-//!   the previous one has been reaped.
+//! * The agent runs only while we may act: it is started when we may, and
+//!   stopped as soon as we may not. A stop asked for while a start is in
+//!   flight waits for that start's answer, then stops what it started.
+//! * One start or stop in flight at a time, and at most one agent: a new
+//!   one is started only once the previous one is gone.
+//! * A start refused as "busy" (the agent's instance lease is still held,
+//!   by the predecessor's agent that is stopping), or an agent that exits
+//!   at once for that reason, is retried after a short backoff that
+//!   doubles from `busy_min` to `busy_max`, for as long as we may act.
+//! * A start that fails otherwise, and an agent that exits by itself while
+//!   we may act, is retried after a backoff that doubles from
+//!   `backoff_min` to `backoff_max`; one that ran for `backoff_max` or
+//!   longer before exiting starts the backoff afresh.
+//! * An agent left behind by a window that is gone is stopped by whoever
+//!   leads the host after it (see [`super::orphan`]): before each start,
+//!   and once per host leadership when we lead the host but may not act
+//!   (the agent's lease is held on another host, or by a sibling).
 
 use std::time::{Duration, Instant};
 
-/// The timings of the rules (see [`super::AgentCommand`]).
+/// The timings of the rules (see [`super::AgentCommand`] for the defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AgentTimings {
-    /// How long a child has after SIGTERM before SIGKILL.
+    /// How long an agent has after a graceful stop before it is killed
+    /// (the command runner's; an app's runner keeps its own).
     pub grace: Duration,
-    /// The first restart delay.
+    /// The first restart delay after a failure or an exit.
     pub backoff_min: Duration,
     /// The longest restart delay.
     pub backoff_max: Duration,
+    /// The first retry delay after a "busy" answer.
+    pub busy_min: Duration,
+    /// The longest retry delay after "busy" answers.
+    pub busy_max: Duration,
+}
+
+impl Default for AgentTimings {
+    /// Grace 5 s; restarts from 250 ms to 10 s; busy retries from 25 ms to
+    /// 100 ms (a predecessor's lease is freed the moment its agent exits).
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(5),
+            backoff_min: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(10),
+            busy_min: Duration::from_millis(25),
+            busy_max: Duration::from_millis(100),
+        }
+    }
+}
+
+impl AgentTimings {
+    /// Checks the timings: every one positive, each backoff's bounds in
+    /// order, none above an hour.
+    pub fn validate(&self) -> Result<(), String> {
+        let hour = Duration::from_secs(3600);
+        let all = [
+            self.grace,
+            self.backoff_min,
+            self.backoff_max,
+            self.busy_min,
+            self.busy_max,
+        ];
+        if all.iter().any(|d| *d > hour) {
+            return Err("agent timings must not exceed an hour".into());
+        }
+        if all.iter().any(Duration::is_zero) {
+            return Err("agent grace and backoffs must be greater than zero".into());
+        }
+        for (min, max, what) in [
+            (self.backoff_min, self.backoff_max, "backoff"),
+            (self.busy_min, self.busy_max, "busy backoff"),
+        ] {
+            if min > max {
+                return Err(format!(
+                    "agent {what}: the minimum ({min:?}) exceeds the maximum ({max:?})"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the election says of the key now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lead {
+    /// We may act for the agent: its agent may run here.
+    pub may_act: bool,
+    /// We lead our host (the lock file names us), whether or not we may
+    /// act across hosts: a dead window's agent on this host is ours to stop.
+    pub host_leader: bool,
 }
 
 /// What happened, for the rules.
@@ -32,55 +100,68 @@ pub struct AgentTimings {
 pub enum Input {
     /// Look again (the leadership may have changed, a deadline may be due).
     Look,
-    /// The child we started has this pid.
-    Spawned(u32),
-    /// Starting the child failed (no such program, …).
-    SpawnFailed,
+    /// The agent we asked for started, with this pid.
+    Started(u32),
+    /// The start failed; `busy`: its instance lease is held elsewhere.
+    StartFailed {
+        /// The lease is held elsewhere.
+        busy: bool,
+    },
     /// The start was not made after all: we may no longer act.
-    SpawnCancelled,
-    /// The child with this pid has exited (it is reaped by the shell).
-    Exited(u32),
+    StartCancelled,
+    /// The agent with this pid exited by itself; `busy`: because its
+    /// instance lease is held elsewhere.
+    Exited {
+        /// Its pid.
+        pid: u32,
+        /// It exited because its lease is held elsewhere.
+        busy: bool,
+    },
+    /// The stop we asked for completed: the agent is gone.
+    Stopped(u32),
+    /// The look for a dead window's agent we asked for is done.
+    OrphansChecked,
 }
 
-/// What to do.
+/// What to ask of the runner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Start the child (answered by `Spawned` or `SpawnFailed`).
-    Spawn,
-    /// Ask the child to stop (SIGTERM).
-    Terminate(u32),
-    /// Stop the child now (SIGKILL).
-    Kill(u32),
+    /// Start the agent (answered by `Started` or `StartFailed`). A dead
+    /// window's agent is stopped first.
+    Start,
+    /// Stop the agent with this pid (answered by `Stopped`).
+    Stop(u32),
+    /// Stop a dead window's agent, if the mark names one (answered by
+    /// `OrphansChecked`).
+    CheckOrphans,
 }
 
-/// Where the child is.
+/// Where the agent is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
-    /// No child; one may be started.
+    /// No agent; one may be started.
     Idle,
     /// A start was asked for and not answered yet.
-    Spawning,
-    /// Running while we may act, since the instant given.
+    Starting,
+    /// Running since the instant given.
     Running {
         /// Its pid.
         pid: u32,
         /// When it started.
         since: Instant,
     },
-    /// Asked to stop; killed at `kill_at` unless it exits first.
+    /// A stop was asked for and not answered yet.
     Stopping {
         /// Its pid.
         pid: u32,
-        /// When SIGKILL is due.
-        kill_at: Instant,
-        /// Whether SIGKILL was sent.
-        killed: bool,
     },
-    /// No child; the next start waits until `until`.
+    /// No agent; the next start waits until `until`.
     BackingOff {
         /// When a start may be made again.
         until: Instant,
     },
+    /// Looking for a dead window's agent.
+    CheckingOrphans,
 }
 
 /// The agent's rules and state.
@@ -88,218 +169,131 @@ pub enum State {
 pub struct AgentMachine {
     t: AgentTimings,
     state: State,
-    /// Restarts since the last long run: the backoff's exponent.
+    /// Failed starts and early exits since the last long run.
     failures: u32,
+    /// "Busy" answers in a row.
+    busy: u32,
+    /// Whether a dead window's agent was looked for in this host
+    /// leadership.
+    orphans_checked: bool,
+}
+
+/// The delay after `n` answers in a row: `min` doubled `n - 1` times, at
+/// most `max`.
+fn doubling(min: Duration, max: Duration, n: u32) -> Duration {
+    let shift = n.saturating_sub(1).min(20);
+    min.saturating_mul(1u32 << shift).min(max)
 }
 
 impl AgentMachine {
-    /// No child yet.
+    /// No agent yet.
     pub fn new(t: AgentTimings) -> Self {
         Self {
             t,
             state: State::Idle,
             failures: 0,
+            busy: 0,
+            orphans_checked: false,
         }
     }
 
-    /// Where the child is.
+    /// Where the agent is.
     pub fn state(&self) -> State {
         self.state
     }
 
-    /// The next restart delay after `failures` restarts.
-    fn backoff(&self) -> Duration {
-        let shift = self.failures.saturating_sub(1).min(20);
-        self.t
-            .backoff_min
-            .saturating_mul(1u32 << shift)
-            .min(self.t.backoff_max)
-    }
-
-    /// One step: `input` happened at `now`, and `may_act` says whether the
-    /// window may act for the agent now.
-    pub fn step(&mut self, input: Input, may_act: bool, now: Instant) -> Vec<Action> {
-        let mut out = Vec::new();
+    /// One step: `input` happened at `now`, and `lead` is what the
+    /// election says now.
+    pub fn step(&mut self, input: Input, lead: Lead, now: Instant) -> Vec<Action> {
+        if !lead.host_leader {
+            self.orphans_checked = false;
+        }
         match (self.state, input) {
-            (State::Spawning, Input::Spawned(pid)) => {
+            (State::Starting, Input::Started(pid)) => {
                 self.state = State::Running { pid, since: now };
             }
-            (State::Spawning, Input::SpawnFailed) => self.exited_early(now, Duration::ZERO),
-            (State::Spawning, Input::SpawnCancelled) => self.state = State::Idle,
-            (State::Running { pid, since }, Input::Exited(p)) if p == pid => {
-                self.exited_early(now, now.saturating_duration_since(since));
+            (State::Starting, Input::StartFailed { busy }) => self.retry(now, busy, Duration::ZERO),
+            (State::Starting, Input::StartCancelled) => self.state = State::Idle,
+            (State::Running { pid, since }, Input::Exited { pid: p, busy }) if p == pid => {
+                self.retry(now, busy, now.saturating_duration_since(since));
             }
-            (State::Stopping { pid, .. }, Input::Exited(p)) if p == pid => {
+            (State::Stopping { pid }, Input::Stopped(p) | Input::Exited { pid: p, .. })
+                if p == pid =>
+            {
+                self.state = State::Idle;
+            }
+            (State::CheckingOrphans, Input::OrphansChecked) => {
+                self.orphans_checked = true;
                 self.state = State::Idle;
             }
             _ => {}
         }
-        // Then what the leadership and the clock ask for.
+        // Then what the election and the clock ask for.
+        let mut out = Vec::new();
         match self.state {
-            State::Running { pid, .. } if !may_act => {
-                out.push(Action::Terminate(pid));
-                self.state = State::Stopping {
-                    pid,
-                    kill_at: now + self.t.grace,
-                    killed: false,
-                };
+            State::Running { pid, .. } if !lead.may_act => {
+                out.push(Action::Stop(pid));
+                self.state = State::Stopping { pid };
             }
-            State::Stopping {
-                pid,
-                kill_at,
-                killed: false,
-            } if now >= kill_at => {
-                out.push(Action::Kill(pid));
-                self.state = State::Stopping {
-                    pid,
-                    kill_at,
-                    killed: true,
-                };
+            State::BackingOff { .. } if !lead.may_act => {
+                self.busy = 0;
+                self.state = State::Idle;
+                self.idle(lead, &mut out);
             }
-            State::BackingOff { .. } if !may_act => self.state = State::Idle,
             State::BackingOff { until } if now >= until => {
-                out.push(Action::Spawn);
-                self.state = State::Spawning;
+                out.push(Action::Start);
+                self.state = State::Starting;
             }
-            State::Idle if may_act => {
-                out.push(Action::Spawn);
-                self.state = State::Spawning;
-            }
+            State::Idle => self.idle(lead, &mut out),
             _ => {}
         }
         out
     }
 
-    /// The child exited (or never started) while we wanted it running,
-    /// after running for `ran`.
-    fn exited_early(&mut self, now: Instant, ran: Duration) {
-        self.failures = if ran >= self.t.backoff_max {
-            1
-        } else {
-            self.failures.saturating_add(1)
-        };
-        self.state = State::BackingOff {
-            until: now + self.backoff(),
-        };
+    /// No agent: start one if we may act (a dead window's agent is stopped
+    /// first, by the start), else look for a dead window's agent once per
+    /// host leadership.
+    fn idle(&mut self, lead: Lead, out: &mut Vec<Action>) {
+        if lead.may_act {
+            out.push(Action::Start);
+            self.state = State::Starting;
+        } else if lead.host_leader && !self.orphans_checked {
+            out.push(Action::CheckOrphans);
+            self.state = State::CheckingOrphans;
+        }
     }
 
-    /// When the rules must look again without an input: SIGKILL or a
-    /// restart due.
+    /// The agent failed to start, or exited after running for `ran`, while
+    /// we wanted it running: back off, briefly if its lease was busy.
+    fn retry(&mut self, now: Instant, busy: bool, ran: Duration) {
+        if ran >= self.t.backoff_max {
+            // A long run: whatever came before is over.
+            self.busy = 0;
+        }
+        let delay = if busy {
+            self.busy = self.busy.saturating_add(1);
+            doubling(self.t.busy_min, self.t.busy_max, self.busy)
+        } else {
+            self.busy = 0;
+            self.failures = if ran >= self.t.backoff_max {
+                1
+            } else {
+                self.failures.saturating_add(1)
+            };
+            doubling(self.t.backoff_min, self.t.backoff_max, self.failures)
+        };
+        self.state = State::BackingOff { until: now + delay };
+    }
+
+    /// When the rules must look again without an input: a start due.
     pub fn next_deadline(&self) -> Option<Instant> {
         match self.state {
-            State::Stopping {
-                kill_at,
-                killed: false,
-                ..
-            } => Some(kill_at),
             State::BackingOff { until } => Some(until),
             _ => None,
         }
     }
-
-    /// Whether the machine asked for SIGKILL of the child it is stopping.
-    pub fn killed(&self) -> bool {
-        matches!(self.state, State::Stopping { killed: true, .. })
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    fn m() -> AgentMachine {
-        AgentMachine::new(AgentTimings {
-            grace: 500 * MS,
-            backoff_min: 100 * MS,
-            backoff_max: 2_000 * MS,
-        })
-    }
-
-    #[test]
-    fn runs_only_while_we_may_act_and_stops_with_term_then_kill() {
-        let (mut m, t0) = (m(), Instant::now());
-        assert!(
-            m.step(Input::Look, false, t0).is_empty(),
-            "never started unled"
-        );
-        assert_eq!(m.step(Input::Look, true, t0), vec![Action::Spawn]);
-        assert!(
-            m.step(Input::Look, true, t0).is_empty(),
-            "one start at a time"
-        );
-        assert!(m.step(Input::Spawned(7), true, t0).is_empty());
-        // Leadership lost: SIGTERM at once, SIGKILL after the grace only.
-        assert_eq!(
-            m.step(Input::Look, false, t0 + MS),
-            vec![Action::Terminate(7)]
-        );
-        assert_eq!(m.next_deadline(), Some(t0 + 501 * MS));
-        assert!(m.step(Input::Look, false, t0 + 400 * MS).is_empty());
-        // Regained meanwhile: nothing new starts while the old one lives.
-        assert!(m.step(Input::Look, true, t0 + 450 * MS).is_empty());
-        assert_eq!(
-            m.step(Input::Look, true, t0 + 501 * MS),
-            vec![Action::Kill(7)]
-        );
-        assert!(m.killed());
-        assert!(m.step(Input::Look, true, t0 + 600 * MS).is_empty());
-        // Reaped: only now a new one starts.
-        assert_eq!(
-            m.step(Input::Exited(7), true, t0 + 601 * MS),
-            vec![Action::Spawn]
-        );
-    }
-
-    #[test]
-    fn an_exit_while_we_may_act_restarts_after_a_doubling_bounded_backoff() {
-        let (mut m, mut t) = (m(), Instant::now());
-        m.step(Input::Look, true, t);
-        let mut delays = Vec::new();
-        for pid in 1..=8 {
-            m.step(Input::Spawned(pid), true, t);
-            t += 10 * MS;
-            assert!(m.step(Input::Exited(pid), true, t).is_empty());
-            let until = m.next_deadline().unwrap();
-            delays.push((until - t).as_millis());
-            assert!(m.step(Input::Look, true, until - MS).is_empty(), "early");
-            assert_eq!(m.step(Input::Look, true, until), vec![Action::Spawn]);
-            t = until;
-        }
-        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 2000, 2000, 2000]);
-        // A long run starts the backoff afresh.
-        m.step(Input::Spawned(9), true, t);
-        t += 2_000 * MS;
-        m.step(Input::Exited(9), true, t);
-        assert_eq!(m.next_deadline(), Some(t + 100 * MS));
-        // Leadership lost while backing off: nothing starts.
-        assert!(m.step(Input::Look, false, t + 200 * MS).is_empty());
-        assert_eq!(m.state(), State::Idle);
-    }
-
-    #[test]
-    fn a_failed_start_backs_off_and_a_stray_exit_is_ignored() {
-        let (mut m, t) = (m(), Instant::now());
-        m.step(Input::Look, true, t);
-        assert!(m.step(Input::SpawnFailed, true, t).is_empty());
-        assert_eq!(m.next_deadline(), Some(t + 100 * MS));
-        assert_eq!(m.step(Input::Look, true, t + 100 * MS), vec![Action::Spawn]);
-        m.step(Input::Spawned(3), true, t + 100 * MS);
-        assert!(m.step(Input::Exited(99), true, t + 200 * MS).is_empty());
-        assert!(matches!(m.state(), State::Running { pid: 3, .. }));
-    }
-
-    #[test]
-    fn a_start_cancelled_for_a_lost_lead_is_no_failure() {
-        let (mut m, t) = (m(), Instant::now());
-        assert_eq!(m.step(Input::Look, true, t), vec![Action::Spawn]);
-        assert!(m.step(Input::SpawnCancelled, false, t).is_empty());
-        assert_eq!(m.state(), State::Idle);
-        assert_eq!(
-            m.step(Input::Look, true, t),
-            vec![Action::Spawn],
-            "no backoff"
-        );
-    }
-}
+#[path = "machine_tests.rs"]
+mod tests;

@@ -1,106 +1,45 @@
-//! Extension: a leader-gated agent process. Buzz's desktop spawns its agent
-//! harness (`buzz-acp`) as a child; upstream's harness no longer reads the
-//! lock file and takes an exclusive instance lease instead, so without a
-//! gate a second Buzz build on the machine leaves its agent failing to
-//! start, with no standby and no failover. An [`AgentSupervisor`] runs the
-//! command only while this window may act for the agent, with
-//! `BUZZ_INSTANCE_ELECTION_ID` set to the window's election id:
+//! Extension: a leader-gated agent process. Buzz's desktop starts its agent
+//! harness (`buzz-acp`) through its own process manager; upstream's harness
+//! no longer reads the lock file and takes an exclusive instance lease
+//! instead, so without a gate a second Buzz on the machine leaves its
+//! agent failing to start, with no standby and no failover. The election's
+//! job there is which app process runs each agent's harness:
 //!
-//! * started when we may act, stopped (SIGTERM, `grace`, SIGKILL; on
-//!   Windows `TerminateProcess` at once) on any loss of leadership;
-//! * restarted with a bounded, doubling backoff if it exits while we may act
-//!   (for example because the predecessor's agent still holds upstream's
-//!   instance lease while it stops);
-//! * on Linux's native backend the child is killed by the kernel when the
-//!   window dies (`PR_SET_PDEATHSIG`), so a SIGKILLed window leaves no
-//!   agent acting unseen. On macOS and Windows (and Linux's portable
-//!   backend) the successor stops it before it starts its own
-//!   ([`orphan`]): see `docs/platforms.md`.
+//! * [`AgentRunner`] is the seam an app implements to start and stop its
+//!   own agent process for a key (Buzz's controller would);
+//!   [`CommandRunner`] is the engine's own, for a plain command line;
+//! * an [`AgentSupervisor`] per key decides when, by the pure rules of
+//!   [`machine::AgentMachine`]: start only while this process may act;
+//!   stop on every loss; a start refused as busy (the predecessor's agent
+//!   still holds its lease) retried soon; one call at a time; restarts of
+//!   a crashed agent backed off;
+//! * a step-down this process chooses (another window's claim, a release, a
+//!   leave) gives the lock up only once the agent has stopped, so the
+//!   successor's start finds the lease free; a graceful exit stops the
+//!   agents before the elector shuts down;
+//! * an agent left behind by a window that died or hung is stopped by
+//!   whoever leads the host next ([`orphan`]), and stops reach its whole
+//!   process tree.
 //!
-//! The rules are the pure [`machine::AgentMachine`]; this module and
-//! [`AgentSupervisor`] only spawn, signal and reap.
+//! What each platform guarantees when the window itself is killed:
+//! `docs/platforms.md`.
 
+mod command;
 pub mod machine;
 pub mod orphan;
 mod process;
+mod runner;
 mod supervisor;
-
-use std::ffi::OsString;
-use std::time::Duration;
+mod tree;
 
 use serde::{Deserialize, Serialize};
 
+pub use command::{AgentCommand, CommandRunner};
 pub use machine::AgentTimings;
-pub use supervisor::AgentSupervisor;
+pub use runner::{AgentExit, AgentExits, AgentRunner, AgentStart, StartError, StopOutcome};
+pub use supervisor::{AgentSupervisor, POLL};
 
 use crate::pubkey::AgentPubkey;
-
-/// The agent command and its timings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentCommand {
-    /// The program (looked up in `PATH` when it has no directory).
-    pub program: OsString,
-    /// Its arguments.
-    pub args: Vec<OsString>,
-    /// Variables added to (or replacing those of) the inherited environment;
-    /// `BUZZ_INSTANCE_ELECTION_ID` is always set to the window's id.
-    pub env: Vec<(OsString, OsString)>,
-    /// Stop and restart timings (defaults: grace 5 s, backoff 250 ms to
-    /// 10 s).
-    pub timings: AgentTimings,
-    /// How often the supervisor looks at the leadership between events
-    /// (default 50 ms): the longest delay between a loss of leadership and
-    /// the SIGTERM.
-    pub poll: Duration,
-}
-
-impl AgentCommand {
-    /// `program` with `args`, default timings.
-    pub fn new<P, I, A>(program: P, args: I) -> Self
-    where
-        P: Into<OsString>,
-        I: IntoIterator<Item = A>,
-        A: Into<OsString>,
-    {
-        Self {
-            program: program.into(),
-            args: args.into_iter().map(Into::into).collect(),
-            env: Vec::new(),
-            timings: AgentTimings {
-                grace: Duration::from_secs(5),
-                backoff_min: Duration::from_millis(250),
-                backoff_max: Duration::from_secs(10),
-            },
-            poll: Duration::from_millis(50),
-        }
-    }
-
-    /// Checks the timings: every one positive, the backoff's bounds in
-    /// order, none above an hour, the poll at most a second.
-    pub fn validate(&self) -> Result<(), String> {
-        let t = &self.timings;
-        let hour = Duration::from_secs(3600);
-        if t.grace > hour || t.backoff_max > hour {
-            return Err("agent grace and backoff must not exceed an hour".into());
-        }
-        if self.program.is_empty() {
-            return Err("the agent command is empty".into());
-        }
-        if t.grace.is_zero() || t.backoff_min.is_zero() || self.poll.is_zero() {
-            return Err("agent grace, backoff and poll must be greater than zero".into());
-        }
-        if t.backoff_min > t.backoff_max {
-            return Err(format!(
-                "agent backoff_min ({:?}) exceeds backoff_max ({:?})",
-                t.backoff_min, t.backoff_max
-            ));
-        }
-        if self.poll > Duration::from_secs(1) {
-            return Err(format!("agent poll ({:?}) exceeds 1 s", self.poll));
-        }
-        Ok(())
-    }
-}
 
 /// What the agent process did, for JSON lines and change events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,8 +60,12 @@ pub enum AgentEvent {
         code: Option<i32>,
         /// The signal that ended it (Unix), when one did.
         signal: Option<i32>,
+        /// It exited because its instance lease is held elsewhere (retried
+        /// soon).
+        busy: bool,
     },
-    /// Stopped by us: leadership was lost or the supervisor stopped.
+    /// Stopped by us: the lead was lost or given up, or the supervisor
+    /// stopped.
     Stopped {
         /// Its pid.
         pid: u32,
@@ -137,10 +80,13 @@ pub enum AgentEvent {
         /// Whether it needed SIGKILL after the grace.
         killed: bool,
     },
-    /// The command could not be started.
-    SpawnFailed {
+    /// The agent could not be started (retried after the backoff).
+    StartFailed {
         /// Why.
         error: String,
+        /// Its instance lease is held elsewhere, by the predecessor's agent
+        /// that is stopping (retried soon).
+        busy: bool,
     },
 }
 
@@ -157,30 +103,4 @@ pub struct AgentReport {
     /// What happened.
     #[serde(flatten)]
     pub event: AgentEvent,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_are_validated() {
-        let ok = AgentCommand::new("agent", ["--x"]);
-        ok.validate().unwrap();
-        let mut c = ok.clone();
-        c.program = OsString::new();
-        assert!(c.validate().is_err());
-        let mut c = ok.clone();
-        c.timings.grace = Duration::ZERO;
-        assert!(c.validate().is_err());
-        let mut c = ok.clone();
-        c.timings.backoff_min = Duration::from_secs(60);
-        assert!(c.validate().is_err());
-        let mut c = ok.clone();
-        c.poll = Duration::from_secs(5);
-        assert!(c.validate().is_err());
-        let mut c = ok;
-        c.timings.grace = Duration::MAX;
-        assert!(c.validate().is_err(), "never an Instant overflow");
-    }
 }

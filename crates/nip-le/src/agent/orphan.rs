@@ -1,16 +1,32 @@
-//! An agent left behind by a window that died. On Linux's native backend
-//! the kernel kills it with its window; elsewhere (macOS, Windows, and
-//! Linux's portable backend, which runs their code) it would keep acting
-//! for a window that is gone. So the supervisor that starts an agent
-//! writes a mark beside the lock file, `<pubkey>.agent`, naming its
-//! window, the agent's pid and the process's start time; and before a
-//! successor starts its own agent it stops the one the mark names, if a
-//! process with that pid *and that start time* still runs (a recycled pid
-//! has another start time, and is left alone), the mark is of this boot,
-//! and (Linux) the process carries the mark's election id in its
-//! environment. A mark naming pid 0 or 1, our own process or our parent is
-//! ignored, and a process group is signalled only when the process leads
-//! it.
+//! An agent left behind by a window that died or hung. On Linux's native
+//! backend the kernel kills it with its window, on Windows its Job Object
+//! does; elsewhere (macOS, and Linux's portable backend, which runs its
+//! code) it would keep acting for a window that no longer leads. So the
+//! supervisor that starts an agent writes a mark beside the lock file,
+//! `<pubkey>.agent`, naming its window, the agent's pid and the process's
+//! start time, durably and before the agent can act
+//! ([`super::AgentStart::started`]); and whoever leads the host after that
+//! window stops what the mark names: before it starts its own agent, and
+//! once per host leadership when it leads the host but may not act (the
+//! agent's lease moved to another host, or a sibling leads above the
+//! host).
+//!
+//! A mark is acted on only when
+//! * the lock file names another window than the mark's (its window has
+//!   lost the lead: a fail-safe read, when every window leads, acts on
+//!   none);
+//! * it is of this boot, names neither pid 0 or 1 nor us or our parent,
+//!   and (Linux) the process carries the mark's election id;
+//! * the process with that pid *has that start time* (a recycled pid has
+//!   another, and is left alone).
+//!
+//! The agent leads a session and a process group of its own, and the stop
+//! reaches them: its group, and on Linux every process of its session or
+//! group that started after it and carries the mark's election id, even
+//! when the agent itself is already gone (a worker it left behind). On
+//! macOS, where no process table is read, a group whose leader is gone
+//! is signalled only while no process holds the leader's pid (a pid is
+//! never reused while its group exists).
 //!
 //! The mark is a file of its own rather than extension fields of the
 //! record: a harness child that carries the window's id rewrites the
@@ -29,8 +45,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::lockfile::{open_regular_file, read_prefix, replace_whole, Create};
+use crate::lockfile::{open_regular_file, read_prefix, replace_whole_synced, Create};
 use crate::pubkey::AgentPubkey;
+
+use super::tree;
+pub use super::tree::start_time;
 
 /// Largest mark read.
 const MAX_MARK_BYTES: usize = 1024;
@@ -54,14 +73,32 @@ pub fn mark_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
     dir.join(format!("{pubkey}.agent"))
 }
 
-/// Writes the mark whole (beside it, then renamed over it).
+/// Writes the mark whole and durably (beside it, synced, renamed over it,
+/// the rename synced).
 pub fn write_mark(dir: &Path, pubkey: &AgentPubkey, mark: &AgentMark) -> std::io::Result<()> {
     let path = mark_path(dir, pubkey);
     // A name of our own: two writers never touch each other's.
     let rand = uuid::Uuid::new_v4().simple();
     let next = dir.join(format!(".{pubkey}.agent.{rand}.new"));
     let bytes = serde_json::to_vec(mark).map_err(std::io::Error::other)?;
-    replace_whole(&next, &path, &bytes)
+    replace_whole_synced(&next, &path, &bytes)
+}
+
+/// Names agent `pid`, just started by window `instance_id`, in the mark.
+/// A mark that cannot be written is logged (the agent runs all the same).
+pub(super) fn name_agent(dir: &Path, pubkey: &AgentPubkey, instance_id: &str, pid: u32) {
+    let Some(start) = start_time(pid) else {
+        return; // gone already: its exit is on the way
+    };
+    let mark = AgentMark {
+        instance_id: instance_id.to_owned(),
+        pid,
+        start,
+        boot: crate::host::here().boot.clone(),
+    };
+    if let Err(e) = write_mark(dir, pubkey, &mark) {
+        tracing::warn!(%pubkey, "cannot write the agent mark: {e}");
+    }
 }
 
 /// The mark on file, if one parses.
@@ -75,10 +112,12 @@ pub fn read_mark(dir: &Path, pubkey: &AgentPubkey) -> Option<AgentMark> {
     serde_json::from_slice(&buf[..n]).ok()
 }
 
-/// Stops the agent the mark names unless it is `ours` (the pid of our own
-/// child) or gone: SIGTERM (Windows: `TerminateProcess`), then SIGKILL
-/// after `grace`, waiting at most a second more. Returns its pid and
-/// whether it needed SIGKILL, when there was one to stop.
+/// Stops the agent the mark names, and what it left in its session or
+/// group, unless it is `ours` (the pid of our own agent), gone, or its
+/// window still leads (see the module): SIGTERM (Windows:
+/// `TerminateProcess`), then SIGKILL after `grace`, waiting at most a
+/// second more. Returns the mark's pid and whether SIGKILL was needed,
+/// when there was something to stop.
 pub fn stop_orphan(
     dir: &Path,
     pubkey: &AgentPubkey,
@@ -86,31 +125,48 @@ pub fn stop_orphan(
     grace: Duration,
 ) -> Option<(u32, bool)> {
     let m = read_mark(dir, pubkey)?;
-    if Some(m.pid) == ours || !may_signal(&m) || !same_process(m.pid, m.start) {
+    if Some(m.pid) == ours || !may_signal(&m) || !window_lost_lead(dir, pubkey, &m) {
         return None;
     }
-    tracing::warn!(%pubkey, pid = m.pid, window = %m.instance_id, "stopping the agent a mark names: its window no longer leads");
-    signal(m.pid, false);
-    let killed = !wait_gone(m.pid, m.start, grace);
+    let alive = tree::start_time(m.pid) == Some(m.start) && tree::carries_id(m.pid, &m.instance_id);
+    let left = leftovers(&m);
+    if !alive && left.is_empty() {
+        return None;
+    }
+    tracing::warn!(%pubkey, pid = m.pid, window = %m.instance_id, leftovers = left.len(), "stopping the agent a mark names: its window no longer leads");
+    let mut targets = left;
+    if alive {
+        targets.push((m.pid, m.start));
+    }
+    signal_all(&m, &targets, false);
+    let killed = !wait_gone(&targets, grace);
     if killed {
-        signal(m.pid, true);
-        wait_gone(m.pid, m.start, Duration::from_secs(1));
+        signal_all(&m, &targets, true);
+        wait_gone(&targets, Duration::from_secs(1));
     }
     Some((m.pid, killed))
 }
 
+/// Whether the lock file names a window other than the mark's: the mark's
+/// window no longer leads. A file that names nobody (absent, empty,
+/// malformed, unreadable: the NIP's fail-safe, when every window leads)
+/// acts on no mark.
+fn window_lost_lead(dir: &Path, pubkey: &AgentPubkey, m: &AgentMark) -> bool {
+    let path = crate::lockfile::lock_path(dir, pubkey);
+    match crate::lockfile::read_unguarded(&path) {
+        Ok(c) => c.record().is_some_and(|r| r.instance_id != m.instance_id),
+        Err(_) => false,
+    }
+}
+
 /// Whether the mark may name a process we would signal at all: not pid 0
-/// or 1, not us or our parent, of this boot, and (Linux) an agent process
-/// given the mark's election id.
+/// or 1, not us or our parent, of this boot.
 fn may_signal(m: &AgentMark) -> bool {
     if m.pid <= 1 || m.pid == std::process::id() || Some(m.pid) == parent_pid() {
         return false;
     }
     let here = crate::host::here().boot.as_deref();
-    if here.is_some() && m.boot.as_deref() != here {
-        return false;
-    }
-    carries_id(m.pid, &m.instance_id)
+    !(here.is_some() && m.boot.as_deref() != here)
 }
 
 #[cfg(unix)]
@@ -124,37 +180,31 @@ fn parent_pid() -> Option<u32> {
     None
 }
 
-/// Linux: whether `pid`'s environment holds
-/// `BUZZ_INSTANCE_ELECTION_ID=<id>` (read capped at 1 MiB), as every agent a
-/// supervisor starts does. Elsewhere the start time is the guard.
-#[cfg(target_os = "linux")]
-fn carries_id(pid: u32, id: &str) -> bool {
-    use std::io::Read;
-    let Ok(f) = std::fs::File::open(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    let mut env = Vec::new();
-    if f.take(1 << 20).read_to_end(&mut env).is_err() {
-        return false;
+/// What the mark's agent left in its session or group (Linux: read from
+/// `/proc`; elsewhere the group is signalled as a whole, see
+/// [`signal_all`]).
+fn leftovers(m: &AgentMark) -> Vec<(u32, u64)> {
+    #[cfg(target_os = "linux")]
+    {
+        tree::leftovers(m.pid, m.start, &m.instance_id)
+            .into_iter()
+            .filter(|(p, _)| *p != m.pid)
+            .collect()
     }
-    let want = format!("{}={id}", crate::identity::ELECTION_ID_ENV);
-    env.split(|b| *b == 0).any(|v| v == want.as_bytes())
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = m;
+        Vec::new()
+    }
 }
 
-#[cfg(not(target_os = "linux"))]
-fn carries_id(_pid: u32, _id: &str) -> bool {
-    true
-}
-
-/// Whether a process `pid` that started at `start` still runs.
-fn same_process(pid: u32, start: u64) -> bool {
-    start_time(pid) == Some(start)
-}
-
-fn wait_gone(pid: u32, start: u64, within: Duration) -> bool {
+fn wait_gone(targets: &[(u32, u64)], within: Duration) -> bool {
     let end = Instant::now() + within;
     loop {
-        if !same_process(pid, start) {
+        if targets
+            .iter()
+            .all(|(p, s)| tree::start_time(*p) != Some(*s))
+        {
             return true;
         }
         if Instant::now() >= end {
@@ -164,107 +214,57 @@ fn wait_gone(pid: u32, start: u64, within: Duration) -> bool {
     }
 }
 
+/// Signals each target that still runs (its own start time), the mark's
+/// group as well: on Linux while a process of the group was found, on
+/// other Unixes while the leader runs, or when no process holds the
+/// leader's pid any more (then only the agent's group can hold that id).
 #[cfg(unix)]
-fn signal(pid: u32, kill: bool) {
-    if let Ok(p) = libc::pid_t::try_from(pid) {
-        if p > 0 {
-            let sig = if kill { libc::SIGKILL } else { libc::SIGTERM };
-            // SAFETY: kill(2) of a process whose start time, boot and id
-            // were checked just before; its group only when it leads it
-            // (as every agent a supervisor starts does).
-            unsafe {
-                if libc::getpgid(p) == p {
-                    libc::kill(-p, sig);
+fn signal_all(m: &AgentMark, targets: &[(u32, u64)], kill: bool) {
+    let sig = if kill { libc::SIGKILL } else { libc::SIGTERM };
+    let Ok(leader) = libc::pid_t::try_from(m.pid) else {
+        return;
+    };
+    let leader_alive = tree::start_time(m.pid) == Some(m.start);
+    let pid_free = tree::start_time(m.pid).is_none();
+    let group_ours = if cfg!(target_os = "linux") {
+        !targets.is_empty() && (leader_alive || pid_free)
+    } else {
+        leader_alive || pid_free
+    };
+    // SAFETY: kill(2) of processes whose start time (and, on Linux, id and
+    // session) were checked just before; the group only as said above.
+    unsafe {
+        if group_ours && leader > 1 {
+            libc::kill(-leader, sig);
+        }
+        for (p, s) in targets {
+            if tree::start_time(*p) == Some(*s) {
+                if let Ok(p) = libc::pid_t::try_from(*p) {
+                    if p > 1 {
+                        libc::kill(p, sig);
+                    }
                 }
-                libc::kill(p, sig);
             }
         }
     }
 }
 
 #[cfg(windows)]
-fn signal(pid: u32, _kill: bool) {
+fn signal_all(_m: &AgentMark, targets: &[(u32, u64)], _kill: bool) {
     use windows_sys::Win32::Foundation::CloseHandle;
     use windows_sys::Win32::System::Threading::{OpenProcess, TerminateProcess, PROCESS_TERMINATE};
-    // SAFETY: plain Win32 calls; the handle is closed before returning.
-    unsafe {
-        let h = OpenProcess(PROCESS_TERMINATE, 0, pid);
-        if !h.is_null() {
-            TerminateProcess(h, 1);
-            CloseHandle(h);
+    for (pid, start) in targets {
+        if tree::start_time(*pid) != Some(*start) {
+            continue;
         }
-    }
-}
-
-/// When process `pid` started (an opaque number that differs for a
-/// recycled pid), or `None` when it is gone (a zombie counts as gone).
-#[cfg(target_os = "linux")]
-pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    start_of_stat(&stat)
-}
-
-/// The state and start time (field 22) of a `/proc/<pid>/stat` line: the
-/// command name in parentheses may hold spaces and parentheses, so the
-/// fields are counted after the last `)`.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-fn start_of_stat(stat: &str) -> Option<u64> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut fields = rest.split_ascii_whitespace();
-    // Field 3 is the state; field 22 the start time.
-    if fields.next()? == "Z" {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
-}
-
-/// See the Linux variant: `proc_pidinfo`'s start time (µs since the epoch).
-#[cfg(target_os = "macos")]
-pub fn start_time(pid: u32) -> Option<u64> {
-    let p = i32::try_from(pid).ok().filter(|p| *p > 0)?;
-    let mut info: libc::proc_bsdinfo = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::proc_bsdinfo>() as i32;
-    // SAFETY: proc_pidinfo writes at most `size` bytes into our struct.
-    let n = unsafe {
-        libc::proc_pidinfo(
-            p,
-            libc::PROC_PIDTBSDINFO,
-            0,
-            (&mut info as *mut libc::proc_bsdinfo).cast(),
-            size,
-        )
-    };
-    if n != size || info.pbi_status == libc::SZOMB {
-        return None;
-    }
-    Some(info.pbi_start_tvsec.saturating_mul(1_000_000) + info.pbi_start_tvusec)
-}
-
-/// See the Linux variant: `GetProcessTimes`' creation time, for a process
-/// that has not exited.
-#[cfg(windows)]
-pub fn start_time(pid: u32) -> Option<u64> {
-    use windows_sys::Win32::Foundation::{CloseHandle, FILETIME, STILL_ACTIVE};
-    use windows_sys::Win32::System::Threading::{
-        GetExitCodeProcess, GetProcessTimes, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
-    };
-    let zero = || FILETIME {
-        dwLowDateTime: 0,
-        dwHighDateTime: 0,
-    };
-    // SAFETY: plain Win32 calls on a handle we open and close here.
-    unsafe {
-        let h = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, 0, pid);
-        if h.is_null() {
-            return None;
+        // SAFETY: plain Win32 calls; the handle is closed before returning.
+        unsafe {
+            let h = OpenProcess(PROCESS_TERMINATE, 0, *pid);
+            if !h.is_null() {
+                TerminateProcess(h, 1);
+                CloseHandle(h);
+            }
         }
-        let (mut created, mut a, mut b, mut c) = (zero(), zero(), zero(), zero());
-        let mut code = 0u32;
-        let ok = GetProcessTimes(h, &mut created, &mut a, &mut b, &mut c) != 0
-            && GetExitCodeProcess(h, &mut code) != 0
-            && code == STILL_ACTIVE as u32;
-        CloseHandle(h);
-        ok.then(|| (u64::from(created.dwHighDateTime) << 32) | u64::from(created.dwLowDateTime))
     }
 }
 
@@ -274,35 +274,6 @@ mod tests {
 
     fn pk() -> AgentPubkey {
         AgentPubkey::parse(&"d".repeat(64)).unwrap()
-    }
-
-    #[test]
-    fn stat_lines_are_parsed_after_the_last_parenthesis() {
-        let line = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100";
-        assert_eq!(start_of_stat(line), Some(987654));
-        let zombie =
-            "4242 (x) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100";
-        assert_eq!(start_of_stat(zombie), None);
-        for bad in [
-            "",
-            "4242 (x",
-            "4242 (x) S 1 2",
-            "4242 (x) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 x",
-        ] {
-            assert_eq!(start_of_stat(bad), None, "{bad:?}");
-        }
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn our_start_time_is_stable_and_a_dead_pid_has_none() {
-        let me = std::process::id();
-        assert!(start_time(me).is_some());
-        assert_eq!(start_time(me), start_time(me));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
-        assert_eq!(start_time(pid), None);
     }
 
     #[cfg(unix)]
@@ -335,6 +306,27 @@ mod tests {
             start,
             boot: boot.clone(),
         };
+        let lock = crate::lockfile::lock_path(dir, &pk());
+        let holder = |id: &str| {
+            let r = crate::record::encode_record(id, 4242, std::time::SystemTime::now(), None);
+            std::fs::write(&lock, r).unwrap();
+        };
+        // The mark's window still leads, or nobody is named (the NIP's
+        // fail-safe, when every window leads): left alone.
+        write_mark(dir, &pk(), &mark(start)).unwrap();
+        for named in [Some("w"), None] {
+            match named {
+                Some(id) => holder(id),
+                None => std::fs::write(&lock, b"").unwrap(),
+            }
+            assert_eq!(
+                stop_orphan(dir, &pk(), None, Duration::from_millis(50)),
+                None,
+                "{named:?}"
+            );
+        }
+        // From here on a successor holds the lock.
+        holder("successor");
         // Not an agent of that window (Linux), another boot, pid 1, us: all
         // left alone.
         for m in [
@@ -384,8 +376,58 @@ mod tests {
         });
         sleeper.wait().unwrap();
         assert_eq!(stopper.join().unwrap(), Some((pid, false)));
+        assert!(sleeper.try_wait().unwrap().is_some(), "stopped");
         // The mark outlives its agent, and names nobody now.
         assert_eq!(read_mark(dir, &pk()), Some(mark(start)));
+        assert_eq!(
+            stop_orphan(dir, &pk(), None, Duration::from_millis(50)),
+            None
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_worker_the_agent_left_in_its_session_is_stopped_once_the_agent_is_gone() {
+        use std::os::unix::process::CommandExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", "sleep 30 & echo $!; read _"])
+            .env(crate::identity::ELECTION_ID_ENV, "w2")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut agent = c.spawn().unwrap();
+        let leader = agent.id();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(agent.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let worker: u32 = line.trim().parse().unwrap();
+        name_agent(dir, &pk(), "w2", leader);
+        assert_eq!(read_mark(dir, &pk()).map(|m| m.pid), Some(leader));
+        drop(agent.stdin.take());
+        agent.wait().unwrap();
+        assert!(
+            start_time(worker).is_some(),
+            "the worker outlived its agent"
+        );
+        let lock = crate::lockfile::lock_path(dir, &pk());
+        let r = crate::record::encode_record("successor", 4242, std::time::SystemTime::now(), None);
+        std::fs::write(&lock, r).unwrap();
+        assert_eq!(
+            stop_orphan(dir, &pk(), None, Duration::from_secs(2)),
+            Some((leader, false))
+        );
+        assert_eq!(start_time(worker), None, "the worker was stopped");
         assert_eq!(
             stop_orphan(dir, &pk(), None, Duration::from_millis(50)),
             None

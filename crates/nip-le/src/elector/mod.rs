@@ -14,6 +14,7 @@
 //! * this file: the facade, [`Elector`], whose calls are messages to the
 //!   writer or reads of the published snapshot.
 
+pub(crate) mod agent_hold;
 pub(crate) mod cache;
 mod command;
 mod machine;
@@ -124,10 +125,7 @@ impl Elector {
             sources.watch_dir();
         }
         let mailbox = sources.mailbox();
-        let shared = Arc::new(Shared {
-            snapshot: Default::default(),
-            events: broadcast::channel(1024).0,
-        });
+        let shared = Arc::new(Shared::new());
         let tell_mailbox = mailbox.clone();
         let tell: upper::Tell = Box::new(move |pk, news| {
             let _ = tell_mailbox.send(Msg::Command(Command::Upper(pk, news)));
@@ -239,6 +237,16 @@ impl Elector {
             shared: Arc::clone(&self.shared),
             pubkey: *pubkey,
         }
+    }
+
+    /// The mark a runner of `pubkey`'s agent keeps while its agent runs
+    /// (see [`agent_hold`]).
+    pub(crate) fn agent_hold(&self, pubkey: &AgentPubkey) -> agent_hold::AgentHold {
+        agent_hold::AgentHold::new(
+            *pubkey,
+            self.shared.agents.mark(pubkey),
+            self.mailbox.clone(),
+        )
     }
 
     /// A handle whose [`LeaderFlag::is_leader`] is one or two atomic loads.
@@ -470,8 +478,17 @@ pub(crate) struct LeaderView {
 }
 
 impl LeaderView {
-    /// Whether we lead the key now (false while it is not joined).
+    /// Whether we may act for the key now (false while it is not joined).
     pub(crate) fn is_leader(&self) -> bool {
         self.shared.snapshot.is_leader(&self.pubkey)
+    }
+
+    /// Whether we lead our host for the key, whatever the level above says
+    /// (false while it is not joined, and while we step down).
+    pub(crate) fn leads_host(&self) -> bool {
+        self.shared
+            .snapshot
+            .get(&self.pubkey)
+            .is_some_and(|c| c.is_set_leader())
     }
 }

@@ -283,18 +283,10 @@ impl LedgerStorage for FileLedger {
         let tmp = self
             .path
             .with_extension(format!("work.{}", uuid::Uuid::new_v4().simple()));
-        // The new file's bytes on disk before the rename, and the rename
-        // itself after it: a power cut must leave the old ledger or the
-        // new one, never an empty file in its place.
-        let written = open_regular_file(&tmp, Create::New)
-            .and_then(|mut f| f.write_all(body).and_then(|()| f.sync_all()))
-            .and_then(|()| std::fs::rename(&tmp, &self.path))
-            .and_then(|()| sync_dir(&self.path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io(&self.path, e));
-        }
-        Ok(())
+        // A power cut must leave the old ledger or the new one, never an
+        // empty file in its place.
+        crate::lockfile::replace_whole_synced(&tmp, &self.path, body)
+            .map_err(|e| Error::io(&self.path, e))
     }
 }
 
@@ -476,18 +468,6 @@ impl Ledger {
         self.torn = false;
         Ok(())
     }
-}
-
-/// Makes a rename in `path`'s directory durable (Unix: the directory's own
-/// `fsync`; elsewhere the file system orders it).
-fn sync_dir(path: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    if let Some(dir) = path.parent() {
-        File::open(dir)?.sync_all()?;
-    }
-    #[cfg(not(unix))]
-    let _ = path;
-    Ok(())
 }
 
 fn read_capped(f: File) -> std::result::Result<Vec<u8>, LedgerError> {

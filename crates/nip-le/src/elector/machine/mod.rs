@@ -31,6 +31,7 @@ use super::types::ChangeReason;
 
 pub(crate) mod announce;
 mod conclude;
+mod drain;
 mod exchange;
 #[cfg(test)]
 mod model;
@@ -42,6 +43,7 @@ mod same_id;
 mod same_id_tests;
 mod step;
 
+pub(crate) use drain::{Drain, StepDownPlan};
 pub(crate) use exchange::{Begin, Conclusion, Look, Seen, StepDown, Validity, Write};
 pub(crate) use rules::Rules;
 pub(crate) use step::Input;

@@ -14,7 +14,9 @@ use crate::record::{LockContent, LockRecord};
 
 use super::super::cache::{KeyCell, Published};
 use super::super::machine::announce::{Announcement, Announcer};
-use super::super::machine::{Cause, Conclusion, Input, KeyMachine, Look, Observed, Seen, Validity};
+use super::super::machine::{
+    Cause, Conclusion, Drain, Input, KeyMachine, Look, Observed, Seen, StepDownPlan, Validity,
+};
 use super::super::store::LockStore;
 use super::super::types::{
     ChangeReason, ClaimOutcome, ElectionStatus, GlobalStatus, HolderStatus, LeadershipChange,
@@ -96,6 +98,11 @@ pub(super) struct Key {
     /// We hold the key above the host but its work records could not be
     /// read yet: nothing is owed or granted until they are.
     pub(super) work_unread: bool,
+    /// Extension: a step-down of ours waiting for our agent to stop
+    /// before the lock moves (see [`super::drain`]), and the calls it
+    /// answers then.
+    pub(super) drain: Option<Drain>,
+    pub(super) drain_replies: Vec<super::drain::DrainReply>,
 }
 
 impl Key {
@@ -108,7 +115,8 @@ impl Key {
             .then(|| self.cell.fences_in(ctx.world.clocks()))
             .flatten()
             .map(|d| now + d + Duration::from_millis(5));
-        [self.m.hang_deadline(), fenced_at]
+        let drained_at = self.drain.as_ref().map(|d| d.until);
+        [self.m.hang_deadline(), fenced_at, drained_at]
             .into_iter()
             .flatten()
             .fold(self.next_tick, Instant::min)
@@ -135,6 +143,11 @@ impl Key {
     /// One evaluation: honour a local lead request, look at the lock, and
     /// carry out what the machine concludes.
     fn evaluate_once(&mut self, ctx: &mut Ctx, cause: Cause) {
+        // Stepping down while our agent stops: nothing to look at until
+        // the lock moves (`Writer::finish_drains`).
+        if self.draining() {
+            return;
+        }
         let now = ctx.world.now();
         // Spec mode touches nothing but the lock file: claims reach the
         // holder as relay frames only.
@@ -148,8 +161,17 @@ impl Key {
         let begun = self.m.step(Input::Evaluate { cause, request }, now);
         if let Some(sd) = begun.step_down() {
             tracing::info!(pubkey = %self.pubkey, target = ?sd.target, "standing down for a local claim");
-            self.step_down(ctx, sd.reason, sd.target.as_deref(), false, false);
-            self.m.step(Input::Serve(sd.nonce), ctx.world.now());
+            let plan = StepDownPlan {
+                reason: sd.reason,
+                target: sd.target,
+                always: false,
+                departing: false,
+                nonce: sd.nonce,
+            };
+            if self.step_down_for(ctx, plan, None).is_none() {
+                // Our agent stops first: the lock moves after.
+                return;
+            }
         }
         let look = self.m.step(Input::Look, ctx.world.now()).look();
         let (seen, locked_at) = self.look(ctx, look, cause);
@@ -439,6 +461,11 @@ impl Key {
     /// a successful write is announced as fenced at once, so the app's gate
     /// closes when `is_leader` turns false, not at our next tick.
     pub(super) fn announce_fencing(&mut self, ctx: &mut Ctx) {
+        // A step-down waiting for our agent tells the level above when the
+        // lock moves (to a sibling, the upper key stays with the host).
+        if self.draining() {
+            return;
+        }
         // Fenced: the level above hears that we no longer lead the host
         // (and gives the agent up), unfenced again: that we do.
         self.tell_upper(ctx, self.cell.is_set_leader(), true);

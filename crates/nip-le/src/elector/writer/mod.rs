@@ -18,6 +18,7 @@
 //! work ledger; `upper` the glue to a level above the host.
 
 mod context;
+mod drain;
 mod key;
 mod unwritten;
 mod upper;
@@ -34,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::pubkey::AgentPubkey;
 
 use super::cache::{self, KeyCell, Published, Snapshot};
-use super::machine::{Cause, Input, KeyMachine, Rules};
+use super::machine::{Cause, Input, KeyMachine, Rules, StepDownPlan};
 use super::profile::Profile;
 use super::types::ChangeReason;
 use super::types::{ClaimOutcome, GlobalStatus, LeadershipChange};
@@ -42,6 +43,7 @@ use super::upper::UpperLevel;
 use super::world::World;
 
 use context::Ctx;
+use drain::DrainReply;
 use key::Key;
 
 pub(crate) use super::command::{Command, Reply, WorkOp, WorkReply};
@@ -52,6 +54,19 @@ pub(crate) use super::command::{Command, Reply, WorkOp, WorkReply};
 pub(crate) struct Shared {
     pub snapshot: Snapshot,
     pub events: broadcast::Sender<LeadershipChange>,
+    /// Which keys' agents this process runs (see
+    /// [`super::agent_hold`]).
+    pub agents: super::agent_hold::AgentHolds,
+}
+
+impl Shared {
+    pub(crate) fn new() -> Self {
+        Self {
+            snapshot: Default::default(),
+            events: broadcast::channel(1024).0,
+            agents: Default::default(),
+        }
+    }
 }
 
 /// The writer.
@@ -126,6 +141,7 @@ impl Writer {
             // What waited for the answer: our presence, the watches.
             self.after_answer();
         }
+        self.finish_drains(false);
         self.refresh_due(&woken.keys, woken.all);
         for key in self.keys.values_mut() {
             key.announce_fencing(&mut self.ctx);
@@ -211,37 +227,42 @@ impl Writer {
             Command::Join(keys, r) => {
                 let _ = r.send(Ok(self.join(&keys)));
             }
-            Command::Leave(pk, r) => {
-                let _ = r.send(self.leave(&pk));
-            }
+            Command::Leave(pk, r) => self.leave(&pk, r),
             Command::Claim(pk, r) => {
                 let out = match self.keys.get_mut(&pk) {
-                    Some(k) => k
-                        .claim(&mut self.ctx)
-                        .map(|o| k.claim_above(&mut self.ctx, o)),
+                    Some(k) => {
+                        k.cancel_drain(&mut self.ctx);
+                        k.claim(&mut self.ctx)
+                            .map(|o| k.claim_above(&mut self.ctx, o))
+                    }
                     None => Err(Error::NotJoined(pk)),
                 };
                 let _ = r.send(out);
             }
-            Command::Release(pk, r) => {
-                let ctx = &mut self.ctx;
-                let out = self
-                    .keys
-                    .get_mut(&pk)
-                    .ok_or(Error::NotJoined(pk))
-                    .map(|k| k.step_down(ctx, ChangeReason::Released, None, false, false));
-                let _ = r.send(out);
-            }
-            Command::StandDown(pk, r) => {
-                let ctx = &mut self.ctx;
-                let out = self.keys.get_mut(&pk).ok_or(Error::NotJoined(pk)).map(|k| {
-                    k.step_down(ctx, ChangeReason::StoodDown, None, false, false);
-                });
-                let _ = r.send(out);
-            }
+            Command::Release(pk, r) => match self.keys.get_mut(&pk) {
+                Some(k) => {
+                    let plan = plan(ChangeReason::Released, None, false);
+                    let reply = Some(DrainReply::Released(r));
+                    if let Some(done) = k.step_down_for(&mut self.ctx, plan, reply) {
+                        done.answer();
+                    }
+                }
+                None => drop(r.send(Err(Error::NotJoined(pk)))),
+            },
+            Command::StandDown(pk, r) => match self.keys.get_mut(&pk) {
+                Some(k) => {
+                    let plan = plan(ChangeReason::StoodDown, None, false);
+                    let reply = Some(DrainReply::Done(r));
+                    if let Some(done) = k.step_down_for(&mut self.ctx, plan, reply) {
+                        done.answer();
+                    }
+                }
+                None => drop(r.send(Err(Error::NotJoined(pk)))),
+            },
             Command::Resume(pk, r) => {
                 let ctx = &mut self.ctx;
                 let out = self.keys.get_mut(&pk).ok_or(Error::NotJoined(pk)).map(|k| {
+                    k.cancel_drain(ctx);
                     k.m.step(Input::Resume, ctx.world.now());
                     k.evaluate(ctx, Cause::Tick);
                     k.cell.is_leader_on(ctx.world.clocks())
@@ -329,6 +350,8 @@ impl Writer {
             global_since: None,
             shared_work: None,
             work_unread: false,
+            drain: None,
+            drain_replies: Vec::new(),
         };
         key.note_member(&self.ctx);
         if let Some(u) = &self.ctx.upper {
@@ -348,12 +371,40 @@ impl Writer {
         cell.is_leader_on(self.ctx.world.clocks())
     }
 
-    /// Leaves `pk`, releasing the lock if we hold it.
-    fn leave(&mut self, pk: &AgentPubkey) -> Result<()> {
-        let mut key = self.keys.remove(pk).ok_or(Error::NotJoined(*pk))?;
-        key.step_down(&mut self.ctx, ChangeReason::Released, None, true, true);
-        self.forget(key);
-        Ok(())
+    /// Leaves `pk`, releasing the lock if we hold it (once our agent has
+    /// stopped, if it runs: `r` is answered then).
+    fn leave(&mut self, pk: &AgentPubkey, r: Reply<()>) {
+        let Some(key) = self.keys.get_mut(pk) else {
+            let _ = r.send(Err(Error::NotJoined(*pk)));
+            return;
+        };
+        let plan = plan(ChangeReason::Released, None, true);
+        if let Some(done) = key.step_down_for(&mut self.ctx, plan, Some(DrainReply::Done(r))) {
+            if let Some(key) = self.keys.remove(pk) {
+                self.forget(key);
+            }
+            done.answer();
+        }
+    }
+
+    /// Completes the step-downs that waited for our agent and may go on
+    /// now (every one, `now`: at shutdown), and leaves the keys that were
+    /// left meanwhile.
+    fn finish_drains(&mut self, now: bool) {
+        let mut over = Vec::new();
+        for (pk, key) in self.keys.iter_mut() {
+            if let Some(f) = key.finish_drain(&mut self.ctx, now) {
+                over.push((*pk, f));
+            }
+        }
+        for (pk, f) in over {
+            if f.departing {
+                if let Some(key) = self.keys.remove(&pk) {
+                    self.forget(key);
+                }
+            }
+            f.answer();
+        }
     }
 
     /// Drops a key that has stepped down: its watches, its place in the
@@ -388,13 +439,19 @@ impl Writer {
             if ctx.upper.is_some() && key.heir(ctx, Some(target)).is_none() {
                 return Ok(false);
             }
-            key.step_down(ctx, ChangeReason::StoodDown, Some(target), false, false);
+            let plan = plan(ChangeReason::StoodDown, Some(target.to_owned()), false);
+            if let Some(done) = key.step_down_for(ctx, plan, None) {
+                done.answer();
+            }
         }
         Ok(false)
     }
 
-    /// Releases every lock we hold and stops every wake source.
+    /// Releases every lock we hold and stops every wake source. A
+    /// step-down waiting for our agent gives the lock up now (the app stops
+    /// its agents before it shuts the elector down).
     fn shutdown(&mut self) {
+        self.finish_drains(true);
         let keys = std::mem::take(&mut self.keys);
         for (_, mut key) in keys {
             key.step_down(&mut self.ctx, ChangeReason::Released, None, false, true);
@@ -405,6 +462,18 @@ impl Writer {
         }
         self.ctx.world.stop_all();
         self.ctx.presence = None;
+    }
+}
+
+/// A step-down we chose: its reason and target, and whether we leave the
+/// key (its takes are then given back).
+fn plan(reason: ChangeReason, target: Option<String>, departing: bool) -> StepDownPlan {
+    StepDownPlan {
+        reason,
+        target,
+        always: departing,
+        departing,
+        nonce: None,
     }
 }
 

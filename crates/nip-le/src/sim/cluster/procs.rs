@@ -16,10 +16,7 @@ impl Sim {
             s.procs.push(p);
             s.procs.len() - 1
         };
-        let shared = Arc::new(Shared {
-            snapshot: Default::default(),
-            events: broadcast::channel(1024).0,
-        });
+        let shared = Arc::new(Shared::new());
         let rx = shared.events.subscribe();
         let world = SimWorld::new(Arc::clone(&self.m), proc, self.rng.fork());
         let upper = self.upper_for(proc, &id);

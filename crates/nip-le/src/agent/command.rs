@@ -1,0 +1,230 @@
+//! The engine's own [`AgentRunner`]: a plain command line, for apps whose
+//! agent is one program (and for `nip-le run --agent-cmd`). Apps with a
+//! process manager of their own (Buzz's desktop) implement the seam
+//! themselves.
+//!
+//! * started held back, named in the agent mark, then let run (see
+//!   `process`), with `BUZZ_INSTANCE_ELECTION_ID` set to the window's id;
+//! * in a session and process group of its own (Unix) or a Job Object
+//!   (Windows); on Linux's native backend the kernel kills it with its
+//!   window (`PR_SET_PDEATHSIG`), on Windows its job does;
+//! * stopped with SIGTERM to its group, SIGKILL after the grace (Windows:
+//!   its job is ended at once), and what it left in its group or session
+//!   is killed when it is reaped.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::mpsc;
+
+use super::process::{self, Agent};
+use super::runner::{AgentExit, AgentRunner, AgentStart, StartError, StopOutcome};
+use super::AgentTimings;
+
+/// The agent command and its timings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentCommand {
+    /// The program (looked up in `PATH` when it has no directory).
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Variables added to (or replacing those of) the environment;
+    /// `BUZZ_INSTANCE_ELECTION_ID` is always set to the window's id.
+    pub env: Vec<(OsString, OsString)>,
+    /// Start from an empty environment (plus [`AgentCommand::env`] and the
+    /// election id) instead of the app's.
+    pub env_clear: bool,
+    /// The working directory (default: the app's).
+    pub current_dir: Option<PathBuf>,
+    /// The exit code with which the program says its instance lease is
+    /// held elsewhere (such an exit is retried soon, like a busy start);
+    /// `None`: every exit is a failure.
+    pub busy_exit_code: Option<i32>,
+    /// Stop, restart and busy-retry timings ([`AgentTimings::default`]).
+    pub timings: AgentTimings,
+}
+
+impl AgentCommand {
+    /// `program` with `args`, default timings.
+    pub fn new<P, I, A>(program: P, args: I) -> Self
+    where
+        P: Into<OsString>,
+        I: IntoIterator<Item = A>,
+        A: Into<OsString>,
+    {
+        Self {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            env: Vec::new(),
+            env_clear: false,
+            current_dir: None,
+            busy_exit_code: None,
+            timings: AgentTimings::default(),
+        }
+    }
+
+    /// Checks the command and its timings.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.program.is_empty() {
+            return Err("the agent command is empty".into());
+        }
+        self.timings.validate()
+    }
+
+    /// The `PATH` the program is looked up in, when the command sets one.
+    pub(super) fn env_path(&self) -> Option<OsString> {
+        let set = self.env.iter().rev().find(|(k, _)| k == "PATH");
+        match set {
+            Some((_, v)) => Some(v.clone()),
+            None if self.env_clear => Some(OsString::new()),
+            None => None,
+        }
+    }
+}
+
+/// Runs an [`AgentCommand`].
+#[derive(Debug)]
+pub struct CommandRunner {
+    cmd: AgentCommand,
+    /// Linux's native backend: the kernel kills the agent with us.
+    dies_with_us: bool,
+    running: HashMap<u32, Running>,
+}
+
+/// One agent this runner started.
+struct Running {
+    agent: Agent,
+    /// Told once the process has exited (not reaped).
+    gone: mpsc::Receiver<()>,
+    election_id: String,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("pid", &self.agent.pid())
+            .finish()
+    }
+}
+
+impl CommandRunner {
+    /// Runs `cmd` for an elector of `backend`: on Linux's native backend
+    /// the kernel kills the agent with its app (the portable backend runs
+    /// what macOS and Windows run, where a successor stops it).
+    pub fn new(cmd: AgentCommand, backend: crate::Backend) -> Self {
+        Self {
+            cmd,
+            dies_with_us: backend.linux_fast_paths(),
+            running: HashMap::new(),
+        }
+    }
+}
+
+impl AgentRunner for CommandRunner {
+    fn start(&mut self, start: &AgentStart) -> Result<u32, StartError> {
+        let (tx, gone) = mpsc::channel();
+        let exits = start.exits();
+        let mut agent = Agent::spawn(
+            &self.cmd,
+            start.election_id(),
+            self.dies_with_us,
+            move |pid| {
+                let _ = tx.send(());
+                exits.exited(pid);
+            },
+        )
+        .map_err(|e| StartError::Failed(format!("cannot start the agent: {e}")))?;
+        let pid = agent.pid();
+        // Named before it can act; then let run.
+        start.started(pid);
+        if let Err(e) = agent.release() {
+            agent.kill();
+            let _ = gone.recv();
+            let _ = agent.reap(start.election_id());
+            return Err(StartError::Failed(format!("cannot start the agent: {e}")));
+        }
+        self.running.insert(
+            pid,
+            Running {
+                agent,
+                gone,
+                election_id: start.election_id().to_owned(),
+            },
+        );
+        Ok(pid)
+    }
+
+    fn stop(&mut self, pid: u32) -> StopOutcome {
+        let Some(mut r) = self.running.remove(&pid) else {
+            return StopOutcome::default();
+        };
+        r.agent.terminate();
+        let killed = r.gone.recv_timeout(self.cmd.timings.grace).is_err();
+        if killed {
+            tracing::warn!(pid, "the agent outlived its grace: killed");
+            r.agent.kill();
+            let _ = r.gone.recv();
+        }
+        let _ = r.agent.reap(&r.election_id);
+        StopOutcome { killed }
+    }
+
+    fn exited(&mut self, pid: u32) -> AgentExit {
+        let Some(r) = self.running.remove(&pid) else {
+            return AgentExit::default();
+        };
+        match r.agent.reap(&r.election_id) {
+            Ok(status) => {
+                let (code, signal) = process::ended(&status);
+                AgentExit {
+                    code,
+                    signal,
+                    busy: code.is_some() && code == self.cmd.busy_exit_code,
+                }
+            }
+            Err(_) => AgentExit::default(),
+        }
+    }
+}
+
+impl Drop for CommandRunner {
+    /// Nothing this runner started outlives it.
+    fn drop(&mut self) {
+        let pids: Vec<u32> = self.running.keys().copied().collect();
+        for pid in pids {
+            self.stop(pid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn commands_are_validated() {
+        let ok = AgentCommand::new("agent", ["--x"]);
+        ok.validate().unwrap();
+        let mut c = ok.clone();
+        c.program = OsString::new();
+        assert!(c.validate().is_err());
+        let mut c = ok.clone();
+        c.timings.grace = Duration::ZERO;
+        assert!(c.validate().is_err());
+        let mut c = ok;
+        c.timings.grace = Duration::MAX;
+        assert!(c.validate().is_err(), "never an Instant overflow");
+    }
+
+    #[test]
+    fn the_path_the_program_is_looked_up_in() {
+        let mut c = AgentCommand::new("agent", Vec::<String>::new());
+        assert_eq!(c.env_path(), None, "ours");
+        c.env_clear = true;
+        assert_eq!(c.env_path(), Some(OsString::new()), "none at all");
+        c.env.push(("PATH".into(), "/a".into()));
+        c.env.push(("PATH".into(), "/b".into()));
+        assert_eq!(c.env_path(), Some("/b".into()), "the last one set");
+    }
+}
