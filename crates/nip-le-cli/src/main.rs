@@ -38,6 +38,9 @@ enum Command {
     /// Stand in for upstream's agent harness (its instance lease, and a
     /// reply to every mention while it runs), for `run --agent-cmd` tests.
     StandInAgent(lab::stand_in::StandInArgs),
+    /// A worker of the stand-in agent: waits until it is signalled.
+    #[command(hide = true)]
+    StandInWorker(lab::stand_in::WorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Chaos(a) => lab::chaos::chaos(a),
         Command::Sim(a) => lab::sim::sim(a),
         Command::StandInAgent(a) => lab::stand_in::stand_in(a),
+        Command::StandInWorker(a) => Ok(lab::stand_in::worker(a)),
     };
     match result {
         Ok(code) => code,

@@ -3,9 +3,10 @@
 //! upstream's harness (`nip-le stand-in-agent`: the same instance lease,
 //! and a reply to every mention published while it runs). Claims, SIGKILL
 //! and graceful close of windows, SIGKILL and SIGTERM of the agent: the
-//! agent only ever runs for the window that leads, a SIGKILLed window's
-//! agent dies with it, no two agents ever answer in overlapping spans, and
-//! no mention is answered twice.
+//! agent only ever runs for the window that leads, a SIGKILLed or hung
+//! window's agent is stopped, no two agents ever answer in overlapping
+//! spans, no mention is answered twice, and nothing the agents started (a
+//! worker each keeps in its session) outlives the windows.
 #![cfg(target_os = "linux")]
 
 mod support;
@@ -105,6 +106,28 @@ fn read_replies(path: &Path) -> Vec<Reply> {
         .collect()
 }
 
+/// The live processes that carry one of `ids` as their election id.
+fn carrying(ids: &[String]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if dead(pid) {
+            continue;
+        }
+        let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        let carries = env.split(|b| *b == 0).any(|v| {
+            ids.iter()
+                .any(|id| v == format!("{}={id}", nip_le::ELECTION_ID_ENV).as_bytes())
+        });
+        if carries {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 /// Kills, when the test ends (passed or not), every process whose command
 /// line names the scratch directory: an agent that outlived its window
 /// must not keep the test's output open.
@@ -133,7 +156,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     std::fs::write(&mentions, b"").unwrap();
     let exe = env!("CARGO_BIN_EXE_nip-le");
     let agent_cmd = format!(
-        "{exe} stand-in-agent --pubkey {} --relay-url wss://relay.example --lease-dir {} --mentions {} --replies {}",
+        "{exe} stand-in-agent --pubkey {} --relay-url wss://relay.example --lease-dir {} --mentions {} --replies {} --worker --lease-release-ms 200",
         s.pubkey,
         s.tmp.path().join("leases").display(),
         mentions.display(),
@@ -150,6 +173,8 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
             "20".into(),
             "--agent-backoff-max-ms".into(),
             "200".into(),
+            "--agent-busy-exit-code".into(),
+            "1".into(),
         ];
         o
     };
@@ -201,8 +226,11 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
         "the agent mark names the serving agent"
     );
 
-    // 2. SIGKILL of the leading window: its agent dies with it, and a
-    //    survivor's agent takes over.
+    // 2. SIGKILL of the leading window: its agent is stopped, and a
+    //    survivor's agent takes over. Native Linux: the kernel killed the
+    //    agent with its window, and the successor stops the worker it
+    //    left in its session. Portable (what macOS and Windows run): the
+    //    successor stops both, named by the mark.
     insts[leader].kill_and_reap().unwrap();
     assert!(
         wait_until(deadline, || dead(agent)),
@@ -210,14 +238,34 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     );
     let t = nip_le_cli::unix_ms();
     let (l, a) = serving(&insts, &replies, t, deadline);
-    // Native Linux: the kernel killed it with its window. Portable (what
-    // macOS and Windows run): the successor stopped it, named by the mark.
-    let portable = nip_le::config::backend_from_env().unwrap() == nip_le::Backend::Portable;
     let stopped_by_successor = agent_events(&insts[l])
         .iter()
         .any(|(_, e)| matches!(e, AgentEvent::OrphanStopped { pid, .. } if *pid == agent));
-    assert_eq!(stopped_by_successor, portable, "who stopped the orphan");
+    assert!(stopped_by_successor, "the orphan's session was not stopped");
+    let dead_id = insts[leader].instance_id.clone();
+    assert!(
+        wait_until(deadline, || carrying(std::slice::from_ref(&dead_id)).is_empty()),
+        "the SIGKILLed window's agent left {:?} running",
+        carrying(&[dead_id])
+    );
     insts[leader] = s.spawn_with("w-respawned", opts.clone());
+    (leader, agent) = (l, a);
+
+    // 2b. SIGSTOP of the leading window: its agent, in a session of its
+    //     own, keeps running until the successor, which takes the lock at
+    //     the stale bound, stops it before starting its own.
+    stop_outside_flock(&insts[leader], &s.lock_path());
+    assert!(
+        wait_until(deadline, || dead(agent)),
+        "the hung window's agent kept running"
+    );
+    insts[leader].signal(libc::SIGCONT).unwrap();
+    let t = nip_le_cli::unix_ms();
+    let (l, a) = serving(&insts, &replies, t, deadline);
+    assert_ne!(l, leader, "the hung window led again");
+    assert!(agent_events(&insts[l])
+        .iter()
+        .any(|(_, e)| matches!(e, AgentEvent::OrphanStopped { pid, .. } if *pid == agent)));
     (leader, agent) = (l, a);
 
     // 3. SIGKILL, then SIGTERM, of the agent itself: restarted while its
@@ -320,9 +368,16 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
         spans.len()
     );
     let started = Instant::now();
+    let all_ids: Vec<String> = insts.iter().map(|i| i.instance_id.clone()).collect();
     for i in insts.iter_mut().filter(|i| !i.exited()) {
         let _ = i.signal(libc::SIGTERM);
         let _ = i.wait_exit(Duration::from_secs(5));
     }
     assert!(started.elapsed() < Duration::from_secs(15));
+    // Nothing any agent started outlives the windows.
+    assert!(
+        wait_until(Duration::from_secs(3), || carrying(&all_ids).is_empty()),
+        "left behind: {:?}",
+        carrying(&all_ids)
+    );
 }

@@ -5,7 +5,9 @@
 //! 0600), for its whole life, and refuses to start while another process
 //! holds it. While it runs it answers every mention published after it
 //! started: one reply line each, naming its pid and the election id it was
-//! given.
+//! given. Optionally it starts a worker that stays in its process group and
+//! session (as a harness's tool processes do), and, like a harness shutting
+//! down, frees its lease only a while after SIGTERM.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -41,6 +43,33 @@ pub struct StandInArgs {
     /// Where replies are appended.
     #[arg(long)]
     replies: PathBuf,
+    /// Start a worker process that stays in our session (a tool process
+    /// of the harness): a stop must reach it too.
+    #[arg(long)]
+    worker: bool,
+    /// After SIGTERM, keep the lease for a random time up to this many
+    /// milliseconds before exiting (a harness that shuts down).
+    #[arg(long, default_value_t = 0)]
+    lease_release_ms: u64,
+    /// The exit code when the lease is held by another process.
+    #[arg(long, default_value_t = 1)]
+    busy_exit_code: u8,
+}
+
+/// Options of `nip-le stand-in-worker`.
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// The lease directory of the stand-in that started it (in its
+    /// command line, so a test can find what it left).
+    #[arg(long)]
+    of: Option<PathBuf>,
+}
+
+/// A worker of the stand-in: does nothing until it is signalled.
+pub fn worker(_: WorkerArgs) -> ExitCode {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
 }
 
 /// The lease file of `pubkey` on `relay` (the URL trimmed of blanks and a
@@ -79,7 +108,7 @@ pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
                 "another buzz-acp process is already active for agent {pubkey} on {}",
                 a.relay_url
             );
-            return Ok(ExitCode::from(1));
+            return Ok(ExitCode::from(a.busy_exit_code));
         }
         Err(fs4::TryLockError::Error(e)) => return Err(io(&path)(e)),
     }
@@ -94,6 +123,19 @@ pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
         })?;
     }
     let election_id = std::env::var(nip_le::ELECTION_ID_ENV).unwrap_or_default();
+    let mut worker = if a.worker {
+        let exe = std::env::current_exe().map_err(io(Path::new("<current exe>")))?;
+        let child = std::process::Command::new(exe)
+            .arg("stand-in-worker")
+            .arg("--of")
+            .arg(&a.lease_dir)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .map_err(io(Path::new("<worker>")))?;
+        Some(child)
+    } else {
+        None
+    };
     let mut feed = FeedFollower::from_end(&a.mentions);
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(5));
@@ -113,6 +155,17 @@ pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
                 .map_err(io(&a.replies))?;
         }
     }
+    if a.lease_release_ms > 0 {
+        // Shutting down, lease still held.
+        let n = uuid::Uuid::new_v4().as_u128() as u64 % (a.lease_release_ms + 1);
+        std::thread::sleep(Duration::from_millis(n));
+    }
     drop(lease);
+    // The worker is left to whoever stops our session (as a harness that
+    // exits leaves its tool processes to its supervisor); reap it if it
+    // is gone already.
+    if let Some(w) = worker.as_mut() {
+        let _ = w.try_wait();
+    }
     Ok(ExitCode::SUCCESS)
 }
