@@ -244,7 +244,8 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     assert!(stopped_by_successor, "the orphan's session was not stopped");
     let dead_id = insts[leader].instance_id.clone();
     assert!(
-        wait_until(deadline, || carrying(std::slice::from_ref(&dead_id)).is_empty()),
+        wait_until(deadline, || carrying(std::slice::from_ref(&dead_id))
+            .is_empty()),
         "the SIGKILLed window's agent left {:?} running",
         carrying(&[dead_id])
     );

@@ -158,4 +158,38 @@ impl Key {
     pub(super) fn draining(&self) -> bool {
         self.drain.is_some()
     }
+
+    /// The level above hands the agent to another host once we confirm
+    /// that we stopped acting ([`super::super::upper::UpperNews::confirm`]):
+    /// confirmed now, or, while our agent runs, once it has stopped (at the
+    /// drain bound at the latest), so the other host's agent never answers
+    /// beside ours.
+    pub(super) fn withdraw_after_agent(&mut self, ctx: &mut Ctx) {
+        let running = ctx.shared.agents.running_after_clearing(&self.pubkey);
+        if running && ctx.rules.profile.handoff {
+            let until = ctx.world.now().mono + ctx.rules.drain_bound();
+            tracing::info!(pubkey = %self.pubkey, "the agent goes to another host once ours has stopped");
+            self.withdraw_at = Some(until);
+            return;
+        }
+        self.withdraw_at = None;
+        if let Some(u) = ctx.upper.as_mut() {
+            u.withdrawn(self.pubkey);
+        }
+    }
+
+    /// Confirms a withdrawal that waited for our agent, if it waits no
+    /// more (or `now`: a shutdown).
+    pub(super) fn finish_withdrawal(&mut self, ctx: &mut Ctx, now: bool) {
+        let Some(until) = self.withdraw_at else {
+            return;
+        };
+        let running = ctx.shared.agents.running(&self.pubkey);
+        if now || !running || ctx.world.now().mono >= until {
+            self.withdraw_at = None;
+            if let Some(u) = ctx.upper.as_mut() {
+                u.withdrawn(self.pubkey);
+            }
+        }
+    }
 }

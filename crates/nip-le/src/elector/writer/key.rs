@@ -103,6 +103,9 @@ pub(super) struct Key {
     /// answers then.
     pub(super) drain: Option<Drain>,
     pub(super) drain_replies: Vec<super::drain::DrainReply>,
+    /// Extension: a hand-over to another host waiting for our agent to
+    /// stop before we confirm it, until this instant at the latest.
+    pub(super) withdraw_at: Option<Instant>,
 }
 
 impl Key {
@@ -116,10 +119,15 @@ impl Key {
             .flatten()
             .map(|d| now + d + Duration::from_millis(5));
         let drained_at = self.drain.as_ref().map(|d| d.until);
-        [self.m.hang_deadline(), fenced_at, drained_at]
-            .into_iter()
-            .flatten()
-            .fold(self.next_tick, Instant::min)
+        [
+            self.m.hang_deadline(),
+            fenced_at,
+            drained_at,
+            self.withdraw_at,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(self.next_tick, Instant::min)
     }
 
     /// One evaluation (see [`Key::evaluate_once`]). A panic in it (a bug,

@@ -352,6 +352,7 @@ impl Writer {
             work_unread: false,
             drain: None,
             drain_replies: Vec::new(),
+            withdraw_at: None,
         };
         key.note_member(&self.ctx);
         if let Some(u) = &self.ctx.upper {
@@ -393,6 +394,7 @@ impl Writer {
     fn finish_drains(&mut self, now: bool) {
         let mut over = Vec::new();
         for (pk, key) in self.keys.iter_mut() {
+            key.finish_withdrawal(&mut self.ctx, now);
             if let Some(f) = key.finish_drain(&mut self.ctx, now) {
                 over.push((*pk, f));
             }

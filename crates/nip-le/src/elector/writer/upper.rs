@@ -63,9 +63,8 @@ impl Key {
         };
         self.cell.set_global(permit.state, permit.until);
         if news.confirm {
-            if let Some(u) = ctx.upper.as_mut() {
-                u.withdrawn(self.pubkey);
-            }
+            // A hand-over to another host: once our agent has stopped.
+            self.withdraw_after_agent(ctx);
         }
         self.global = Some(news.status);
         let records = news.work.is_some() || news.work_unread;
