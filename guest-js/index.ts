@@ -7,12 +7,17 @@
  * self-prompt, with a {@link LeaderGate}, which answers from events without an
  * IPC round trip. Rendering and the message queue are never gated.
  *
+ * Outside Tauri (the same frontend in a plain browser) every call answers as
+ * a solo instance that leads every agent (the NIP's fail-safe), after one
+ * console warning.
+ *
  * @module
  */
 
 import { invoke } from '@tauri-apps/api/core'
 import { listen, type UnlistenFn } from '@tauri-apps/api/event'
 
+import { SOLO_ID, solo, soloJoin, soloLeave, soloStatus } from './solo'
 import type { AgentEvent } from './bindings/AgentEvent'
 import type { AgentReport } from './bindings/AgentReport'
 import type { ChangeReason } from './bindings/ChangeReason'
@@ -61,36 +66,49 @@ const cmd = (name: string): string => `plugin:leader-election|${name}`
 
 /** Whether this window is the prompter for `pubkey` (one IPC round trip; use a {@link LeaderGate} on hot paths). Rejects with a {@link LeaderElectionError}. */
 export async function isLeader(pubkey: string): Promise<boolean> {
+  if (solo()) return true
   return await invoke<boolean>(cmd('is_leader'), { pubkey })
 }
 
 /** "This window wants to lead" (the sidebar's claim). Co-located windows hand over without a relay. */
 export async function claim(pubkey: string): Promise<ClaimOutcome> {
+  if (solo()) return 'already_leader'
   return await invoke<ClaimOutcome>(cmd('claim'), { pubkey })
 }
 
 /** Releases this window's lock (if it holds it) and stands down for the stand-down timeout. Resolves to whether a claim was released. */
 export async function release(pubkey: string): Promise<boolean> {
+  if (solo()) return false
   return await invoke<boolean>(cmd('release'), { pubkey })
 }
 
 /** This window's view of every agent it has joined. */
 export async function status(): Promise<Status> {
+  if (solo()) return soloStatus()
   return await invoke<Status>(cmd('status'))
 }
 
 /** This window's election id: hand it to spawned agent processes as `BUZZ_INSTANCE_ELECTION_ID`. */
 export async function instanceId(): Promise<string> {
+  if (solo()) return SOLO_ID
   return await invoke<string>(cmd('instance_id'))
 }
 
 /** Joins an agent's election (claims at once). Resolves to whether this window leads it. */
 export async function join(pubkey: string): Promise<boolean> {
+  if (solo()) {
+    soloJoin(pubkey)
+    return true
+  }
   return await invoke<boolean>(cmd('join'), { pubkey })
 }
 
 /** Leaves an agent's election, releasing its lock if this window holds it. */
 export async function leave(pubkey: string): Promise<void> {
+  if (solo()) {
+    soloLeave(pubkey)
+    return
+  }
   await invoke<null>(cmd('leave'), { pubkey })
 }
 
@@ -105,6 +123,7 @@ export async function handleControlFrame(
   pubkey: string,
   frame: string | Record<string, unknown>
 ): Promise<ControlResult | null> {
+  if (solo()) return null
   return await invoke<ControlResult | null>(cmd('handle_control_frame'), {
     pubkey,
     frame: typeof frame === 'string' ? frame : JSON.stringify(frame)
@@ -119,6 +138,7 @@ export async function handleControlFrame(
  * failing, read-only); keep the event queued and ask again in a moment.
  */
 export async function take(pubkey: string, eventId: string): Promise<TakeOutcome> {
+  if (solo()) return { outcome: 'granted', epoch: null }
   return await invoke<TakeOutcome>(cmd('take'), { pubkey, eventId })
 }
 
@@ -129,6 +149,7 @@ export async function take(pubkey: string, eventId: string): Promise<TakeOutcome
  * Resolves to `false` when this window neither took it nor leads.
  */
 export async function done(pubkey: string, eventId: string): Promise<boolean> {
+  if (solo()) return true
   return await invoke<boolean>(cmd('done'), { pubkey, eventId })
 }
 
@@ -139,11 +160,13 @@ export async function done(pubkey: string, eventId: string): Promise<boolean> {
  * back by itself.
  */
 export async function giveBack(pubkey: string, eventId: string): Promise<void> {
+  if (solo()) return
   await invoke<null>(cmd('give_back'), { pubkey, eventId })
 }
 
 /** Work ledger: of `queue` (in order), the events this window must dispatch now (none unless it leads). */
 export async function owed(pubkey: string, queue: QueuedEvent[]): Promise<string[]> {
+  if (solo()) return queue.map((e) => e.id)
   return await invoke<string[]>(cmd('owed'), { pubkey, queue })
 }
 
@@ -151,6 +174,7 @@ export async function owed(pubkey: string, queue: QueuedEvent[]): Promise<string
 export async function onLeadershipChanged(
   cb: (change: LeadershipChange) => void
 ): Promise<UnlistenFn> {
+  if (solo()) return () => {}
   return await listen<LeadershipChange>(CHANGED_EVENT, (e) => {
     cb(e.payload)
   })
@@ -158,6 +182,7 @@ export async function onLeadershipChanged(
 
 /** Calls `cb` whenever a supervised agent process starts, exits or is stopped (with its pid). Resolves to the function that stops listening. */
 export async function onAgent(cb: (report: AgentReport) => void): Promise<UnlistenFn> {
+  if (solo()) return () => {}
   return await listen<AgentReport>(AGENT_EVENT, (e) => {
     cb(e.payload)
   })
@@ -175,7 +200,8 @@ export async function onAgent(cb: (report: AgentReport) => void): Promise<Unlist
  * if (gate.mayHeartbeat(agent)) runHeartbeat()
  * ```
  *
- * An agent this window has not joined answers `false`: join it first.
+ * An agent this window has not joined answers `false` (join it first); outside
+ * Tauri every agent answers `true` (a solo instance).
  */
 export class LeaderGate {
   private readonly leaders = new Map<string, boolean>()
@@ -221,9 +247,9 @@ export class LeaderGate {
     }
   }
 
-  /** The cached answer for `pubkey` (no IPC). */
+  /** The cached answer for `pubkey` (no IPC); `true` outside Tauri (solo). */
   isLeader(pubkey: string): boolean {
-    return this.leaders.get(pubkey.toLowerCase()) ?? false
+    return this.leaders.get(pubkey.toLowerCase()) ?? solo()
   }
 
   /** NIP-LE (a): may this window promote queued events to agent prompts? */
