@@ -14,6 +14,8 @@ import { Builder, By } from 'selenium-webdriver'
 
 export const ROOT = path.resolve(import.meta.dirname, '..')
 export const APP = process.env.E2E_APP ?? path.join(ROOT, 'target/debug/leader-election-example')
+/** The Buzz-shaped example (examples/buzz-app). */
+export const BUZZ_APP = process.env.E2E_BUZZ_APP ?? path.join(ROOT, 'target/debug/buzz-shaped-example')
 export const ARTIFACTS = process.env.E2E_ARTIFACTS ?? path.join(ROOT, 'target/e2e-artifacts')
 export const SCOUT = '5c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c00'
 export const SCRIBE = '5c41be5c41be5c41be5c41be5c41be5c41be5c41be5c41be5c41be5c41be5c41'
@@ -182,10 +184,10 @@ export async function sideBySide(label) {
  * `env` adds to the app's environment (e.g. its turn length); `name`
  * prefixes the suite's screenshots.
  */
-export async function launch(n = 3, env = {}, name = '') {
+export async function launch(n = 3, env = {}, name = '', app = APP) {
   suite = name ? `${name}-` : ''
   fs.mkdirSync(ARTIFACTS, { recursive: true })
-  assert.ok(fs.existsSync(APP), `build the example app first: ${APP}`)
+  assert.ok(fs.existsSync(app), `build the example app first: ${app}`)
   const display = process.env.DISPLAY || (await startXvfb())
   const shared = {
     ...process.env,
@@ -218,7 +220,7 @@ export async function launch(n = 3, env = {}, name = '') {
     await waitFor(`tauri-driver on ${port}`, 10_000, () => portOpen(port))
     const driver = await new Builder()
       .usingServer(`http://127.0.0.1:${port}/`)
-      .withCapabilities({ browserName: 'wry', 'tauri:options': { application: APP } })
+      .withCapabilities({ browserName: 'wry', 'tauri:options': { application: app } })
       .build()
     await waitFor(`${name} ready`, 30_000, async () => (await driver.findElement(By.css('body')).getAttribute('data-ready')) === 'true')
     // A pid read before the page rendered would be 0, and kill(0) signals

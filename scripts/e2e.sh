@@ -14,8 +14,13 @@ fi
 export PATH="$HOME/.cargo/bin:$PATH"
 
 [ -x target/debug/leader-election-example ] || { npm run build:example && cargo build -p leader-election-example; }
+if [ ! -x target/debug/buzz-shaped-example ] || [ ! -x target/debug/nip-le ]; then
+  bash scripts/pnpm.sh examples/buzz-app install --frozen-lockfile
+  bash scripts/pnpm.sh examples/buzz-app run build
+  cargo build -p buzz-shaped-example -p nip-le-cli
+fi
 
-echo "== end-to-end (3 windows, WebKitWebDriver, Xvfb); screenshots in target/e2e-artifacts"
+echo "== end-to-end (3 windows of the example, 4 of the Buzz-shaped one; WebKitWebDriver, Xvfb); screenshots in target/e2e-artifacts"
 start=$(date +%s)
 rm -rf "${E2E_ARTIFACTS:-target/e2e-artifacts}"
 # A private display unless the caller provides one.

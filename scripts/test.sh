@@ -44,6 +44,9 @@ for f in dist-js/index.js dist-js/index.cjs dist-js/index.d.ts dist-js/bindings/
 done
 echo "== example app frontend (installs the API package from this checkout, as the README says)"
 npm run build:example
+echo "== the Buzz-shaped example's frontend: pnpm 11, a frozen lockfile, the API package from this checkout (as Buzz's desktop would install it)"
+bash scripts/pnpm.sh examples/buzz-app install --frozen-lockfile
+bash scripts/pnpm.sh examples/buzz-app run build
 echo "== the README's code blocks are examples/readme-app's files, its TypeScript type-checks against guest-js, its links resolve"
 node scripts/readme-check.mjs
 npx tsc -p examples/readme-app/tsconfig.json
@@ -67,18 +70,8 @@ echo "== cross-target checks: macOS (Apple silicon, Intel) and Windows"
 command -v rustup >/dev/null 2>&1 || { echo "missing: rustup (the cross-target checks add their targets with it)" >&2; exit 1; }
 bash scripts/cross-check.sh
 
-echo "== the declared minimum Rust (rust-version): the workspace, and the engine for macOS and Windows"
-# Its own target dir: a second toolchain would invalidate the main build cache.
-msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
-rustup toolchain list | grep -q "^$msrv-" || rustup toolchain install "$msrv" --profile minimal
-for t in aarch64-apple-darwin x86_64-pc-windows-gnu; do
-  rustup target list --toolchain "$msrv" --installed | grep -qx "$t" || rustup target add --toolchain "$msrv" "$t"
-done
-CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked --workspace --all-targets
-for t in aarch64-apple-darwin x86_64-pc-windows-gnu; do
-  # All features but etcd-tls (ring needs the target's SDK: scripts/cross-check.sh).
-  CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked -q -p nip-le --features etcd,sim,ts --target "$t"
-done
+echo "== the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin's tests, the engine and the CLI, the engine for macOS and Windows"
+bash scripts/lowest-deps.sh
 
 echo "== cargo doc -D warnings (engine, plugin)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli
@@ -136,6 +129,8 @@ echo "== cargo build of the example app"
 cargo build -p leader-election-example
 echo "== cargo build of the README's app (examples/readme-app: its Cargo.toml line, capability and Rust block)"
 cargo build -p readme-app
+echo "== cargo build of the Buzz-shaped example (examples/buzz-app: no core:default, exactly the capability docs/buzz.md names)"
+cargo build -p buzz-shaped-example -p nip-le-cli
 
 echo "== end-to-end in real webviews"
 bash scripts/e2e.sh

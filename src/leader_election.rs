@@ -245,10 +245,11 @@ impl LeaderElection {
     /// Releases every lock this window holds and stops the engine. Called
     /// on `RunEvent::Exit`; idempotent.
     pub fn shutdown(&self) {
-        // The agents first: each is stopped (its grace at most) while we
-        // still lead, so a successor's agent finds the instance lease free.
-        self.agents.stop_all();
+        // Each agent's lock moves as soon as that agent has stopped (the
+        // election waits for it), so a successor's agent finds the instance
+        // lease free; then the supervisors end.
         self.elector.shutdown();
+        self.agents.stop_all();
     }
 
     /// Runs `cmd` only while this app process may act for `pubkey`

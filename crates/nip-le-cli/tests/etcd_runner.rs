@@ -63,7 +63,12 @@ impl AgentRunner for Slow {
     fn stop(&mut self, _pid: u32) -> StopOutcome {
         self.running.log(format!("{} stopping", self.host));
         std::thread::sleep(Duration::from_millis(400));
-        self.running.0.lock().unwrap().now.retain(|h| *h != self.host);
+        self.running
+            .0
+            .lock()
+            .unwrap()
+            .now
+            .retain(|h| *h != self.host);
         self.running.log(format!("{} stopped", self.host));
         StopOutcome::default()
     }

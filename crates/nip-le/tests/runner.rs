@@ -118,11 +118,26 @@ fn side(
 ) -> Side {
     let elector = Elector::start(timed(dir), InstanceId::new(name).unwrap()).unwrap();
     elector.join(&pk('1')).unwrap();
+    let sup = supervise(&elector, '1', name, lease, log, pids, 300);
+    Side { elector, sup }
+}
+
+/// `elector` runs key `k`'s agent through a [`LeaseRunner`] named `name`
+/// whose stop takes `stop_ms`.
+fn supervise(
+    elector: &Elector,
+    k: char,
+    name: &'static str,
+    lease: &Lease,
+    log: &Log,
+    pids: &Arc<AtomicU32>,
+    stop_ms: u64,
+) -> AgentSupervisor {
     let runner = LeaseRunner {
         name,
         lease: lease.clone(),
         log: log.clone(),
-        stop_takes: Duration::from_millis(300),
+        stop_takes: Duration::from_millis(stop_ms),
         next_pid: Arc::clone(pids),
     };
     let timings = AgentTimings {
@@ -130,8 +145,7 @@ fn side(
         busy_max: Duration::from_millis(20),
         ..AgentTimings::default()
     };
-    let sup = AgentSupervisor::start(&elector, &pk('1'), runner, timings).unwrap();
-    Side { elector, sup }
+    AgentSupervisor::start(elector, &pk(k), runner, timings).unwrap()
 }
 
 fn pair_of_runners() -> (tempfile::TempDir, Side, Side, Lease, Log) {
@@ -253,6 +267,49 @@ fn a_busy_lease_is_retried_soon_until_it_is_free() {
         .iter()
         .any(|e| matches!(e, AgentEvent::StartFailed { busy: true, .. })));
     drop(a);
+}
+
+#[test]
+fn at_shutdown_each_lock_moves_as_soon_as_its_own_agent_has_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pids = Arc::new(AtomicU32::new(1));
+    let (lease1, lease2, log) = (Lease::default(), Lease::default(), Log::default());
+    let a = Elector::start(timed(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    let b = Elector::start(timed(tmp.path()), InstanceId::new("b").unwrap()).unwrap();
+    for e in [&a, &b] {
+        e.join_all(&[pk('1'), pk('2')]).unwrap();
+    }
+    // a's agent of key 1 stops in 50 ms, of key 2 in 700 ms.
+    let sa = [
+        supervise(&a, '1', "a1", &lease1, &log, &pids, 50),
+        supervise(&a, '2', "a2", &lease2, &log, &pids, 700),
+    ];
+    let sb = [
+        supervise(&b, '1', "b1", &lease1, &log, &pids, 50),
+        supervise(&b, '2', "b2", &lease2, &log, &pids, 50),
+    ];
+    assert!(wait_until(|| log.has("a1 started") && log.has("a2 started")));
+    let t = Instant::now();
+    a.shutdown();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(650),
+        "shut down before key 2's agent stopped: {took:?}"
+    );
+    assert!(wait_until(|| log.has("b1 started") && log.has("b2 started")));
+    let (b1, b2) = (log.at("b1 started").unwrap(), log.at("b2 started").unwrap());
+    assert!(
+        b1 < log.at("a2 stopped").unwrap(),
+        "key 1 waited for key 2's agent"
+    );
+    assert!(
+        b1 - t < Duration::from_millis(400),
+        "key 1 moved {:?} after",
+        b1 - t
+    );
+    assert!(b2 >= log.at("a2 stopped").unwrap());
+    assert_eq!(log.count("b1 busy") + log.count("b2 busy"), 0);
+    drop((sa, sb, a, b));
 }
 
 fn drain_reports(

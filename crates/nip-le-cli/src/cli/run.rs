@@ -323,15 +323,16 @@ fn serve(
                 _ => {}
             },
             Msg::Signal => {
-                // The agent first (SIGTERM, its grace), so the successor's
-                // finds the instance lease free; then release, and let the
-                // change thread drain: it ends with ChangesClosed once the
+                // Release: each lock moves once its agent has stopped (the
+                // election waits for it), so the successor's finds the
+                // instance lease free; then the supervisor ends, and the
+                // change thread drains: it ends with ChangesClosed once the
                 // elector is gone.
-                if let Some(a) = agent.take() {
-                    a.stop();
-                }
                 if let Some(e) = elector.take() {
                     e.shutdown();
+                }
+                if let Some(a) = agent.take() {
+                    a.stop();
                 }
             }
             Msg::ChangesClosed => break,

@@ -54,6 +54,32 @@ pub struct StandInArgs {
     /// The exit code when the lease is held by another process.
     #[arg(long, default_value_t = 1)]
     busy_exit_code: u8,
+    /// Also answer, at start, every mention of the feed that no reply
+    /// names yet (a harness that catches up on its agent's thread), not
+    /// only those published while it runs.
+    #[arg(long)]
+    backlog: bool,
+    /// Append a JSON line here when the lease is taken and when it is
+    /// freed (`{"agent","pid","what":"leased"|"released","at_ms"}`), for
+    /// measuring the gap between one harness and the next.
+    #[arg(long)]
+    events: Option<PathBuf>,
+}
+
+/// Appends one lease event (best effort: a measurement, not the agent's job).
+fn lease_event(events: Option<&Path>, pubkey: &AgentPubkey, what: &str) {
+    let Some(path) = events else { return };
+    let line = serde_json::json!({
+        "agent": pubkey.as_str(),
+        "pid": std::process::id(),
+        "what": what,
+        "at_ms": unix_ms(),
+    });
+    let _ = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
 }
 
 /// Options of `nip-le stand-in-worker`.
@@ -81,7 +107,21 @@ pub fn lease_path(dir: &Path, pubkey: &AgentPubkey, relay: &str) -> PathBuf {
     dir.join(format!("{pubkey}__{hex}.lock"))
 }
 
-/// Runs until SIGTERM/SIGINT; exit 1 when the lease is held.
+/// The mentions of `pubkey` that `replies` answers already.
+fn replied(replies: &Path, pubkey: &AgentPubkey) -> std::collections::HashSet<String> {
+    let text = std::fs::read_to_string(replies).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            v.get("agent")
+                .and_then(|a| a.as_str())
+                .is_none_or(|a| a == pubkey.as_str())
+        })
+        .filter_map(|v| v.get("mention")?.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Runs until SIGTERM/SIGINT; exit `--busy-exit-code` when the lease is held.
 pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
     let pubkey = AgentPubkey::parse(&a.pubkey)?;
     let io = |p: &Path| {
@@ -112,6 +152,7 @@ pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
         }
         Err(fs4::TryLockError::Error(e)) => return Err(io(&path)(e)),
     }
+    lease_event(a.events.as_deref(), &pubkey, "leased");
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -136,13 +177,34 @@ pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
     } else {
         None
     };
-    let mut feed = FeedFollower::from_end(&a.mentions);
+    let (mut feed, mut answered) = if a.backlog {
+        (
+            FeedFollower::from_offset(&a.mentions, 0),
+            replied(&a.replies, &pubkey),
+        )
+    } else {
+        (FeedFollower::from_end(&a.mentions), Default::default())
+    };
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(5));
         for v in feed.poll() {
             let Some(id) = v.get("id") else { continue };
+            // A feed of several agents: ours only.
+            if v.get("agent")
+                .and_then(|a| a.as_str())
+                .is_some_and(|a| a != pubkey.as_str())
+            {
+                continue;
+            }
+            let Some(key) = id.as_str().map(str::to_owned) else {
+                continue;
+            };
+            if !answered.insert(key) {
+                continue;
+            }
             let reply = serde_json::json!({
                 "mention": id,
+                "agent": pubkey.as_str(),
                 "instance_id": election_id,
                 "agent_pid": std::process::id(),
                 "at_ms": unix_ms(),
@@ -160,6 +222,7 @@ pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
         let n = uuid::Uuid::new_v4().as_u128() as u64 % (a.lease_release_ms + 1);
         std::thread::sleep(Duration::from_millis(n));
     }
+    lease_event(a.events.as_deref(), &pubkey, "released");
     drop(lease);
     // The worker is left to whoever stops our session (as a harness that
     // exits leaves its tool processes to its supervisor); reap it if it

@@ -77,6 +77,9 @@ pub(crate) struct Writer {
     /// whose reply was sent): written on every wake-up until it takes
     /// them, or a successor answers the event again.
     left_unwritten: BTreeMap<AgentPubkey, unwritten::Unwritten>,
+    /// `shutdown` was asked for: answered, and the task stopped, once every
+    /// key has stepped down (each once its agent has stopped).
+    closing: Option<Reply<()>>,
 }
 
 pub(crate) enum Flow {
@@ -108,6 +111,7 @@ impl Writer {
             ctx: Ctx::new(config, rules, our_id, shared, world, upper),
             keys: BTreeMap::new(),
             left_unwritten: BTreeMap::new(),
+            closing: None,
         }
     }
 
@@ -142,6 +146,10 @@ impl Writer {
             self.after_answer();
         }
         self.finish_drains(false);
+        if self.closing.is_some() && self.keys.is_empty() {
+            self.close();
+            return false;
+        }
         self.refresh_due(&woken.keys, woken.all);
         for key in self.keys.values_mut() {
             key.announce_fencing(&mut self.ctx);
@@ -225,7 +233,11 @@ impl Writer {
     fn command(&mut self, c: Command) -> Flow {
         match c {
             Command::Join(keys, r) => {
-                let _ = r.send(Ok(self.join(&keys)));
+                let out = match self.closing {
+                    Some(_) => Err(Error::ShutDown),
+                    None => Ok(self.join(&keys)),
+                };
+                let _ = r.send(out);
             }
             Command::Leave(pk, r) => self.leave(&pk, r),
             Command::Claim(pk, r) => {
@@ -279,11 +291,29 @@ impl Writer {
                 let _ = r.send(Ok(()));
             }
             Command::Shutdown(r) => {
-                // Stop whatever happens: a panic while releasing must not
-                // keep the task (and the caller of `shutdown`) waiting.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.shutdown()));
-                let _ = r.send(Ok(()));
-                return Flow::Stop;
+                // Every key steps down as a leave does: each lock moves as
+                // soon as its own agent has stopped.
+                let pks: Vec<AgentPubkey> = self.keys.keys().copied().collect();
+                for pk in pks {
+                    let Some(key) = self.keys.get_mut(&pk) else {
+                        continue;
+                    };
+                    let plan = StepDownPlan {
+                        always: false,
+                        ..plan(ChangeReason::Released, None, true)
+                    };
+                    if let Some(done) = key.step_down_for(&mut self.ctx, plan, None) {
+                        if let Some(key) = self.keys.remove(&pk) {
+                            self.forget(key);
+                        }
+                        done.answer();
+                    }
+                }
+                self.closing = Some(r);
+                if self.keys.is_empty() {
+                    self.close();
+                    return Flow::Stop;
+                }
             }
             Command::Work(pk, op, reply) => match self.keys.get_mut(&pk) {
                 Some(k) => k.work(&mut self.ctx, op, reply),
@@ -449,9 +479,17 @@ impl Writer {
         Ok(false)
     }
 
-    /// Releases every lock we hold and stops every wake source. A
-    /// step-down waiting for our agent gives the lock up now (the app stops
-    /// its agents before it shuts the elector down).
+    /// Shuts down whatever happens (a panic while releasing must not keep
+    /// the task, and the caller of `shutdown`, waiting) and answers it.
+    fn close(&mut self) {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.shutdown()));
+        if let Some(r) = self.closing.take() {
+            let _ = r.send(Ok(()));
+        }
+    }
+
+    /// Releases every lock we still hold and stops every wake source. A
+    /// step-down still waiting for our agent gives the lock up now.
     fn shutdown(&mut self) {
         self.finish_drains(true);
         let keys = std::mem::take(&mut self.keys);
