@@ -11,7 +11,7 @@
 //! for its process to come up, a stop that waits for it to be gone).
 
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::Arc;
 
 use crate::pubkey::AgentPubkey;
 
@@ -110,13 +110,24 @@ impl AgentStart {
 
 /// Reports the exits of a runner's agents to their supervisor (from any
 /// thread).
-#[derive(Debug, Clone)]
-pub struct AgentExits(pub(super) mpsc::Sender<super::supervisor::Msg>);
+#[derive(Clone)]
+pub struct AgentExits(Arc<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for AgentExits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentExits")
+    }
+}
 
 impl AgentExits {
+    /// Reports to `tell`.
+    pub(super) fn new(tell: impl Fn(u32) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(tell))
+    }
+
     /// The agent with `pid` has exited by itself. The supervisor then calls
     /// [`AgentRunner::exited`] (unless it had asked for a stop).
     pub fn exited(&self, pid: u32) {
-        let _ = self.0.send(super::supervisor::Msg::Exited(pid));
+        (self.0)(pid);
     }
 }

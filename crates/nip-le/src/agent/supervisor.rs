@@ -26,7 +26,7 @@ use crate::pubkey::AgentPubkey;
 pub const POLL: Duration = Duration::from_millis(50);
 
 /// What reaches the supervisor's thread.
-pub(crate) enum Msg {
+enum Msg {
     /// The runner's agent with this pid exited by itself.
     Exited(u32),
     /// The election's view of the key may have changed.
@@ -90,7 +90,10 @@ impl AgentSupervisor {
                 pubkey: *pubkey,
                 election_id: elector.instance_id().as_str().to_owned(),
                 lock_dir: elector.config().lock_dir.clone(),
-                exits: AgentExits(tx.clone()),
+                exits: {
+                    let tx = tx.clone();
+                    AgentExits::new(move |pid| drop(tx.send(Msg::Exited(pid))))
+                },
             },
             dir: elector.config().lock_dir.clone(),
             flag: elector.leader_view(pubkey),

@@ -102,7 +102,7 @@ pub(super) struct Key {
     /// before the lock moves (see [`super::drain`]), and the calls it
     /// answers then.
     pub(super) drain: Option<Drain>,
-    pub(super) drain_replies: Vec<super::drain::DrainReply>,
+    pub(super) drain_replies: Vec<super::deferred::DrainReply>,
     /// Extension: a hand-over to another host waiting for our agent to
     /// stop before we confirm it, until this instant at the latest.
     pub(super) withdraw_at: Option<Instant>,

@@ -18,6 +18,7 @@
 //! work ledger; `upper` the glue to a level above the host.
 
 mod context;
+mod deferred;
 mod drain;
 mod key;
 mod unwritten;
@@ -43,7 +44,7 @@ use super::upper::UpperLevel;
 use super::world::World;
 
 use context::Ctx;
-use drain::DrainReply;
+use deferred::DrainReply;
 use key::Key;
 
 pub(crate) use super::command::{Command, Reply, WorkOp, WorkReply};
