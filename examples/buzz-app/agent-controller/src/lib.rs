@@ -143,7 +143,8 @@ impl AgentRunner for Controller {
         let mut c = self.guarded();
         c.env_clear()
             .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
-            // A key for this start only (Buzz: the harness's session key).
+            // A value of this start only (Buzz hands its harness the agent's
+            // key, read from the credential store at every start).
             .env("BUZZ_DEMO_START_KEY", uuid_like())
             .env("BUZZ_INSTANCE_ELECTION_ID", start.election_id())
             .current_dir(&self.spec.workspace)
