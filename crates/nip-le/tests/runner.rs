@@ -321,3 +321,43 @@ fn drain_reports(
     }
     out
 }
+
+/// The command runner's agent is named in the agent mark before its program
+/// runs: the program reads the mark first thing and finds its own pid.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_command_runners_agent_is_named_before_its_program_runs() {
+    use nip_le::agent::AgentCommand;
+    let tmp = tempfile::tempdir().unwrap();
+    let e = Elector::start(timed(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
+    e.join(&pk('1')).unwrap();
+    let mark = nip_le::agent::orphan::mark_path(tmp.path(), &pk('1'));
+    let seen = tmp.path().join("seen");
+    let script = format!(
+        "cat {} > {}.new; echo \" $$\" >> {}.new; mv {}.new {}; exec sleep 30",
+        mark.display(),
+        seen.display(),
+        seen.display(),
+        seen.display(),
+        seen.display()
+    );
+    let sup =
+        AgentSupervisor::command(&e, &pk('1'), AgentCommand::new("sh", ["-c", &script])).unwrap();
+    let mut reports = sup.subscribe();
+    assert!(wait_until(|| seen.exists()), "the agent never ran");
+    let text = std::fs::read_to_string(&seen).unwrap();
+    let (json, own) = text.rsplit_once(' ').unwrap();
+    let own: u32 = own.trim().parse().unwrap();
+    let named: nip_le::agent::orphan::AgentMark =
+        serde_json::from_str(json.trim()).expect("the mark was there before the program ran");
+    assert_eq!(named.pid, own, "the mark named another process");
+    assert_eq!(named.instance_id, "a");
+    let started = drain_reports(&mut reports)
+        .into_iter()
+        .find_map(|r| match r {
+            AgentEvent::Started { pid } => Some(pid),
+            _ => None,
+        });
+    assert_eq!(started, Some(own));
+    drop(sup);
+}

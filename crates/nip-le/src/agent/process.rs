@@ -435,3 +435,64 @@ mod job {
         }
     }
 }
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_held_back_agent_runs_only_once_released_and_keeps_its_pid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ran = tmp.path().join("ran");
+        let script = format!("echo $$ > {}; exec sleep 30", ran.display());
+        let cmd = AgentCommand::new("sh", ["-c", &script]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut a = Agent::spawn(&cmd, "w", false, move |pid| drop(tx.send(pid))).unwrap();
+        // Its process exists (it can be named), its program has not run.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!ran.exists(), "the program ran before it was released");
+        a.release().unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read_to_string(&ran).is_ok_and(|s| s.ends_with('\n')) {
+            assert!(Instant::now() < end, "the program never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let pid: u32 = std::fs::read_to_string(&ran)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(pid, a.pid(), "the program is the process that was named");
+        a.kill();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), pid);
+        a.reap("w").unwrap();
+    }
+
+    #[test]
+    fn a_held_back_agent_whose_app_goes_away_never_runs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ran = tmp.path().join("ran");
+        let script = format!("touch {}", ran.display());
+        let cmd = AgentCommand::new("sh", ["-c", &script]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut a = Agent::spawn(&cmd, "w", false, move |pid| drop(tx.send(pid))).unwrap();
+        // The go line never comes: the end of its input stops it.
+        drop(a.child.stdin.take());
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let status = a.reap("w").unwrap();
+        assert_eq!(status.code(), Some(125));
+        assert!(!ran.exists());
+    }
+
+    #[test]
+    fn a_missing_program_is_a_clear_error() {
+        let cmd = AgentCommand::new("/no/such/agent", Vec::<String>::new());
+        let e = Agent::spawn(&cmd, "w", false, |_| {})
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("not found"), "{e}");
+        let cmd = AgentCommand::new("no-such-agent-program-here", Vec::<String>::new());
+        assert!(Agent::spawn(&cmd, "w", false, |_| {}).is_err());
+    }
+}
