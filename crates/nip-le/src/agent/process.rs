@@ -448,7 +448,10 @@ mod tests {
         let script = format!("echo $$ > {}; exec sleep 30", ran.display());
         let cmd = AgentCommand::new("sh", ["-c", &script]);
         let (tx, rx) = std::sync::mpsc::channel();
-        let mut a = Agent::spawn(&cmd, "w", false, move |pid| drop(tx.send(pid))).unwrap();
+        let mut a = Agent::spawn(&cmd, "w", false, move |pid| {
+            let _ = tx.send(pid);
+        })
+        .unwrap();
         // Its process exists (it can be named), its program has not run.
         std::thread::sleep(Duration::from_millis(300));
         assert!(!ran.exists(), "the program ran before it was released");
@@ -476,7 +479,10 @@ mod tests {
         let script = format!("touch {}", ran.display());
         let cmd = AgentCommand::new("sh", ["-c", &script]);
         let (tx, rx) = std::sync::mpsc::channel();
-        let mut a = Agent::spawn(&cmd, "w", false, move |pid| drop(tx.send(pid))).unwrap();
+        let mut a = Agent::spawn(&cmd, "w", false, move |pid| {
+            let _ = tx.send(pid);
+        })
+        .unwrap();
         // The go line never comes: the end of its input stops it.
         drop(a.child.stdin.take());
         rx.recv_timeout(Duration::from_secs(5)).unwrap();
