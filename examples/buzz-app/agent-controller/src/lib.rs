@@ -105,7 +105,7 @@ impl Controller {
             if Instant::now() >= end {
                 return None;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 
