@@ -175,7 +175,21 @@ before(async () => {
 after(async () => {
   clearInterval(publisher)
   clearInterval(sampler)
-  await teardown()
+  // A failed run ends its apps without a graceful exit: end what they
+  // left (a harness has a session of its own) before the directory goes.
+  await teardown(async () => {
+    const end = Date.now() + 10_000
+    while (leftovers().length > 0 && Date.now() < end) {
+      for (const l of leftovers()) {
+        try {
+          process.kill(Number(l.split(':')[0]), 'SIGKILL')
+        } catch {
+          // gone meanwhile
+        }
+      }
+      await sleep(50)
+    }
+  })
 })
 
 test('one harness per agent through claims, a SIGKILL, a SIGSTOP, a graceful quit and an agent created at runtime; every mention answered once; nothing left behind', { timeout: 240_000 }, async () => {

@@ -33,33 +33,6 @@ fn agent_events(i: &Instance) -> Vec<(u64, AgentEvent)> {
         .collect()
 }
 
-/// The pid of the agent `i` runs now: its last `started` with no end after.
-fn running_agent(i: &Instance) -> Option<u32> {
-    let mut pid = None;
-    for (_, e) in agent_events(i) {
-        match e {
-            AgentEvent::Started { pid: p } => pid = Some(p),
-            AgentEvent::Exited { pid: p, .. } | AgentEvent::Stopped { pid: p, .. }
-                if Some(p) == pid =>
-            {
-                pid = None
-            }
-            _ => {}
-        }
-    }
-    pid
-}
-
-/// Whether `pid` is gone (or a zombie nobody reaped yet).
-fn dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
 /// The single window that leads and whose agent answered a mention
 /// published after `after_ms`: its index and agent pid.
 fn serving(insts: &[Instance], replies: &Path, after_ms: u64, deadline: Duration) -> (usize, u32) {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use nip_le::global::{key_history, EtcdConfig};
 use nip_le::{AgentPubkey, ChangeReason, Level};
 use nip_le_cli::lab::cluster::{wait_until, Instance, RunOptions};
-use nip_le_cli::lab::etcd::{find_etcd, Etcd};
+use nip_le_cli::lab::etcd::Etcd;
 use nip_le_cli::lines::{Leadership, Line};
 use support::*;
 
@@ -30,18 +30,6 @@ struct Hosts {
     pubkey: AgentPubkey,
     /// When each killed window was killed (unix ms): the end of its tenure.
     killed: HashMap<String, u64>,
-}
-
-fn etcd_or_skip() -> Option<Etcd> {
-    if find_etcd().is_none() {
-        assert!(
-            std::env::var_os("NIP_LE_REQUIRE_ETCD").is_none(),
-            "NIP_LE_REQUIRE_ETCD is set but no etcd binary was found"
-        );
-        eprintln!("no etcd binary (Debian's etcd-server): skipping the cross-host tests");
-        return None;
-    }
-    Some(Etcd::start().expect("etcd starts"))
 }
 
 fn now_ms() -> u64 {

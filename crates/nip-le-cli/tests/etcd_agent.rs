@@ -13,39 +13,8 @@ use std::time::Duration;
 
 use nip_le::Level;
 use nip_le_cli::lab::cluster::{wait_until, Instance, RunOptions};
-use nip_le_cli::lab::etcd::{find_etcd, Etcd};
 use nip_le_cli::lines::Line;
 use support::*;
-
-/// A pid that is gone (or a zombie nobody reaped yet).
-fn dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-/// The pid of the agent `i` runs now.
-fn running_agent(i: &Instance) -> Option<u32> {
-    use nip_le::agent::AgentEvent;
-    let mut pid = None;
-    for r in i.reports() {
-        if let Line::Agent { agent, .. } = r.line {
-            match agent {
-                AgentEvent::Started { pid: p } => pid = Some(p),
-                AgentEvent::Exited { pid: p, .. } | AgentEvent::Stopped { pid: p, .. }
-                    if Some(p) == pid =>
-                {
-                    pid = None
-                }
-                _ => {}
-            }
-        }
-    }
-    pid
-}
 
 /// (agent pid, first reply, last reply) per agent that answered.
 fn spans(replies: &std::path::Path) -> Vec<(u32, u64, u64)> {
@@ -69,15 +38,7 @@ fn spans(replies: &std::path::Path) -> Vec<(u32, u64, u64)> {
 
 #[test]
 fn a_hung_windows_agent_is_stopped_by_its_host_sibling_when_the_agent_goes_to_another_host() {
-    if find_etcd().is_none() {
-        assert!(
-            std::env::var_os("NIP_LE_REQUIRE_ETCD").is_none(),
-            "NIP_LE_REQUIRE_ETCD is set but no etcd binary was found"
-        );
-        eprintln!("no etcd binary (Debian's etcd-server): skipping");
-        return;
-    }
-    let etcd = Etcd::start().expect("etcd starts");
+    let Some(etcd) = etcd_or_skip() else { return };
     let s = Scratch::new();
     let (mentions, replies) = (
         s.tmp.path().join("mentions.jsonl"),

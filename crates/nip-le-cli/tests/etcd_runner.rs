@@ -6,6 +6,8 @@
 //! unless `NIP_LE_REQUIRE_ETCD` is set.
 #![cfg(unix)]
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ use nip_le::agent::{
 use nip_le::global::EtcdConfig;
 use nip_le::{Config, Elector, InstanceId, Mode};
 use nip_le_cli::lab::cluster::{random_pubkey, wait_until};
-use nip_le_cli::lab::etcd::{find_etcd, Etcd};
+use nip_le_cli::lab::etcd::Etcd;
 
 /// Which agents run now (host names), every overlap seen, and what
 /// happened when.
@@ -92,15 +94,9 @@ fn config(dir: &std::path::Path, etcd: &Etcd, host: &str) -> Config {
 
 #[test]
 fn a_claim_from_another_host_moves_the_agent_once_the_holders_has_stopped() {
-    if find_etcd().is_none() {
-        assert!(
-            std::env::var_os("NIP_LE_REQUIRE_ETCD").is_none(),
-            "NIP_LE_REQUIRE_ETCD is set but no etcd binary was found"
-        );
-        eprintln!("no etcd binary (Debian's etcd-server): skipping");
+    let Some(etcd) = support::etcd_or_skip() else {
         return;
-    }
-    let etcd = Etcd::start().expect("etcd starts");
+    };
     let tmp = tempfile::tempdir().unwrap();
     let pk = random_pubkey();
     let running = Running::default();

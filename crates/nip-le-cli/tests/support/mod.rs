@@ -234,3 +234,48 @@ fn all_stopped(pid: u32) -> bool {
         true
     }
 }
+
+/// Whether `pid` is gone (or a zombie nobody reaped yet).
+pub fn dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// The pid of the agent `i` runs now: its last `started` with no end after.
+pub fn running_agent(i: &Instance) -> Option<u32> {
+    use nip_le::agent::AgentEvent;
+    let mut pid = None;
+    for r in i.reports() {
+        if let nip_le_cli::lines::Line::Agent { agent, .. } = r.line {
+            match agent {
+                AgentEvent::Started { pid: p } => pid = Some(p),
+                AgentEvent::Exited { pid: p, .. } | AgentEvent::Stopped { pid: p, .. }
+                    if Some(p) == pid =>
+                {
+                    pid = None
+                }
+                _ => {}
+            }
+        }
+    }
+    pid
+}
+
+/// A real etcd on loopback, or `None` (with a message) when no etcd binary
+/// is installed; a missing etcd fails the test when `NIP_LE_REQUIRE_ETCD` is
+/// set (as `scripts/test.sh` does, after installing it).
+pub fn etcd_or_skip() -> Option<nip_le_cli::lab::etcd::Etcd> {
+    if nip_le_cli::lab::etcd::find_etcd().is_none() {
+        assert!(
+            std::env::var_os("NIP_LE_REQUIRE_ETCD").is_none(),
+            "NIP_LE_REQUIRE_ETCD is set but no etcd binary was found"
+        );
+        eprintln!("no etcd binary (Debian's etcd-server): skipping the cross-host tests");
+        return None;
+    }
+    Some(nip_le_cli::lab::etcd::Etcd::start().expect("etcd starts"))
+}

@@ -388,30 +388,9 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_worker_the_agent_left_in_its_session_is_stopped_once_the_agent_is_gone() {
-        use std::os::unix::process::CommandExt;
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let mut c = std::process::Command::new("sh");
-        c.args(["-c", "sleep 30 & echo $!; read _"])
-            .env(crate::identity::ELECTION_ID_ENV, "w2")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped());
-        // SAFETY: setsid is async-signal-safe.
-        unsafe {
-            c.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
-        let mut agent = c.spawn().unwrap();
-        let leader = agent.id();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(agent.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let worker: u32 = line.trim().parse().unwrap();
+        let (mut agent, leader, worker) = super::tree::tests::agent_with_worker("w2");
         name_agent(dir, &pk(), "w2", leader);
         assert_eq!(read_mark(dir, &pk()).map(|m| m.pid), Some(leader));
         drop(agent.stdin.take());

@@ -149,7 +149,7 @@ pub fn start_time(pid: u32) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -190,14 +190,15 @@ mod tests {
         assert_eq!(start_time(pid), None);
     }
 
+    /// An "agent" that leads a session, carries election id `id` and has
+    /// started a worker; it exits once its stdin closes. Its pid and the
+    /// worker's.
     #[cfg(target_os = "linux")]
-    #[test]
-    fn what_an_agent_left_in_its_session_is_found_after_it_exited() {
+    pub(in crate::agent) fn agent_with_worker(id: &str) -> (std::process::Child, u32, u32) {
         use std::os::unix::process::CommandExt;
-        // The "agent" leads a session, starts a worker, and exits once told.
         let mut c = std::process::Command::new("sh");
         c.args(["-c", "sleep 30 & echo $!; read _"])
-            .env(crate::identity::ELECTION_ID_ENV, "w-tree")
+            .env(crate::identity::ELECTION_ID_ENV, id)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped());
         // SAFETY: setsid is async-signal-safe.
@@ -216,6 +217,13 @@ mod tests {
         )
         .unwrap();
         let worker: u32 = line.trim().parse().unwrap();
+        (agent, leader, worker)
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn what_an_agent_left_in_its_session_is_found_after_it_exited() {
+        let (mut agent, leader, worker) = agent_with_worker("w-tree");
         let since = start_time(leader).unwrap();
         drop(agent.stdin.take());
         agent.wait().unwrap();
