@@ -113,29 +113,30 @@ def release():
     sys.exit(0)
 
 
-class Stop(Exception):
-    pass
+stopping = False
 
 
 def on_term(*_):
-    # Unwind first: a SIGTERM that lands inside acquire() must let its
-    # flock go (the `finally`) before release() takes one on another
-    # descriptor, or the process would wait on itself forever.
-    raise Stop()
+    # Only a flag: the loop checks it between rounds. Raising from the
+    # handler could land anywhere, even in acquire()'s `finally` before its
+    # close, leaving that descriptor's flock held while release() waited
+    # for one on another descriptor: the process waited on itself forever.
+    global stopping
+    stopping = True
 
 
 signal.signal(signal.SIGTERM, on_term)
 emit(event="started", instance_id=a.instance_id, pid=os.getpid(), pubkey=a.pubkey)
 cached = None
-try:
-    while True:
-        acquire()
-        leader = read_is_leader()
-        if leader != cached:
-            cached = leader
-            emit(event="leadership", pubkey=a.pubkey, is_leader=leader,
-                 reason="acquired" if leader else "lost", at_ms=now_ms())
+while not stopping:
+    acquire()
+    leader = read_is_leader()
+    if leader != cached:
+        cached = leader
+        emit(event="leadership", pubkey=a.pubkey, is_leader=leader,
+             reason="acquired" if leader else "lost", at_ms=now_ms())
+    # A SIGTERM ends the sleep early only on the next round's check; the
+    # wait is at most one refresh.
+    if not stopping:
         time.sleep(a.refresh_ms / 1000)
-except Stop:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    release()
+release()
