@@ -146,7 +146,10 @@ export async function take(pubkey: string, eventId: string): Promise<TakeOutcome
  * Work ledger: the reply to `eventId` was sent. Call it right after sending,
  * whatever the leadership is by then: the window that took the event may
  * record it although leadership moved while the reply was on its way.
- * Resolves to `false` when this window neither took it nor leads.
+ * Resolves to `false` when this window neither took it nor leads. Rejects
+ * with kind `notTaken` when no page of this app process holds a take of it
+ * (never taken here, already settled, or given back when its page went):
+ * a page settles only its own process's takes.
  */
 export async function done(pubkey: string, eventId: string): Promise<boolean> {
   if (solo()) return true
@@ -157,7 +160,8 @@ export async function done(pubkey: string, eventId: string): Promise<boolean> {
  * Work ledger: the turn for `eventId` was cancelled; it is owed again, to
  * whoever leads. Until then the event stays in flight with this window
  * (nobody else is owed it); a page that reloads or closes gives its takes
- * back by itself.
+ * back by itself. Rejects with kind `notTaken`, as {@link done} does, for an
+ * event no page of this process holds.
  */
 export async function giveBack(pubkey: string, eventId: string): Promise<void> {
   if (solo()) return

@@ -87,7 +87,7 @@ pub(crate) async fn take<R: Runtime>(
     blocking(&app, pubkey, move |le, pubkey| {
         let outcome = le.take(&pubkey, &event_id)?;
         if matches!(outcome, TakeOutcome::Granted { .. }) {
-            le.page_took(&label, &pubkey, &event_id);
+            le.page_took(&label, &pubkey, &event_id)?;
         }
         Ok(outcome)
     })
@@ -101,8 +101,7 @@ pub(crate) async fn done<R: Runtime>(
     event_id: String,
 ) -> Result<bool> {
     blocking(&app, pubkey, move |le, pubkey| {
-        le.turn_ended(&pubkey, &event_id);
-        le.done(&pubkey, &event_id)
+        le.page_settles(&pubkey, &event_id, || le.done(&pubkey, &event_id))
     })
     .await
 }
@@ -114,8 +113,7 @@ pub(crate) async fn give_back<R: Runtime>(
     event_id: String,
 ) -> Result<()> {
     blocking(&app, pubkey, move |le, pubkey| {
-        le.turn_ended(&pubkey, &event_id);
-        le.give_back(&pubkey, &event_id)
+        le.page_settles(&pubkey, &event_id, || le.give_back(&pubkey, &event_id))
     })
     .await
 }

@@ -32,6 +32,9 @@ pub enum ErrorKind {
     /// The app does not let its webviews act on this agent (see
     /// `Builder::allow_agents` and `LeaderElection::allow_agent`).
     NotAllowed,
+    /// A page settled (`done`, `give_back`) an event no page of this
+    /// process holds a take of.
+    NotTaken,
 }
 
 /// The wire form of [`Error`].
@@ -58,6 +61,16 @@ pub enum Error {
     /// `LeaderElection::allow_agent`).
     #[error("webviews may not act on agent {0}: the app does not allow it")]
     NotAllowed(nip_le::AgentPubkey),
+    /// A webview settled (`done`, `give_back`) an event that no page of
+    /// this process took, or whose turn already ended: a page may settle
+    /// only its own process's takes (the Rust API may settle any).
+    #[error("no page of this process holds a take of event {event_id} of agent {pubkey}")]
+    NotTaken {
+        /// The agent.
+        pubkey: nip_le::AgentPubkey,
+        /// The event.
+        event_id: String,
+    },
 }
 
 impl Error {
@@ -79,6 +92,7 @@ impl Error {
             Error::Engine(E::ShutDown) => ErrorKind::ShutDown,
             Error::Engine(E::Io { .. }) | Error::Task(_) => ErrorKind::Io,
             Error::NotAllowed(_) => ErrorKind::NotAllowed,
+            Error::NotTaken { .. } => ErrorKind::NotTaken,
         }
     }
 }

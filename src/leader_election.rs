@@ -191,13 +191,31 @@ impl LeaderElection {
 
     /// A webview's page took `event_id` (the `take` command): the take
     /// ends with the page, see [`LeaderElection::page_gone`].
-    pub(crate) fn page_took(&self, webview: &str, pubkey: &str, event_id: &str) {
-        self.turns.took(webview, pubkey, event_id);
+    pub(crate) fn page_took(&self, webview: &str, pubkey: &str, event_id: &str) -> Result<()> {
+        self.turns.took(webview, key(pubkey)?.as_str(), event_id);
+        Ok(())
     }
 
-    /// The turn on `event_id` ended (the `done` or `give_back` command).
-    pub(crate) fn turn_ended(&self, pubkey: &str, event_id: &str) {
-        self.turns.ended(pubkey, event_id);
+    /// A page settles `event_id` (the `done` or `give_back` command) with
+    /// `settle`: only a take a page of this process holds, which ends once
+    /// `settle` succeeds. A take that `settle` failed on stays, so the page
+    /// may retry and a page that goes gives it back.
+    pub(crate) fn page_settles<T>(
+        &self,
+        pubkey: &str,
+        event_id: &str,
+        settle: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let k = key(pubkey)?;
+        if !self.turns.holds(k.as_str(), event_id) {
+            return Err(crate::Error::NotTaken {
+                pubkey: k,
+                event_id: event_id.to_owned(),
+            });
+        }
+        let out = settle()?;
+        self.turns.ended(k.as_str(), event_id);
+        Ok(out)
     }
 
     /// The page in webview `label` is gone (reloaded, navigated away or

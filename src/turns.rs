@@ -3,7 +3,10 @@
 //! window loses the page's turns in flight, and the engine would keep
 //! them in flight for as long as this process lives (nobody answers them).
 //! The plugin gives them back the moment the page goes, so they are owed
-//! again at once.
+//! again at once. They are also what a webview may settle: a page may
+//! `done` or `give_back` only an event a page of this process took, so a
+//! follower's page (or any page) cannot silence a mention it never
+//! answered, on this host or, through etcd, on every host.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -28,6 +31,13 @@ impl Turns {
             .entry(webview.to_owned())
             .or_default()
             .insert((pubkey.to_owned(), event_id.to_owned()));
+    }
+
+    /// Whether a page of this process took `event_id` of `pubkey` and has
+    /// not finished it.
+    pub(crate) fn holds(&self, pubkey: &str, event_id: &str) -> bool {
+        let key = (pubkey.to_owned(), event_id.to_owned());
+        self.lock().values().any(|takes| takes.contains(&key))
     }
 
     /// The turn on `event_id` ended (done or given back), in any webview.
@@ -59,7 +69,9 @@ mod tests {
         t.took("main", "k", "a");
         t.took("main", "k", "b");
         t.took("other", "k", "c");
+        assert!(t.holds("k", "a") && t.holds("k", "c") && !t.holds("k", "z"));
         t.ended("k", "a");
+        assert!(!t.holds("k", "a"));
         assert_eq!(t.forget("main"), [("k".to_owned(), "b".to_owned())]);
         assert!(t.forget("main").is_empty(), "once");
         assert_eq!(t.forget("other").len(), 1);

@@ -17,17 +17,24 @@ use webview::invoke_on;
 
 const KEY: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
 
-/// The commands `permissions/default.toml` grants (allow-foo-bar → foo_bar).
-fn granted_by_default() -> Vec<String> {
-    let toml = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/permissions/default.toml"
-    ))
+/// The commands a permission file grants (allow-foo-bar → foo_bar).
+fn granted_by(file: &str) -> Vec<String> {
+    let toml = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("permissions")
+            .join(file),
+    )
     .unwrap();
-    toml.split('"')
+    let list = &toml[toml.find("permissions = [").expect("a permission list")..];
+    list.split('"')
         .filter_map(|s| s.strip_prefix("allow-"))
         .map(|s| s.replace('-', "_"))
         .collect()
+}
+
+/// The commands `permissions/default.toml` grants.
+fn granted_by_default() -> Vec<String> {
+    granted_by("default.toml")
 }
 
 struct Window {
@@ -37,10 +44,14 @@ struct Window {
 }
 
 fn window(dir: &std::path::Path, id: &str, agents: &[&str]) -> Window {
+    window_granted(dir, id, agents, granted_by_default())
+}
+
+fn window_granted(dir: &std::path::Path, id: &str, agents: &[&str], grants: Vec<String>) -> Window {
     let mut ctx = mock_context(noop_assets());
-    // The mock context has no capabilities: grant exactly what the default
+    // The mock context has no capabilities: grant exactly what the
     // permission set grants, so a command missing from it fails here.
-    for cmd in granted_by_default() {
+    for cmd in grants {
         ctx.runtime_authority_mut().__allow_command(
             format!("plugin:leader-election|{cmd}"),
             ExecutionContext::Local,
@@ -451,5 +462,64 @@ fn reads_answer_at_once_while_a_claim_waits_on_a_peers_file_lock() {
     assert!(
         worst < Duration::from_millis(100),
         "status/is_leader waited {worst:?} behind a claim"
+    );
+}
+
+#[test]
+fn a_page_settles_only_what_a_page_of_its_process_took() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = window(tmp.path(), "window-1", &[KEY]);
+    let queue = json!({"pubkey": KEY, "queue": [{"id": "e1"}, {"id": "e2"}]});
+    let call =
+        |cmd: &str, key: &str, id: &str| w.invoke(cmd, json!({"pubkey": key, "eventId": id}));
+    // Never taken here: neither done nor given back, and still owed.
+    for cmd in ["done", "give_back"] {
+        let e = call(cmd, KEY, "e1").unwrap_err();
+        assert_eq!(e["kind"], "notTaken", "{cmd}: {e}");
+    }
+    assert_eq!(
+        w.invoke("owed", queue.clone()).unwrap(),
+        json!(["e1", "e2"])
+    );
+    // Taken here: settled once, by any spelling of the key.
+    assert_eq!(call("take", KEY, "e1").unwrap()["outcome"], "granted");
+    assert_eq!(call("done", &KEY.to_uppercase(), "e1").unwrap(), true);
+    assert_eq!(call("done", KEY, "e1").unwrap_err()["kind"], "notTaken");
+    assert_eq!(call("take", KEY, "e2").unwrap()["outcome"], "granted");
+    assert_eq!(call("give_back", KEY, "e2").unwrap(), Value::Null);
+    assert_eq!(
+        call("give_back", KEY, "e2").unwrap_err()["kind"],
+        "notTaken"
+    );
+    assert_eq!(w.invoke("owed", queue).unwrap(), json!(["e2"]));
+    // The Rust API is the app's own: it may settle any event.
+    assert!(w.app.leader_election().done(KEY, "e2").unwrap());
+}
+
+#[test]
+fn the_read_only_set_grants_the_snapshot_reads_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let grants = granted_by("read-only.toml");
+    let mut sorted = grants.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["instance_id", "is_leader", "status"]);
+    let w = window_granted(tmp.path(), "window-1", &[KEY], grants);
+    assert_eq!(w.invoke("is_leader", json!({"pubkey": KEY})).unwrap(), true);
+    assert_eq!(w.invoke("instance_id", json!({})).unwrap(), "window-1");
+    assert!(w.invoke("status", json!({})).is_ok());
+    for (cmd, args) in [
+        ("take", json!({"pubkey": KEY, "eventId": "e1"})),
+        ("done", json!({"pubkey": KEY, "eventId": "e1"})),
+        ("claim", json!({"pubkey": KEY})),
+        ("release", json!({"pubkey": KEY})),
+    ] {
+        let e = w.invoke(cmd, args).unwrap_err();
+        assert!(e.to_string().contains("not allowed"), "{cmd}: {e}");
+    }
+    // The leader's own `held` lines only: the page took and settled nothing.
+    let ledger = std::fs::read_to_string(tmp.path().join(format!("{KEY}.work"))).unwrap();
+    assert!(
+        ledger.lines().all(|l| l.contains(r#""op":"held""#)),
+        "a read-only page wrote to the ledger: {ledger}"
     );
 }

@@ -3,4 +3,4 @@
 /**
  * What went wrong, as the frontend sees it.
  */
-export type ErrorKind = "invalidPubkey" | "invalidElectionId" | "invalidConfig" | "notJoined" | "invalidControlFrame" | "invalidEventId" | "lockTimeout" | "unsafeLockPath" | "io" | "shutDown" | "notAllowed";
+export type ErrorKind = "invalidPubkey" | "invalidElectionId" | "invalidConfig" | "notJoined" | "invalidControlFrame" | "invalidEventId" | "lockTimeout" | "unsafeLockPath" | "io" | "shutDown" | "notAllowed" | "notTaken";
