@@ -262,6 +262,7 @@ fn errors_are_typed_never_panics() {
             name == format!("{KEY}.lock")
                 || name == format!("{KEY}.epoch")
                 || name == format!("{KEY}.work")
+                || name == format!("{KEY}.work.hold")
                 || presence,
             "unexpected file {name}"
         );

@@ -509,7 +509,8 @@ mod tests {
                 let mut l = LockedFile::open_and_lock(&p, Duration::from_millis(50)).unwrap();
                 let mut i = 0u64;
                 while !done.load(Ordering::SeqCst) {
-                    l.write(if i % 2 == 0 { &long } else { &short }).unwrap();
+                    l.write(if i.is_multiple_of(2) { &long } else { &short })
+                        .unwrap();
                     i += 1;
                 }
             });

@@ -84,7 +84,8 @@ fn flat_across_join_leave(backend: Backend) {
     assert_eq!(t3, t0, "threads after shutdown");
     assert_eq!(f3, f0, "open files after shutdown");
     // Nothing of ours is left in the lock directory but the lock file, its
-    // epoch mark, the work ledger (the leader's `held` line) and, natively,
+    // epoch mark, the work ledger (the leader's `held` line) and its empty
+    // append hold and, natively,
     // the shared presence file, whose slots are all free (portable presence
     // files are removed).
     let mut names: Vec<String> = std::fs::read_dir(tmp.path())
@@ -96,6 +97,7 @@ fn flat_across_join_leave(backend: Backend) {
         format!("{}.epoch", k.as_str()),
         format!("{}.lock", k.as_str()),
         format!("{}.work", k.as_str()),
+        format!("{}.work.hold", k.as_str()),
     ];
     if backend == Backend::Native {
         expected.push("presence.live".to_owned());

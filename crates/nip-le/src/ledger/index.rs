@@ -44,7 +44,8 @@ struct Entry {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Index {
     entries: HashMap<String, Entry>,
-    /// Lines read or appended since the file was last written whole.
+    /// Lines read from the file since it was last written whole (each
+    /// once: our own are counted when read back).
     lines: usize,
     /// Highest epoch any line names.
     max_epoch: u64,
@@ -68,10 +69,23 @@ impl Index {
     /// before); returns how many bytes they span, up to and including the
     /// last newline (a line still being written waits for its newline).
     pub fn extend(&mut self, bytes: &[u8]) -> usize {
+        self.extend_with(bytes, true)
+    }
+
+    /// [`Index::extend`] for lines not in the file yet (refused by the
+    /// disk): counted when they are read back from it.
+    pub fn extend_uncounted(&mut self, bytes: &[u8]) -> usize {
+        self.extend_with(bytes, false)
+    }
+
+    fn extend_with(&mut self, bytes: &[u8], count: bool) -> usize {
         let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         for line in bytes[..whole].split(|&b| b == b'\n') {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
+            }
+            if count {
+                self.lines += 1;
             }
             if let Some(op) = parse_line(line) {
                 self.apply(&op);
@@ -85,7 +99,6 @@ impl Index {
     /// `done` is final, and a `give_back` only undoes a `take` of its own
     /// epoch.
     pub fn apply(&mut self, op: &Op) {
-        self.lines += 1;
         let (id, at_ms) = (op.id(), op.at_ms());
         if id.len() > MAX_EVENT_ID_LEN {
             return;
@@ -214,30 +227,48 @@ impl Index {
         self.lines = self.entries.len() + self.keepers.len();
     }
 
+    /// Forgets the oldest settled entries (done, given back) until the
+    /// snapshot fits in `budget` bytes; takes are kept (in flight). Returns
+    /// how many were forgotten.
+    pub(super) fn shed_to(&mut self, budget: usize) -> usize {
+        let mut sizes: Vec<(u64, usize, &String, bool)> = self
+            .entries
+            .iter()
+            .map(|(id, e)| {
+                let size = entry_op(id, e).map_or(0, |op| op.to_line().len());
+                (e.at_ms, size, id, matches!(e.state, State::Taken(_)))
+            })
+            .collect();
+        let mut total: usize = sizes.iter().map(|s| s.1).sum();
+        if total <= budget {
+            return 0;
+        }
+        sizes.sort_unstable();
+        let mut gone = Vec::new();
+        for (_, size, id, taken) in sizes {
+            if total <= budget {
+                break;
+            }
+            if !taken {
+                total -= size;
+                gone.push(id.clone());
+            }
+        }
+        for id in &gone {
+            self.entries.remove(id);
+        }
+        gone.len()
+    }
+
     /// The lines of a compacted file: one per live entry.
     pub(super) fn snapshot(&self) -> Vec<u8> {
         let mut out = Vec::new();
         let mut ids: Vec<&String> = self.entries.keys().collect();
         ids.sort();
         for id in ids {
-            let e = &self.entries[id];
-            let op = match e.state {
-                State::Taken(epoch) => Op::Take {
-                    id: id.clone(),
-                    epoch,
-                    by: String::new(),
-                    at_ms: e.at_ms,
-                    live: e.live.clone(),
-                },
-                State::Done => Op::Done {
-                    id: id.clone(),
-                    epoch: 0,
-                    at_ms: e.at_ms,
-                },
-                // A given-back event is owed: nothing to remember.
-                State::GivenBack => continue,
-            };
-            out.extend(op.to_line());
+            if let Some(op) = entry_op(id, &self.entries[id]) {
+                out.extend(op.to_line());
+            }
         }
         let mut keepers: Vec<(&String, &(u64, u64))> = self.keepers.iter().collect();
         keepers.sort();
@@ -250,6 +281,26 @@ impl Index {
             out.extend(op.to_line());
         }
         out
+    }
+}
+
+/// The line a compacted file keeps for an entry (none for a given-back
+/// event: it is owed, nothing to remember).
+fn entry_op(id: &str, e: &Entry) -> Option<Op> {
+    match e.state {
+        State::Taken(epoch) => Some(Op::Take {
+            id: id.to_owned(),
+            epoch,
+            by: String::new(),
+            at_ms: e.at_ms,
+            live: e.live.clone(),
+        }),
+        State::Done => Some(Op::Done {
+            id: id.to_owned(),
+            epoch: 0,
+            at_ms: e.at_ms,
+        }),
+        State::GivenBack => None,
     }
 }
 

@@ -36,9 +36,15 @@
 //! before its `done` line. `done` is one `write(2)` of one line on a file
 //! opened for appending, so the window is that single syscall.
 //!
-//! Bounded: entries older than the retention window are dropped when the
-//! ledger is loaded, the file is rewritten (compacted) when it has grown to
-//! twice the live entries, and a file over [`MAX_LEDGER_BYTES`] is not read.
+//! Bounded over any tenure: entries older than the retention window are
+//! dropped when the ledger is loaded and every [`EXPIRE_EVERY`] while it is
+//! kept; the file is rewritten (compacted) when it holds twice as many
+//! lines as live entries or passes [`COMPACT_AT_BYTES`], and a rewrite keeps
+//! at most [`SNAPSHOT_BUDGET`] bytes: past it, the oldest answered events
+//! are forgotten first, as past the retention window. So the holder never
+//! reaches [`MAX_LEDGER_BYTES`], past which a file is not read. A rewrite
+//! and the appends of every process never overlap ([`hold`]): no line is
+//! lost under a rename.
 //! A ledger that cannot be read (missing is fine: it is empty) never
 //! silences the agent: the holder dispatches without it, as the NIP's
 //! fail-safe would, and says so in a warning. It is then owed what was
@@ -52,7 +58,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod hold;
 mod index;
+pub use hold::AppendHold;
 pub use index::{grants_without_ledger, owed, Index, State, Verdict};
 
 use crate::error::{Error, Result};
@@ -64,6 +72,12 @@ pub const DEFAULT_RETENTION: Duration = crate::config::DEFAULT_WORK_RETENTION;
 /// A ledger file larger than this is not read (the holder dispatches
 /// without it).
 pub const MAX_LEDGER_BYTES: u64 = 16 * 1024 * 1024;
+/// A ledger this long is rewritten, however many of its lines are live.
+pub const COMPACT_AT_BYTES: u64 = MAX_LEDGER_BYTES / 4 * 3;
+/// The most a rewrite keeps: room for the appends until the next one.
+pub const SNAPSHOT_BUDGET: usize = (MAX_LEDGER_BYTES / 2) as usize;
+/// How often a kept ledger drops what is past the retention window.
+pub const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 /// Longest event id accepted (a Nostr event id is 64 hex characters).
 pub const MAX_EVENT_ID_LEN: usize = 256;
 
@@ -196,6 +210,12 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()>;
     /// Replaces the whole ledger with `body` (compaction).
     fn replace(&mut self, body: &[u8]) -> Result<()>;
+    /// Holds off every process's appends until the hold is dropped: a
+    /// rewrite's last read and its replace happen under it. None is needed
+    /// where appends and replaces cannot interleave.
+    fn hold_appends(&mut self) -> Result<AppendHold> {
+        Ok(AppendHold::none())
+    }
 }
 
 /// The ledger file `<lock dir>/<pubkey>.work`.
@@ -253,6 +273,9 @@ impl LedgerStorage for FileLedger {
         // into the old file after another process's compaction renamed a
         // new one over it (a kept `done` of a former holder, lost). An
         // open costs microseconds; the sync of a `done`, a tenth of a ms.
+        // Under the shared hold, no rewrite renames between the open and
+        // the write.
+        let _hold = AppendHold::take(&self.path, false, hold::HOLD_WAIT)?;
         let mut o = open_options(Create::IfMissing);
         o.append(true);
         let mut f = o.open(&self.path).map_err(|e| Error::io(&self.path, e))?;
@@ -288,6 +311,10 @@ impl LedgerStorage for FileLedger {
         crate::lockfile::replace_whole_synced(&tmp, &self.path, body)
             .map_err(|e| Error::io(&self.path, e))
     }
+
+    fn hold_appends(&mut self) -> Result<AppendHold> {
+        AppendHold::take(&self.path, true, hold::HOLD_WAIT)
+    }
 }
 
 /// What ends a fragment a failed write may have left (see
@@ -309,6 +336,8 @@ pub struct Ledger {
     /// A write failed and may have left a fragment without its newline:
     /// the next write ends it first, so no line is glued onto it.
     torn: bool,
+    /// When entries past the retention window were last dropped, unix ms.
+    expired_at: u64,
 }
 
 impl Ledger {
@@ -338,6 +367,7 @@ impl Ledger {
             retention,
             pending: Vec::new(),
             torn: false,
+            expired_at: now_ms,
         })
     }
 
@@ -348,6 +378,11 @@ impl Ledger {
     pub fn refresh(&mut self, now_ms: u64) -> std::result::Result<(), LedgerError> {
         // Ours first: the file then holds everything this index applied.
         let _ = self.flush();
+        self.read_new(now_ms)
+    }
+
+    /// [`Ledger::refresh`] without writing ours first.
+    fn read_new(&mut self, now_ms: u64) -> std::result::Result<(), LedgerError> {
         match self.storage.read_from(self.read) {
             Ok(bytes) => {
                 self.read += self.index.extend(&bytes) as u64;
@@ -358,8 +393,9 @@ impl Ledger {
                 let mut index = Index::default();
                 self.read = index.extend(&bytes) as u64;
                 index.expire(now_ms, self.retention);
-                // What is still waiting for the storage stays applied.
-                index.extend(&self.pending);
+                // What is still waiting for the storage stays applied (and
+                // is counted once it is read back from the file).
+                index.extend_uncounted(&self.pending);
                 self.index = index;
                 Ok(())
             }
@@ -446,7 +482,7 @@ impl Ledger {
         if older.pending.is_empty() {
             return;
         }
-        self.index.extend(&older.pending);
+        self.index.extend_uncounted(&older.pending);
         let mine = std::mem::replace(&mut self.pending, older.pending);
         self.pending.extend(mine);
         self.torn |= older.torn;
@@ -457,8 +493,39 @@ impl Ledger {
         !self.pending.is_empty()
     }
 
-    /// Rewrites the ledger with only the live entries.
-    pub fn compact(&mut self) -> Result<()> {
+    /// Whether the ledger should be rewritten: twice as many lines as live
+    /// entries, or [`COMPACT_AT_BYTES`] long.
+    pub fn wants_compaction(&self) -> bool {
+        self.index.wants_compaction() || self.read >= COMPACT_AT_BYTES
+    }
+
+    /// Drops what is past the retention window, at most every
+    /// [`EXPIRE_EVERY`] (it walks every entry): a holder that keeps the
+    /// ledger for days forgets as a fresh load would.
+    pub fn expire_if_due(&mut self, now_ms: u64) {
+        let every = u64::try_from(EXPIRE_EVERY.as_millis()).unwrap_or(u64::MAX);
+        if now_ms.saturating_sub(self.expired_at) >= every || now_ms < self.expired_at {
+            self.index.expire(now_ms, self.retention);
+            self.expired_at = now_ms;
+        }
+    }
+
+    /// Rewrites the ledger with only the live entries (past the retention
+    /// window none, past [`SNAPSHOT_BUDGET`] the newest). Under the append
+    /// hold, from the last read to the rename: a line another process
+    /// appends meanwhile waits, then goes into the new file.
+    pub fn compact(&mut self, now_ms: u64) -> Result<()> {
+        // Ours before the hold: our own append would wait for it.
+        let _ = self.flush();
+        let _hold = self.storage.hold_appends()?;
+        self.read_new(now_ms)
+            .map_err(|e| Error::io("work ledger", std::io::Error::other(e.to_string())))?;
+        self.index.expire(now_ms, self.retention);
+        self.expired_at = now_ms;
+        let shed = self.index.shed_to(SNAPSHOT_BUDGET);
+        if shed > 0 {
+            tracing::warn!("the work ledger outgrew its budget: the {shed} oldest answered events are forgotten");
+        }
         let body = self.index.snapshot();
         self.storage.replace(&body)?;
         self.index.compacted();

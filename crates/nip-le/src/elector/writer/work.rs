@@ -202,14 +202,13 @@ impl Key {
         if l.has_pending() && l.flush().is_ok() {
             tracing::info!(pubkey = %self.pubkey, "the work ledger's refused lines are written now");
         }
-        if l.index.wants_compaction() {
+        let now_ms = unix_ms(ctx.world.now().wall);
+        l.expire_if_due(now_ms);
+        if l.wants_compaction() {
             // What others appended since (a former holder's late `done`)
-            // goes into the rewrite, not under it.
-            let compacted = match l.refresh(unix_ms(ctx.world.now().wall)) {
-                Ok(()) => l.compact().map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            if let Err(e) = compacted {
+            // goes into the rewrite, not under it: the rewrite reads it
+            // under the append hold.
+            if let Err(e) = l.compact(now_ms) {
                 tracing::warn!(pubkey = %self.pubkey, "cannot compact the work ledger: {e}");
             }
         }
