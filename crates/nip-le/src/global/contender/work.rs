@@ -152,12 +152,31 @@ impl Task {
                 }
             }
             // Moved under us (the watch tells the machine), or a record is
-            // there: a done is never overwritten by a take sent late.
-            Ok(Txn::Failed(_)) => {}
+            // there: a done is never overwritten by a take sent late. Or
+            // it is our own take, whose create committed while its answer
+            // was lost: tracked as if answered, or its lease would not be
+            // renewed (another host answers the event again once it
+            // lapses) and a give-back would find no revision to delete.
+            Ok(Txn::Failed(_)) => self.adopt_own_take(pk, id, &key, lease),
             Err(e) => {
                 tracing::debug!(pubkey = %pk, "etcd: the take of {id} waits: {e}");
                 self.untaken(pk, id);
             }
+        }
+    }
+
+    /// Tracks the take record at `key` if it is ours, on `lease`.
+    fn adopt_own_take(&mut self, pk: AgentPubkey, id: String, key: &str, lease: i64) {
+        let Ok((Some(kv), _)) = self.gw.get_at(key) else {
+            return;
+        };
+        let prefix = self.work_prefix(&pk);
+        let ours = parse(&prefix, &kv).is_some_and(|(_, r)| {
+            r.op == "take" && r.host_id == self.cfg.host_id && r.instance_id == self.our_id
+        });
+        if ours && kv.lease == lease {
+            self.last_contact = self.clock.now();
+            self.work.mine.insert((pk, id), kv.mod_revision);
         }
     }
 

@@ -12,6 +12,8 @@ struct Twisted {
     panic_once: AtomicBool,
     /// etcd's NOSPACE alarm: every write and grant is refused.
     no_space: AtomicBool,
+    /// The next fenced create commits, and its answer is lost.
+    lose_answer_once: AtomicBool,
 }
 
 impl Twisted {
@@ -61,7 +63,11 @@ impl Etcd for TwistedEtcd {
     }
     fn create_if(&self, g: &str, rev: u64, k: &str, v: &[u8], lease: i64) -> EtcdResult<Txn> {
         self.how.writes()?;
-        self.etcd.create_if(g, rev, k, v, lease)
+        let r = self.etcd.create_if(g, rev, k, v, lease);
+        if self.how.lose_answer_once.swap(false, Ordering::SeqCst) {
+            return Err(GatewayError("simulated: the answer was lost".into()));
+        }
+        r
     }
     fn delete_if(&self, key: &str, rev: u64) -> EtcdResult<bool> {
         self.how.writes()?;
@@ -470,4 +476,48 @@ fn an_old_refusal_does_not_make_a_later_one_fall_back_at_once() {
     b.lead(false, true);
     a.pump();
     assert!(!a.acts(), "fell back at the first refusal, on an old one");
+}
+
+/// Issue 30: a take record whose create committed while its answer was
+/// lost was sent again, refused (the record is there) and never tracked:
+/// its lease was not renewed without another open take, so a long turn
+/// was answered again by another host once it lapsed, and a give-back left
+/// the record keeping the event from every other host.
+#[test]
+fn a_take_whose_answer_was_lost_is_still_ours_renewed_and_given_back() {
+    let (clock, etcd) = rig();
+    let how = Arc::new(Twisted::default());
+    let mut a = twisted(&etcd, &clock, "a", &how);
+    a.lead(true, false);
+    pump_all(&mut [&mut a]);
+    assert!(a.acts());
+    let key = format!("/nip-le/{}/work/m1", pk());
+    how.lose_answer_once.store(true, Ordering::SeqCst);
+    a.task.step(Some(Inbox::Took {
+        pk: pk(),
+        id: "m1".into(),
+    }));
+    assert!(etcd.get_at(&key).unwrap().0.is_some(), "committed");
+    // The retry finds it there: ours, tracked.
+    for _ in 0..20 {
+        clock.advance(TTL / 20);
+        pump_all(&mut [&mut a]);
+    }
+    assert!(a.task.work.mine.contains_key(&(pk(), "m1".to_owned())));
+    // A long turn: the record lives as long as the take is open.
+    for _ in 0..60 {
+        clock.advance(TTL / 20);
+        pump_all(&mut [&mut a]);
+    }
+    assert!(etcd.get_at(&key).unwrap().0.is_some(), "the lease lapsed");
+    // Given back: the record goes.
+    a.task.step(Some(Inbox::Settled {
+        pk: pk(),
+        id: "m1".into(),
+        done: false,
+    }));
+    assert!(
+        etcd.get_at(&key).unwrap().0.is_none(),
+        "the give-back left it"
+    );
 }
