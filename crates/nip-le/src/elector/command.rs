@@ -32,6 +32,7 @@ pub(crate) enum Command {
 }
 
 /// A work-ledger operation (see [`crate::Work`]).
+#[derive(Debug)]
 pub(crate) enum WorkOp {
     Take(String),
     Done(String),

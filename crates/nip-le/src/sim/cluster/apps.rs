@@ -49,6 +49,7 @@ impl Sim {
             let took = self.call(w, |r| {
                 Command::Work(pk, WorkOp::Take(id.clone()), WorkReply::Take(r))
             });
+            self.note(w, || format!("take {id}: {took:?}"));
             match took {
                 Some(TakeOutcome::Granted { .. }) => {
                     // Judged per grant: the answer this turn sends.
@@ -261,6 +262,18 @@ impl Sim {
     /// A `done` or a `giveBack` of window `w` (its answer is not needed).
     fn record(&mut self, w: usize, op: WorkOp) {
         let pk = self.pk;
-        let _ = self.call(w, |r| Command::Work(pk, op, WorkReply::Flag(r)));
+        let what = format!("{op:?}");
+        let answer = self.call(w, |r| Command::Work(pk, op, WorkReply::Flag(r)));
+        self.note(w, || format!("{what}: {answer:?}"));
+    }
+
+    /// One line of `--trace` for window `w`'s app.
+    fn note(&self, w: usize, line: impl FnOnce() -> String) {
+        if self.trace {
+            let id = lock(&self.m).procs[self.windows[w].proc]
+                .instance_id
+                .clone();
+            println!("{:>10.3} s  {id}: {}", self.now() as f64 / 1e9, line());
+        }
     }
 }
