@@ -291,8 +291,15 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     .filter(|_| wanted("in-process"))
     {
         match scenarios::in_process(mode, backend) {
-            Ok((ns, us, (take_done, take_done_p99))) => println!(
-                "in-process [{label}]: is_leader {ns:.1} ns median (LeaderFlag), refresh of a led key {us:.1} µs median (round trip through the writer), take + done of a mention {take_done:.1} µs median, {take_done_p99:.1} µs p99",
+            Ok(r) => println!(
+                "in-process [{label}]: is_leader {:.1} ns median (LeaderFlag), refresh of a led key {:.1} µs median (round trip through the writer), take + done of a mention {:.1} µs median, {:.1} µs p99; with {} owed, owed + take + done {:.1} µs median, {:.1} µs p99",
+                r.is_leader_ns,
+                r.refresh_us,
+                r.take_done_us.0,
+                r.take_done_us.1,
+                scenarios::OWED,
+                r.backlog_us.0,
+                r.backlog_us.1,
             ),
             Err(e) => println!("in-process [{label}]: failed: {e}"),
         }

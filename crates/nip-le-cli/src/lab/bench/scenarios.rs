@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use nip_le::{AgentPubkey, Backend, Config, Elector, InstanceId, Mode};
+use nip_le::{AgentPubkey, Backend, Config, Elector, InstanceId, Mode, QueuedEvent};
 
 use super::{Row, Variant};
 use crate::lab::cluster::{
@@ -423,7 +423,7 @@ impl Bench {
 /// [`nip_le::LeaderFlag`] (ns, median of 200 batches of 100k calls) and a
 /// refresh of one key we lead, round trip through the writer (µs, median of
 /// 2000), and one mention's take and done (µs, median and p99 of 1000).
-pub fn in_process(mode: Mode, backend: Backend) -> std::io::Result<(f64, f64, (f64, f64))> {
+pub fn in_process(mode: Mode, backend: Backend) -> std::io::Result<InProcess> {
     let tmp = tempfile::tempdir()?;
     let mut c = Config::new(tmp.path());
     c.mode = mode;
@@ -464,9 +464,56 @@ pub fn in_process(mode: Mode, backend: Backend) -> std::io::Result<(f64, f64, (f
     }
     per_mention.sort_by(f64::total_cmp);
     let p99 = super::pct(&per_mention, 99.0);
-    Ok((
-        super::median(batches),
-        super::median(acq),
-        (super::pct(&per_mention, 50.0), p99),
-    ))
+    // A backlog: 10,000 mentions owed (and the ledger holding the 1,000
+    // above), worked the way an app does: which are owed, take the first,
+    // done. Each `owed` walks the whole queue.
+    let mut queue: Vec<QueuedEvent> = (0..OWED)
+        .map(|i| QueuedEvent {
+            id: format!("owed-{i}"),
+            published_ms: None,
+        })
+        .collect();
+    let mut backlog = Vec::new();
+    for _ in 0..1000 {
+        let t = Instant::now();
+        let owed = work.owed(&queue).map_err(std::io::Error::other)?;
+        let Some(id) = owed.first() else {
+            return Err(std::io::Error::other("nothing owed of the backlog"));
+        };
+        let took = work.take(id).map_err(std::io::Error::other)?;
+        if !took.granted() {
+            return Err(std::io::Error::other(format!("take refused: {took:?}")));
+        }
+        work.done(id).map_err(std::io::Error::other)?;
+        backlog.push(t.elapsed().as_nanos() as f64 / 1000.0);
+        // The app drops what it answered; a new mention keeps 10,000 owed.
+        let done_id = id.clone();
+        queue.retain(|e| e.id != done_id);
+        queue.push(QueuedEvent {
+            id: format!("owed-{}", OWED + backlog.len()),
+            published_ms: None,
+        });
+    }
+    backlog.sort_by(f64::total_cmp);
+    Ok(InProcess {
+        is_leader_ns: super::median(batches),
+        refresh_us: super::median(acq),
+        take_done_us: (super::pct(&per_mention, 50.0), p99),
+        backlog_us: (super::pct(&backlog, 50.0), super::pct(&backlog, 99.0)),
+    })
+}
+
+/// Mentions owed in the backlog row.
+pub const OWED: usize = 10_000;
+
+/// The in-process figures.
+pub struct InProcess {
+    /// `LeaderFlag::is_leader`, ns median.
+    pub is_leader_ns: f64,
+    /// A refresh through the writer, µs median.
+    pub refresh_us: f64,
+    /// Take + done of a mention, µs p50 and p99.
+    pub take_done_us: (f64, f64),
+    /// `owed` of 10,000 + take + done, µs p50 and p99.
+    pub backlog_us: (f64, f64),
 }
