@@ -51,7 +51,7 @@ impl Sim {
                     let turn = self.opts.turn_ms * MS;
                     let kill_at = t + stale + 2 * turn;
                     let d = kill_at - t + self.rng.range(MS, turn);
-                    lock(&self.m).procs[self.windows[w].proc].stopped_until = t + d;
+                    stop_until(&mut lock(&self.m).procs[self.windows[w].proc], t + d);
                     let restart_after = self.rng.range(0, 2 * stale);
                     self.push(kill_at, Ev::Fault(Fault::KillActing { restart_after }));
                 }
@@ -70,7 +70,7 @@ impl Sim {
                     // No excuse: a stopped holder is replaced within the
                     // stale bound by any window that kept running (one that
                     // resumes learns the record only then: the checks).
-                    lock(&self.m).procs[self.windows[w].proc].stopped_until = t + d;
+                    stop_until(&mut lock(&self.m).procs[self.windows[w].proc], t + d);
                     // A stop can land inside the few microseconds the
                     // window holds the lock file's `flock`: everyone's
                     // locked looks then time out until it resumes.
@@ -116,7 +116,7 @@ impl Sim {
                     let child = self.windows[w].child.map(|h| self.harnesses[h].proc);
                     let mut s = lock(&self.m);
                     for p in std::iter::once(self.windows[w].proc).chain(child) {
-                        s.procs[p].stopped_until = t + d;
+                        stop_until(&mut s.procs[p], t + d);
                     }
                     drop(s);
                     for o in live.iter().copied().filter(|&o| o != w) {
@@ -340,4 +340,13 @@ impl Sim {
         let extended = self.windows[w].extended;
         self.push(at, Ev::Start(id, extended));
     }
+}
+
+/// Stops `p` until `until` at least: a stop that ends sooner never wakes a
+/// process that a machine suspend (or a pause of everyone) holds longer.
+/// Setting it outright let a window stopped during a suspend run while the
+/// machine slept, and act beside the holder that woke with it (seed 173:
+/// two acting windows).
+fn stop_until(p: &mut crate::sim::state::Proc, until: u64) {
+    p.stopped_until = p.stopped_until.max(until);
 }
