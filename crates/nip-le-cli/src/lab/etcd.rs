@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use nip_le::global::{EtcdConfig, EtcdTls};
 use nip_le::AgentPubkey;
 
+use super::ports::{free_port, free_ports};
+
 /// A running etcd.
 pub struct Etcd {
     exe: PathBuf,
@@ -46,9 +48,9 @@ pub struct ServerTls {
     pub client: EtcdTls,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+/// How many times etcd is started on fresh ports when it exits at once
+/// (a port taken between our pick and its bind: parallel tests pick too).
+const STARTS: usize = 3;
 
 /// Where the etcd binary is, if anywhere.
 pub fn find_etcd() -> Option<PathBuf> {
@@ -79,22 +81,37 @@ impl Etcd {
     }
 
     fn start_with(tls: Option<ServerTls>) -> std::io::Result<Self> {
+        Self::start_on(free_ports()?, tls)
+    }
+
+    /// Starts etcd on `ports` (client, peer) first, on fresh ones if it
+    /// exits at once (a port taken: `tests/etcd_start.rs`).
+    pub fn start_on(ports: [u16; 2], tls: Option<ServerTls>) -> std::io::Result<Self> {
         let exe = find_etcd().ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 "no etcd binary (install Debian's etcd-server, or set NIP_LE_ETCD)",
             )
         })?;
+        let [client_port, peer_port] = ports;
         let mut e = Self {
             exe,
             data: tempfile::tempdir()?,
-            client_port: free_port()?,
-            peer_port: free_port()?,
+            client_port,
+            peer_port,
             tls,
             child: None,
         };
-        e.spawn()?;
-        Ok(e)
+        for start in 1..=STARTS {
+            match e.spawn() {
+                Err(err) if err.kind() == std::io::ErrorKind::AddrInUse && start < STARTS => {
+                    [e.client_port, e.peer_port] = free_ports()?;
+                    e.data = tempfile::tempdir()?;
+                }
+                r => return r.map(|()| e),
+            }
+        }
+        unreachable!("the last start returns")
     }
 
     /// The client URL (`https://` with TLS).
@@ -147,6 +164,19 @@ impl Etcd {
             match nip_le::global::read_holder(&probe, &pk) {
                 Ok(_) => return Ok(()),
                 Err(e) => last = e,
+            }
+            // Exited before answering: most likely a port taken since we
+            // picked it (it binds both at once, and exits if it cannot).
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("etcd exited before answering ({status}): {last}"),
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -18,5 +18,6 @@ pub mod cluster;
 pub mod demo;
 pub mod etcd;
 pub mod feed;
+mod ports;
 pub mod sim;
 pub mod stand_in;
