@@ -75,6 +75,17 @@ async function within(ms, what, p) {
   }
 }
 
+/** Whether `pid` has exited: gone, or a zombie (it has written everything; nobody may reap it). Never 0 or a negative pid: that would address a process group. */
+function exited(pid) {
+  if (!Number.isInteger(pid) || pid <= 0) return true
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
+    return stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')
+  } catch {
+    return true
+  }
+}
+
 /** `pid` and every process below it (by parent pid), deepest last. */
 function tree(pid) {
   const parents = new Map()
@@ -107,18 +118,9 @@ async function endTree(pid) {
       }
     }
   }
-  const alive = () =>
-    pids.filter((p) => {
-      try {
-        const stat = fs.readFileSync(`/proc/${p}/stat`, 'utf8')
-        return !stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')
-      } catch {
-        return false
-      }
-    })
   signal('SIGTERM')
   const end = Date.now() + 10_000
-  while (alive().length > 0 && Date.now() < end) await sleep(50)
+  while (!pids.every(exited) && Date.now() < end) await sleep(50)
   signal('SIGKILL')
 }
 
@@ -342,19 +344,8 @@ export async function teardown(beforeRemove) {
   for (const c of children.reverse()) c.kill('SIGTERM')
   // The apps release their locks on the way out: let them finish writing
   // before the directory goes (a loaded machine takes a while).
-  const gone = (pid) => {
-    // Never signal 0 or a negative pid: that would address a process group.
-    if (!Number.isInteger(pid) || pid <= 0) return true
-    try {
-      // A zombie has exited (and written everything); nobody may reap it.
-      const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
-      return stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')
-    } catch {
-      return true
-    }
-  }
   const end = Date.now() + 10_000
-  while (Date.now() < end && !windows.every((w) => gone(w.pid))) await sleep(50)
+  while (Date.now() < end && !windows.every((w) => exited(w.pid))) await sleep(50)
   // (`after(teardown)` passes node's test context: not a hook.)
   if (typeof beforeRemove === 'function') await beforeRemove()
   fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 })

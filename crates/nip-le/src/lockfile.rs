@@ -267,6 +267,34 @@ pub fn read_unguarded(path: &Path) -> Result<LockContent> {
     }
 }
 
+/// Takes `file`'s `flock` (exclusive, or shared), polling with a backoff
+/// for at most `wait`: a peer that hangs holding it cannot hang us.
+pub(crate) fn lock_polled(file: &File, path: &Path, exclusive: bool, wait: Duration) -> Result<()> {
+    let started = Instant::now();
+    let mut backoff = Duration::from_micros(200);
+    loop {
+        let got = if exclusive {
+            fs4::FileExt::try_lock(file)
+        } else {
+            fs4::FileExt::try_lock_shared(file)
+        };
+        match got {
+            Ok(()) => return Ok(()),
+            Err(fs4::TryLockError::WouldBlock) => {}
+            Err(fs4::TryLockError::Error(e)) => return Err(Error::io(path, e)),
+        }
+        let waited = started.elapsed();
+        if waited >= wait {
+            return Err(Error::LockTimeout {
+                path: path.into(),
+                waited,
+            });
+        }
+        std::thread::sleep(backoff.min(wait - waited));
+        backoff = (backoff * 2).min(Duration::from_millis(10));
+    }
+}
+
 /// An open lock file holding the exclusive `flock`; unlocked when dropped.
 #[derive(Debug)]
 pub struct LockedFile {
@@ -283,29 +311,11 @@ impl LockedFile {
             Ok(Err(e)) => return Err(e),
             Err(e) => return Err(Error::io(path, e)),
         };
-        let started = Instant::now();
-        let mut backoff = Duration::from_micros(200);
-        loop {
-            match fs4::FileExt::try_lock(&file) {
-                Ok(()) => {
-                    return Ok(Self {
-                        file,
-                        path: path.into(),
-                    })
-                }
-                Err(fs4::TryLockError::WouldBlock) => {}
-                Err(fs4::TryLockError::Error(e)) => return Err(Error::io(path, e)),
-            }
-            let waited = started.elapsed();
-            if waited >= wait {
-                return Err(Error::LockTimeout {
-                    path: path.into(),
-                    waited,
-                });
-            }
-            std::thread::sleep(backoff.min(wait - waited));
-            backoff = (backoff * 2).min(Duration::from_millis(10));
-        }
+        lock_polled(&file, path, true, wait)?;
+        Ok(Self {
+            file,
+            path: path.into(),
+        })
     }
 
     /// Reads the current content (capped).

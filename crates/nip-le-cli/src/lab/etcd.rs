@@ -102,16 +102,17 @@ impl Etcd {
             tls,
             child: None,
         };
-        for start in 1..=STARTS {
+        let mut starts = 1;
+        loop {
             match e.spawn() {
-                Err(err) if err.kind() == std::io::ErrorKind::AddrInUse && start < STARTS => {
+                Err(err) if err.kind() == std::io::ErrorKind::AddrInUse && starts < STARTS => {
                     [e.client_port, e.peer_port] = free_ports()?;
                     e.data = tempfile::tempdir()?;
+                    starts += 1;
                 }
                 r => return r.map(|()| e),
             }
         }
-        unreachable!("the last start returns")
     }
 
     /// The client URL (`https://` with TLS).

@@ -10,10 +10,10 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::lockfile::{open_regular_file, Create};
+use crate::lockfile::{lock_polled, open_regular_file, Create};
 
 /// How long an append or a rewrite waits for the hold: a peer that hangs
 /// holding it (stopped mid-append) costs a retry, never a hang.
@@ -42,25 +42,7 @@ impl AppendHold {
     pub fn take(ledger: &Path, exclusive: bool, wait: Duration) -> Result<Self> {
         let path = hold_path(ledger);
         let file = open_regular_file(&path, Create::IfMissing).map_err(|e| Error::io(&path, e))?;
-        let started = Instant::now();
-        let mut backoff = Duration::from_micros(100);
-        loop {
-            let got = if exclusive {
-                fs4::FileExt::try_lock(&file)
-            } else {
-                fs4::FileExt::try_lock_shared(&file)
-            };
-            match got {
-                Ok(()) => return Ok(Self { _file: Some(file) }),
-                Err(fs4::TryLockError::WouldBlock) => {}
-                Err(fs4::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
-            }
-            let waited = started.elapsed();
-            if waited >= wait {
-                return Err(Error::LockTimeout { path, waited });
-            }
-            std::thread::sleep(backoff.min(wait - waited));
-            backoff = (backoff * 2).min(Duration::from_millis(5));
-        }
+        lock_polled(&file, &path, exclusive, wait)?;
+        Ok(Self { _file: Some(file) })
     }
 }

@@ -12,19 +12,15 @@ impl Sim {
                 Err(broadcast::error::TryRecvError::Lagged(_)) => continue,
                 Err(_) => break,
             };
-            if self.trace {
-                let id = lock(&self.m).procs[self.windows[w].proc]
-                    .instance_id
-                    .clone();
-                println!(
-                    "{:>10.3} s  {id}: {} leader={} cancel={} epoch={:?}",
-                    self.now() as f64 / 1e9,
+            self.note(w, || {
+                format!(
+                    "{} leader={} cancel={} epoch={:?}",
                     change.reason.as_str(),
                     change.is_leader,
                     change.must_cancel_turn,
                     change.epoch
-                );
-            }
+                )
+            });
             self.windows[w].app.gate = change.is_leader;
             if change.must_cancel_turn {
                 if let Some(turn) = self.windows[w].app.turn.take() {
@@ -267,7 +263,8 @@ impl Sim {
         self.note(w, || format!("{what}: {answer:?}"));
     }
 
-    /// One line of `--trace` for window `w`'s app.
+    /// One line of `--trace` for window `w`: a change it read, a take, a
+    /// done or a give-back.
     fn note(&self, w: usize, line: impl FnOnce() -> String) {
         if self.trace {
             let id = lock(&self.m).procs[self.windows[w].proc]
