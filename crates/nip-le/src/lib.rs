@@ -60,6 +60,7 @@ pub mod record;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod start;
+mod work;
 
 pub use config::{Backend, Config, Mode};
 pub use control::{ControlFrame, ControlResult};

@@ -9,7 +9,6 @@
 //! permit is closed before it acts (a hand-over to another host) asks the
 //! writer to confirm ([`UpperLevel::withdrawn`]).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::error::Result;
@@ -109,13 +108,8 @@ pub(crate) struct UpperNews {
     pub work_unread: bool,
 }
 
-/// The agent's work as the level above the host records it for every host:
-/// events done, and events a window still running has taken.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct SharedWork {
-    pub done: BTreeSet<String>,
-    pub taken: BTreeSet<String>,
-}
+/// The agent's work as the level above records it (its rules: [`crate::work`]).
+pub(crate) use crate::work::SharedWork;
 
 /// How the upper level tells the writer (through its mailbox).
 pub(crate) type Tell = Box<dyn Fn(AgentPubkey, UpperNews) + Send>;

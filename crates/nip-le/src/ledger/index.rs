@@ -196,6 +196,21 @@ impl Index {
         ids
     }
 
+    /// The events taken (and not done or given back) by the taker whose
+    /// presence token is `token`, with the epoch of each take, sorted.
+    pub fn taken_with(&self, token: &str) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = (self.entries.iter())
+            .filter_map(|(id, e)| match e.state {
+                State::Taken(epoch) if e.live.as_deref() == Some(token) => {
+                    Some((id.clone(), epoch))
+                }
+                _ => None,
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// The state of `id`, if the ledger knows it.
     pub fn state(&self, id: &str) -> Option<State> {
         self.entries.get(id).map(|e| e.state)

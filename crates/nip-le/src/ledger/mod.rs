@@ -97,7 +97,7 @@ pub fn validate_event_id(id: &str) -> Result<()> {
 }
 
 /// One ledger line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     /// The holder at `epoch` dispatched the event.

@@ -11,6 +11,7 @@ use crate::ledger::Ledger;
 use crate::presence::Sibling;
 use crate::pubkey::AgentPubkey;
 use crate::record::{LockContent, LockRecord};
+use crate::work::{Displaced, WorkMachine};
 
 use super::super::cache::{KeyCell, Published};
 use super::super::machine::announce::{Announcement, Announcer};
@@ -22,33 +23,8 @@ use super::super::types::{
     ChangeReason, ClaimOutcome, ElectionStatus, GlobalStatus, HolderStatus, LeadershipChange,
     LockState,
 };
-use super::super::upper::SharedWork;
 use super::context::{Ctx, FileProbes};
 use super::{guarded, panic_message, unix_ms};
-
-/// Extension: what the holder knows of its work ledger, for the epoch it
-/// holds the lock at.
-pub(super) struct WorkState {
-    pub(super) epoch: u64,
-    /// The predecessor kept no ledger (its record had no epoch: spec mode
-    /// or the harness): events published before we led may be answered.
-    pub(super) ledgerless_before: bool,
-    /// `None`: the ledger cannot be read (since `unreadable_since`); it is
-    /// opened again before every take and on every wake-up, and takes are
-    /// granted without it only once that has lasted (see
-    /// [`crate::ledger::grants_without_ledger`]).
-    pub(super) ledger: Option<Ledger>,
-    /// Since when (unix ms) the ledger cannot be read.
-    pub(super) unreadable_since: u64,
-    /// Whether the disk refused the last take (logged once per spell).
-    pub(super) refusing: bool,
-    /// We took the lock over (the holder died, hung or went): what it
-    /// took is owed at once, even if it lives on (a hung holder that
-    /// resumes is fenced and sends nothing). After a hand-over or a claim
-    /// its takes stay in flight while it lives: its reply may be on its
-    /// way.
-    pub(super) after_takeover: bool,
-}
 
 /// One joined key.
 pub(super) struct Key {
@@ -60,17 +36,12 @@ pub(super) struct Key {
     /// The holder to watch, decided by the last look and not carried out
     /// yet (`Some(None)`: watch no holder).
     pub(super) watch: Option<Option<String>>,
-    /// Since when (unix ms) we lead, while we do.
-    pub(super) leader_since: Option<u64>,
-    /// The id of a writer without an epoch that our last take replaced,
-    /// unless it is known to keep the ledger (see
-    /// [`KeyMachine::ledgerless`]).
-    pub(super) replaced_ledgerless: Option<String>,
-    /// Extension: since when (unix ms) we lead without holding the lock at
-    /// an epoch (the NIP's fail-safe), with no ledger to record takes in.
-    pub(super) ledgerless_since: Option<u64>,
-    /// Extension: the work ledger, while we hold the lock at an epoch.
-    pub(super) work: Option<WorkState>,
+    /// Extension: the work rules of this key (take, settle, owed).
+    pub(super) work: WorkMachine,
+    /// Extension: the work ledger of the epoch we hold the lock at, while
+    /// it can be read (it is opened again before every take and on every
+    /// wake-up).
+    pub(super) ledger: Option<Ledger>,
     /// Extension: lines of ours the disk refused (a `done` whose reply
     /// was sent, a give-back) in a ledger we no longer hold: written on
     /// every wake-up until the disk takes them, whatever our leadership,
@@ -87,17 +58,6 @@ pub(super) struct Key {
     pub(super) upper_tenure: u64,
     /// The upper level's view, when one is configured.
     pub(super) global: Option<GlobalStatus>,
-    /// Since when (unix ms) we act after taking the agent from another
-    /// host, whose work ledger we cannot read: as after a predecessor that
-    /// kept no ledger, only what was published since is owed (when the
-    /// upper level could not tell us what that host did).
-    pub(super) global_since: Option<u64>,
-    /// What the upper level recorded of the agent's work on every host,
-    /// while we hold the key above the host.
-    pub(super) shared_work: Option<Arc<SharedWork>>,
-    /// We hold the key above the host but its work records could not be
-    /// read yet: nothing is owed or granted until they are.
-    pub(super) work_unread: bool,
     /// Extension: a step-down of ours waiting for our agent to stop
     /// before the lock moves (see [`super::drain`]), and the calls it
     /// answers then.
@@ -274,14 +234,14 @@ impl Key {
                 };
                 let (w, t) = m.step(locked, ctx.world.now()).write();
                 if t.is_some() {
-                    before = Some(m.ledgerless(content));
+                    before = Some((m.ledgerless(content), displaced(content)));
                 }
                 took = t;
                 w
             })
         });
-        if let Some(b) = before {
-            self.replaced_ledgerless = b;
+        if let Some((ledgerless, holder)) = before {
+            self.work.replaced(ledgerless, holder);
         }
         match result {
             Ok(u) => (
@@ -553,5 +513,14 @@ fn holder_status(r: &LockRecord, our_id: &str) -> HolderStatus {
         age_ms: None,
         epoch: r.epoch,
         is_us: r.instance_id == our_id,
+    }
+}
+
+/// The holder a take of ours replaces, as `content` names it (see
+/// [`Displaced`]).
+fn displaced(content: &LockContent) -> Displaced {
+    match content.record() {
+        Some(r) => Displaced::Token(r.live.clone().filter(|t| crate::presence::valid_token(t))),
+        None => Displaced::Unknown,
     }
 }

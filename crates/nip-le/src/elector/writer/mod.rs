@@ -34,6 +34,7 @@ use tokio::sync::broadcast;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::pubkey::AgentPubkey;
+use crate::work::WorkMachine;
 
 use super::cache::{self, KeyCell, Published, Snapshot};
 use super::machine::{Cause, Input, KeyMachine, Rules, StepDownPlan};
@@ -368,19 +369,14 @@ impl Writer {
             store: self.ctx.world.store(&pk),
             next_tick: self.ctx.world.now().mono + self.ctx.rules.refresh,
             watch: None,
-            leader_since: None,
-            replaced_ledgerless: None,
-            ledgerless_since: None,
-            work: None,
+            work: WorkMachine::new(self.ctx.rules.profile.ledger, self.ctx.rules.stale),
+            ledger: None,
             unwritten: self.left_unwritten.remove(&pk).unwrap_or_default(),
             announcer: Default::default(),
             told_upper: false,
             told_locked: false,
             upper_tenure: 0,
             global: None,
-            global_since: None,
-            shared_work: None,
-            work_unread: false,
             drain: None,
             drain_replies: Vec::new(),
             withdraw_at: None,

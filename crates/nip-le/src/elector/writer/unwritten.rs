@@ -6,37 +6,9 @@
 //! event again (the simulator, with file faults). Only the process's end
 //! loses it.
 
-use crate::ledger::{Index, Ledger, LedgerError, Op};
+use crate::ledger::{Ledger, LedgerError, Op};
 use crate::pubkey::AgentPubkey;
-
-/// How a turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Settle {
-    /// The reply was sent.
-    Done,
-    /// The turn was cancelled.
-    GiveBack,
-}
-
-impl Settle {
-    /// Its ledger line.
-    pub(super) fn op(self, id: &str, epoch: u64, at_ms: u64) -> Op {
-        let id = id.to_owned();
-        match self {
-            Settle::Done => Op::Done { id, epoch, at_ms },
-            Settle::GiveBack => Op::GiveBack { id, epoch, at_ms },
-        }
-    }
-}
-
-/// The epoch of the take of `id` by the window whose presence token is
-/// `token`, if `index` shows one.
-pub(super) fn taken_by(index: &Index, id: &str, token: Option<&str>) -> Option<u64> {
-    index
-        .taker(id)
-        .filter(|(_, live)| live.is_some() && *live == token)
-        .map(|(epoch, _)| epoch)
-}
+use crate::work::{settle_line, Settle};
 
 /// Applies and appends `op`. A line the disk refuses is still applied, and
 /// kept to be written as soon as the disk takes it (a warning says so).
@@ -110,9 +82,9 @@ impl Unwritten {
                 }
             },
         };
-        let recorded = match taken_by(&l.index, id, token) {
-            Some(epoch) => {
-                append(&mut l, pubkey, what.op(id, epoch, at_ms));
+        let recorded = match settle_line(&l.index, id, token, what, at_ms) {
+            Some(op) => {
+                append(&mut l, pubkey, op);
                 true
             }
             None => false,
@@ -136,8 +108,8 @@ impl Unwritten {
             };
             if let Ok(mut l) = l {
                 for (what, id, at_ms) in std::mem::take(&mut self.unsettled) {
-                    if let Some(epoch) = taken_by(&l.index, &id, token) {
-                        append(&mut l, pubkey, what.op(&id, epoch, at_ms));
+                    if let Some(op) = settle_line(&l.index, &id, token, what, at_ms) {
+                        append(&mut l, pubkey, op);
                     }
                 }
                 self.keep(l);

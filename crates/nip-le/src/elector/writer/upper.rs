@@ -67,30 +67,17 @@ impl Key {
             self.withdraw_after_agent(ctx);
         }
         self.global = Some(news.status);
-        let records = news.work.is_some() || news.work_unread;
-        if let Some(w) = news.work {
-            self.shared_work = Some(w);
-        }
-        self.work_unread = news.work_unread;
-        if records {
-            // What every host did is recorded above: it decides what is
-            // owed, not when we gained (a fall-back before left a start
-            // that would skip the backlog, seed 4 of `--strict-once`).
-            self.global_since = None;
-        } else if news.from_other_host {
-            // The other host's work is unknown here.
-            self.global_since = Some(news.at_ms);
-        } else if matches!(
+        let gave_up = matches!(
             news.reason,
             Some(ChangeReason::Lost | ChangeReason::StoodDown | ChangeReason::Released)
-        ) {
-            // Given up (a fence that lifts again keeps it: nothing moved).
-            // What the records said stays until the next read replaces it:
-            // a permit reopened without a gain (a hand-over that failed,
-            // then a renewal) must not owe the whole backlog again (seed 9
-            // of `--cluster hosts --strict-once`).
-            self.global_since = None;
-        }
+        );
+        (self.work).above(
+            news.work,
+            news.work_unread,
+            news.from_other_host,
+            gave_up,
+            news.at_ms,
+        );
         if let Some(reason) = news.reason {
             let acting = self.cell.is_leader_on(ctx.world.clocks());
             if let Some(a) = self.announcer.tell(acting, reason, true) {

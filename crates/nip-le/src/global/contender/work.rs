@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::elector::upper::SharedWork;
 use crate::pubkey::AgentPubkey;
+use crate::work::{gives_up_on_records, RecordView, SharedWork};
 
 use super::super::etcd::{Etcd, Kv, Result, Txn};
 use super::super::{EtcdConfig, WorkRecord};
@@ -390,7 +390,7 @@ impl Task {
                 // too large to page): we act as after a holder whose ledger
                 // we cannot read, owing only what is published from now on,
                 // and read again now and then.
-                let long = now.saturating_duration_since(since) >= self.cfg.ttl;
+                let long = gives_up_on_records(now.saturating_duration_since(since), self.cfg.ttl);
                 e.work_unread = !long;
                 e.work_again_at = Some(if long { now + self.cfg.ttl / 3 } else { retry });
                 return None;
@@ -450,22 +450,16 @@ fn keep<T>(queue: &mut VecDeque<T>, record: T) {
     queue.push_back(record);
 }
 
-/// The records under `prefix` (hostile content is skipped): what is done,
-/// what other windows have taken (our own takes are our ledger's: a
-/// snapshot of one we give back later would keep the event from us, seed
-/// 17 of `--cluster hosts --strict-once`), and whether there are any.
+/// The records under `prefix` (hostile content is skipped), as the rule
+/// [`SharedWork::from_records`] reads them for `our_id`.
 fn shared_work(prefix: &str, kvs: &[Kv], our_id: &str) -> (SharedWork, bool) {
-    let mut work = SharedWork::default();
-    let mut others_open = false;
-    for (id, r) in kvs.iter().filter_map(|kv| parse(prefix, kv)) {
-        if r.op == "done" {
-            work.done.insert(id.to_owned());
-        } else if r.instance_id != our_id {
-            others_open = true;
-            work.taken.insert(id.to_owned());
-        }
-    }
-    (work, others_open)
+    let parsed: Vec<(&str, Record)> = kvs.iter().filter_map(|kv| parse(prefix, kv)).collect();
+    let views = parsed.iter().map(|(id, r)| RecordView {
+        id,
+        done: r.op == "done",
+        instance_id: &r.instance_id,
+    });
+    SharedWork::from_records(views, our_id)
 }
 
 #[cfg(test)]

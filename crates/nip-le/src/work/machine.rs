@@ -1,0 +1,509 @@
+//! [`WorkMachine`]: one key's work rules for this window, pure. Its state
+//! is what the window knows of its work beyond the ledger file (the epoch
+//! it holds at and how it came to hold it, what the level above reported,
+//! since when it leads), its inputs the ledger's [`Index`] as last read (or
+//! `None`: unreadable), the presence probe and the time; its answers are
+//! decisions, and the lines to append. The writer's work shell opens,
+//! reads and appends; it decides nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::elector::types::{QueuedEvent, TakeOutcome};
+use crate::ledger::{self, Index, Op, Verdict};
+
+use super::SharedWork;
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// The reply was sent.
+    Done,
+    /// The turn was cancelled.
+    GiveBack,
+}
+
+impl Settle {
+    /// Its ledger line.
+    pub(crate) fn op(self, id: &str, epoch: u64, at_ms: u64) -> Op {
+        let id = id.to_owned();
+        match self {
+            Settle::Done => Op::Done { id, epoch, at_ms },
+            Settle::GiveBack => Op::GiveBack { id, epoch, at_ms },
+        }
+    }
+}
+
+/// What to do with the ledger after a conclusion of the key machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lead {
+    /// Not holding at an epoch (any more): forget the ledger we kept (its
+    /// refused lines are kept apart, see the writer's `unwritten`).
+    Forget,
+    /// Nothing changes.
+    Keep,
+    /// We hold at `epoch` now, a new one: forget the ledger we kept, open
+    /// this epoch's and tell [`WorkMachine::opened`].
+    Open { epoch: u64 },
+}
+
+/// What a take needs: an answer at once, or a line on disk first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TakeStep {
+    Answer(TakeOutcome),
+    /// Append this line now (synced); tell [`WorkMachine::take_written`].
+    Record(Op),
+}
+
+/// What a settle needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SettleStep {
+    Answer(bool),
+    /// Append this line to the ledger of our epoch (kept, if refused, to be
+    /// written later) and answer `true`.
+    Record(Op),
+    /// We do not hold at an epoch with a readable ledger: the line goes
+    /// through the refused-lines store, which finds the take's epoch
+    /// ([`settle_line`]); answer what it recorded, or `anyway`.
+    Outside {
+        anyway: bool,
+    },
+}
+
+/// A change in the disk's refusals of takes, to be said once per spell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spell {
+    Began,
+    Ended,
+    Same,
+}
+
+/// The holder's part: while we hold the lock at an epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Held {
+    epoch: u64,
+    /// Since when (unix ms) we hold at it: a ledger unreadable since then
+    /// is granted past only once that lasted (see
+    /// [`ledger::grants_without_ledger`]).
+    since_ms: u64,
+    /// The predecessor kept no ledger we can read (its record had no
+    /// epoch: spec mode or the harness): what was published before we led
+    /// may be answered.
+    ledgerless_before: bool,
+    /// Whether the disk refused the last take.
+    refusing: bool,
+    /// We took the lock over from this holder (it died or hung): what it
+    /// took is owed at once, even if it lives on (a hung holder that
+    /// resumes is fenced and sends nothing). Every other taker's take stays
+    /// in flight while it lives, as after a hand-over or a claim: its reply
+    /// may be on its way (the model check: a former holder that handed
+    /// over mid-turn, then its heir hung and was taken over; the mention
+    /// was answered twice when every live take was owed).
+    displaced: Option<Displaced>,
+}
+
+/// The holder a takeover displaced, as the record we replaced named it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Displaced {
+    /// Its presence token (`None`: its record had none, so no take of it
+    /// carries one: each is owed anyway).
+    Token(Option<String>),
+    /// The record could not be read: any live take may be the holder's.
+    Unknown,
+}
+
+/// What the level above the host (etcd) reported for this key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+struct Above {
+    /// Done or taken on every host, while we hold the key above.
+    shared: Option<Arc<SharedWork>>,
+    /// We hold the key above but its records could not be read yet.
+    unread: bool,
+    /// Since when (unix ms) we act after taking the agent from another
+    /// host whose work is unknown here (its records could not tell).
+    since: Option<u64>,
+}
+
+/// One key's work rules for this window (see the module).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct WorkMachine {
+    /// The extension keeps a ledger; spec mode does not.
+    keeps_ledger: bool,
+    /// The stale bound.
+    stale: Duration,
+    /// Since when (unix ms) we lead, while we do.
+    leader_since: Option<u64>,
+    /// Since when (unix ms) we lead without holding the lock at an epoch
+    /// (the NIP's fail-safe), with no ledger to record takes in.
+    ledgerless_since: Option<u64>,
+    /// The id of a writer without an epoch that our last take replaced
+    /// (see `KeyMachine::ledgerless`).
+    replaced_ledgerless: Option<String>,
+    /// The holder our last take replaced.
+    replaced: Option<Displaced>,
+    held: Option<Held>,
+    above: Above,
+}
+
+impl WorkMachine {
+    /// A key just joined.
+    pub(crate) fn new(keeps_ledger: bool, stale: Duration) -> Self {
+        Self {
+            keeps_ledger,
+            stale,
+            leader_since: None,
+            ledgerless_since: None,
+            replaced_ledgerless: None,
+            replaced: None,
+            held: None,
+            above: Above::default(),
+        }
+    }
+
+    /// The epoch we hold the lock at, with a ledger, if we do.
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        self.held.as_ref().map(|h| h.epoch)
+    }
+
+    /// Our take replaced a record: `ledgerless`, the id of its writer if
+    /// it had no epoch; `holder`, who it named.
+    pub(crate) fn replaced(&mut self, ledgerless: Option<String>, holder: Displaced) {
+        self.replaced_ledgerless = ledgerless;
+        self.replaced = Some(holder);
+    }
+
+    /// After each conclusion of the key machine: whether we lead, the epoch
+    /// we hold the lock at (a same-id child's rewrite is not a change of
+    /// holder), and whether we took it over.
+    pub(crate) fn lead(
+        &mut self,
+        now_ms: u64,
+        leader: bool,
+        epoch: Option<u64>,
+        takeover: bool,
+    ) -> Lead {
+        if !leader {
+            *self = Self {
+                above: std::mem::take(&mut self.above),
+                ..Self::new(self.keeps_ledger, self.stale)
+            };
+            self.above.since = None;
+            return Lead::Forget;
+        }
+        self.leader_since.get_or_insert(now_ms);
+        let Some(epoch) = epoch.filter(|_| self.keeps_ledger) else {
+            self.held = None;
+            self.ledgerless_since.get_or_insert(now_ms);
+            return Lead::Forget;
+        };
+        self.ledgerless_since = None;
+        if self.held.as_ref().is_some_and(|h| h.epoch == epoch) {
+            return Lead::Keep;
+        }
+        self.held = Some(Held {
+            epoch,
+            since_ms: now_ms,
+            ledgerless_before: false,
+            refusing: false,
+            displaced: (self.replaced.take())
+                .map(|d| if takeover { Some(d) } else { None })
+                .unwrap_or(takeover.then_some(Displaced::Unknown)),
+        });
+        Lead::Open { epoch }
+    }
+
+    /// The ledger of the epoch we hold was opened (`index`; `None`: it
+    /// cannot be read). A predecessor's record without an epoch is a
+    /// writer without a ledger, unless it is the harness child of a window
+    /// that keeps one: a `held` line names it, or it takes part in this
+    /// key with a presence now (`takes_part`).
+    ///
+    /// Returns the lines to append: after a takeover, the displaced
+    /// holder's takes given back on its behalf (it is fenced: it sends
+    /// nothing more), so that they read as owed to every later holder too,
+    /// not only to us (the model check: the holder that took over died
+    /// before it took them again, and the next one left them to the hung
+    /// holder for as long as it lived).
+    pub(crate) fn opened(
+        &mut self,
+        index: Option<&Index>,
+        takes_part: &dyn Fn(&str) -> bool,
+        now_ms: u64,
+    ) -> Vec<Op> {
+        let before = self
+            .replaced_ledgerless
+            .take()
+            .is_some_and(|by| index.is_none_or(|ix| !ix.kept_by(&by)) && !takes_part(&by));
+        let Some(h) = self.held.as_mut() else {
+            return Vec::new();
+        };
+        h.ledgerless_before = before;
+        match (&h.displaced, index) {
+            (Some(Displaced::Token(Some(t))), Some(ix)) => (ix.taken_with(t).into_iter())
+                .map(|(id, epoch)| Settle::GiveBack.op(&id, epoch, now_ms))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether a take whose taker has this presence token is in flight,
+    /// given the presence probe: while its taker lives, unless it is the
+    /// holder we took over from.
+    fn lives<'a>(&'a self, alive: &'a dyn Fn(&str) -> bool) -> impl Fn(&str) -> bool + 'a {
+        let displaced = self.held.as_ref().and_then(|h| h.displaced.as_ref());
+        move |t| {
+            let ours = match displaced {
+                None => false,
+                Some(Displaced::Unknown) => true,
+                Some(Displaced::Token(d)) => d.as_deref() == Some(t),
+            };
+            !ours && alive(t)
+        }
+    }
+
+    /// A take of `id`. `leads`: we act now; `index`: the ledger as just
+    /// read again (`None`: unreadable); `by` and `live`: our election id
+    /// and presence token, for the line.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn take(
+        &self,
+        id: &str,
+        leads: bool,
+        now_ms: u64,
+        index: Option<&Index>,
+        alive: &dyn Fn(&str) -> bool,
+        by: &str,
+        live: Option<&str>,
+    ) -> TakeStep {
+        use TakeStep::Answer;
+        if !leads {
+            return Answer(TakeOutcome::NotLeader);
+        }
+        // What another host did (or a window of any host still does).
+        if self.above.unread {
+            return Answer(TakeOutcome::Unavailable);
+        }
+        if let Some(shared) = &self.above.shared {
+            if shared.done.contains(id) {
+                return Answer(TakeOutcome::Done);
+            }
+            if shared.taken.contains(id) {
+                return Answer(TakeOutcome::AlreadyTaken);
+            }
+        }
+        let Some(h) = &self.held else {
+            // Spec mode: no ledger applies. A fail-safe leader (the lock
+            // file cannot be read, nor, most likely, the ledger beside it)
+            // acts unrecorded once that has lasted, as with an unreadable
+            // ledger.
+            let since = self.ledgerless_since.unwrap_or(0);
+            let waits =
+                self.keeps_ledger && !ledger::grants_without_ledger(since, now_ms, self.stale);
+            return Answer(if waits {
+                TakeOutcome::Unavailable
+            } else {
+                TakeOutcome::Granted { epoch: None }
+            });
+        };
+        let Some(ix) = index else {
+            return Answer(
+                if ledger::grants_without_ledger(h.since_ms, now_ms, self.stale) {
+                    TakeOutcome::Granted {
+                        epoch: Some(h.epoch),
+                    }
+                } else {
+                    TakeOutcome::Unavailable
+                },
+            );
+        };
+        match ix.verdict_with(id, h.epoch, &self.lives(alive)) {
+            Verdict::Done => Answer(TakeOutcome::Done),
+            Verdict::TakenNow | Verdict::TakenElsewhere => Answer(TakeOutcome::AlreadyTaken),
+            Verdict::Owed => TakeStep::Record(Op::Take {
+                id: id.to_owned(),
+                epoch: h.epoch,
+                by: by.to_owned(),
+                at_ms: now_ms,
+                live: live.map(str::to_owned),
+            }),
+        }
+    }
+
+    /// The take line of [`TakeStep::Record`] was written (`written`) or
+    /// refused: a take that is not on disk is not granted (a successor, or
+    /// we after a crash, would grant it again).
+    pub(crate) fn take_written(&mut self, written: bool) -> (TakeOutcome, Spell) {
+        let Some(h) = self.held.as_mut() else {
+            return (TakeOutcome::Unavailable, Spell::Same);
+        };
+        let spell = match (std::mem::replace(&mut h.refusing, !written), written) {
+            (true, true) => Spell::Ended,
+            (false, false) => Spell::Began,
+            _ => Spell::Same,
+        };
+        let out = if written {
+            TakeOutcome::Granted {
+                epoch: Some(h.epoch),
+            }
+        } else {
+            TakeOutcome::Unavailable
+        };
+        (out, spell)
+    }
+
+    /// A `done` or a `giveBack` of `id` from this window, whose presence
+    /// token is `token`. Accepted from the window that took the event (its
+    /// token is on the take), at the take's epoch, whatever its
+    /// leadership (fence the take, not the done: its reply may have been
+    /// on its way while leadership moved); and, for a `done`, from the
+    /// leader (an event it was handed some other way).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn settle(
+        &self,
+        id: &str,
+        token: Option<&str>,
+        leads: bool,
+        what: Settle,
+        now_ms: u64,
+        index: Option<&Index>,
+    ) -> SettleStep {
+        if !self.keeps_ledger {
+            // Spec mode: no ledger applies.
+            return SettleStep::Answer(leads);
+        }
+        let (Some(h), Some(ix)) = (&self.held, index) else {
+            // Not the holder any more (a fail-safe leader included: a take
+            // of ours at an epoch we held still needs its end), or our
+            // ledger cannot be read. A fail-safe leader's own dispatch
+            // needs no line.
+            return SettleStep::Outside {
+                anyway: leads && self.held.is_none(),
+            };
+        };
+        let epoch = match (taken_by(ix, id, token), what) {
+            (Some(epoch), _) => epoch,
+            // A take at our epoch without a token (our presence did not
+            // list the key then): ours, only the holder takes at it.
+            (None, _) if ix.taker(id) == Some((h.epoch, None)) => h.epoch,
+            (None, Settle::Done) if leads => h.epoch,
+            _ => return SettleStep::Answer(false),
+        };
+        SettleStep::Record(what.op(id, epoch, now_ms))
+    }
+
+    /// The give-backs that end every turn we took at our epoch, when we
+    /// leave the key: no `done` or `giveBack` of ours can reach the ledger
+    /// any more (see the writer's `end_takes`).
+    pub(crate) fn end_takes(&self, index: Option<&Index>, now_ms: u64) -> Vec<Op> {
+        let (Some(h), Some(ix)) = (&self.held, index) else {
+            return Vec::new();
+        };
+        (ix.taken_at(h.epoch).into_iter())
+            .map(|id| Settle::GiveBack.op(&id, h.epoch, now_ms))
+            .collect()
+    }
+
+    /// The queued events we must dispatch now, in order: none unless we
+    /// act and the level above could tell what every host did; then what
+    /// the level above does not show done or taken, and what the ledger
+    /// shows owed (see [`ledger::owed`]). Without a ledger that covers the
+    /// predecessor, only what was published since we led (it may have
+    /// answered the rest).
+    pub(crate) fn owed(
+        &self,
+        queue: &[QueuedEvent],
+        leads: bool,
+        index: Option<&Index>,
+        alive: &dyn Fn(&str) -> bool,
+    ) -> Vec<String> {
+        if !leads || self.above.unread {
+            return Vec::new();
+        }
+        let since = (self.leader_since.unwrap_or(0)).max(self.above.since.unwrap_or(0));
+        let shared = self.above.shared.as_deref();
+        let elsewhere =
+            |id: &str| shared.is_some_and(|w| w.done.contains(id) || w.taken.contains(id));
+        let events = (queue.iter())
+            .filter(|e| !elsewhere(&e.id))
+            .map(|e| (e.id.as_str(), e.published_ms));
+        let lives = self.lives(alive);
+        match &self.held {
+            Some(h) => {
+                let fallback = h.ledgerless_before || index.is_none() || self.above.since.is_some();
+                ledger::owed(events, index, h.epoch, fallback.then_some(since), &lives)
+            }
+            None => ledger::owed(events, None, 0, Some(since), &lives),
+        }
+    }
+
+    /// News from the level above: what it read of every host's records
+    /// (`records`, or `unread` when it could not), whether the gain was
+    /// from another host, whether we gave the key up (`gave_up`), and when
+    /// (`at_ms`).
+    pub(crate) fn above(
+        &mut self,
+        records: Option<Arc<SharedWork>>,
+        unread: bool,
+        from_other_host: bool,
+        gave_up: bool,
+        at_ms: u64,
+    ) {
+        let read = records.is_some() || unread;
+        if let Some(w) = records {
+            self.above.shared = Some(w);
+        }
+        self.above.unread = unread;
+        if read {
+            // What every host did is recorded above: it decides what is
+            // owed, not when we gained (a fall-back before left a start
+            // that would skip the backlog).
+            self.above.since = None;
+        } else if from_other_host {
+            // The other host's work is unknown here.
+            self.above.since = Some(at_ms);
+        } else if gave_up {
+            // Given up (a fence that lifts again keeps it: nothing moved).
+            // What the records said stays until the next read replaces it:
+            // a permit reopened without a gain (a hand-over that failed,
+            // then a renewal) must not owe the whole backlog again.
+            self.above.since = None;
+        }
+    }
+}
+
+/// The epoch of the take of `id` by the window whose presence token is
+/// `token`, if `index` shows one.
+pub(crate) fn taken_by(index: &Index, id: &str, token: Option<&str>) -> Option<u64> {
+    (index.taker(id))
+        .filter(|(_, live)| live.is_some() && *live == token)
+        .map(|(epoch, _)| epoch)
+}
+
+/// A settle outside the epoch we hold: its line at the epoch of our take,
+/// if `index` shows one.
+pub(crate) fn settle_line(
+    index: &Index,
+    id: &str,
+    token: Option<&str>,
+    what: Settle,
+    at_ms: u64,
+) -> Option<Op> {
+    taken_by(index, id, token).map(|epoch| what.op(id, epoch, at_ms))
+}
+
+/// The `held` line of `by` at `epoch`, unless `index` has one.
+pub(crate) fn held_line(index: &Index, epoch: u64, by: &str, at_ms: u64) -> Option<Op> {
+    (!index.kept_at(by, epoch)).then(|| Op::Held {
+        epoch,
+        by: by.to_owned(),
+        at_ms,
+    })
+}
+
+/// The epoch floor a ledger gives: every epoch it shows was issued, ours
+/// come above them. A hostile line near `u64::MAX` would leave no epoch
+/// to issue: ignored.
+pub(crate) fn epoch_floor(index: &Index) -> Option<u64> {
+    let e = index.max_epoch();
+    (e > 0 && e < u64::MAX / 2).then_some(e)
+}

@@ -1,0 +1,82 @@
+//! Extension: the work ledger's rules, for both levels, as pure code: what
+//! a take is granted, whose settle is accepted and at which epoch, what
+//! is owed, what the level above the host (etcd) has in hand elsewhere,
+//! and when each falls back to "published since we led". The file format
+//! and the index of what a ledger file says are in [`crate::ledger`]; the
+//! writer's work shell (`elector/writer/work.rs`) and the contender's
+//! (`global/contender/work.rs`) only carry the decisions out: open, read,
+//! append, send.
+//!
+//! The simulator runs these rules inside every simulated window, and a
+//! bounded model check (`model.rs`) runs them over every interleaving of
+//! two windows' takes, replies, cancels, crashes, hangs, takeovers and
+//! hand-overs on one ledger.
+
+mod machine;
+#[cfg(test)]
+mod model;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+#[cfg(feature = "etcd")]
+use std::time::Duration;
+
+pub(crate) use machine::{
+    epoch_floor, held_line, settle_line, Displaced, Lead, Settle, SettleStep, Spell, TakeStep,
+    WorkMachine,
+};
+
+/// The agent's work as the level above the host records it for every host:
+/// events done, and events a window still running has taken.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub(crate) struct SharedWork {
+    pub done: BTreeSet<String>,
+    pub taken: BTreeSet<String>,
+}
+
+/// One record the level above keeps of an event.
+#[cfg(feature = "etcd")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecordView<'a> {
+    pub id: &'a str,
+    /// A `done` (else a take).
+    pub done: bool,
+    /// The window that wrote it.
+    pub instance_id: &'a str,
+}
+
+#[cfg(feature = "etcd")]
+impl SharedWork {
+    /// What the records say for the window `our_id`: what is done, what
+    /// other windows have taken (our own takes are our ledger's: a record
+    /// of one we give back later would keep the event from us), and
+    /// whether another window's take is open (then they are read again
+    /// soon: its taker may die).
+    pub(crate) fn from_records<'a>(
+        records: impl IntoIterator<Item = RecordView<'a>>,
+        our_id: &str,
+    ) -> (Self, bool) {
+        let mut work = Self::default();
+        let mut others_open = false;
+        for r in records {
+            if r.done {
+                work.done.insert(r.id.to_owned());
+            } else if r.instance_id != our_id {
+                others_open = true;
+                work.taken.insert(r.id.to_owned());
+            }
+        }
+        (work, others_open)
+    }
+}
+
+/// The records could not be read since `unread_for` ago: past a whole
+/// `ttl` (too many records, a hostile one too large to page) the holder
+/// stops waiting for them and acts as after a holder whose ledger it
+/// cannot read, owing only what is published from then on; before that it
+/// owes nothing (what another host answered is unknown).
+#[cfg(feature = "etcd")]
+pub(crate) fn gives_up_on_records(unread_for: Duration, ttl: Duration) -> bool {
+    unread_for >= ttl
+}

@@ -1,0 +1,372 @@
+//! Unit tests of the work rules, one per rule (the holes the rules closed
+//! are named where they were found).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::elector::types::{QueuedEvent, TakeOutcome};
+use crate::ledger::{Index, Op};
+
+const STALE: Duration = Duration::from_secs(10);
+const T: u64 = 1_000_000;
+
+fn machine() -> WorkMachine {
+    WorkMachine::new(true, STALE)
+}
+
+fn index(ops: &[Op]) -> Index {
+    let mut ix = Index::default();
+    for op in ops {
+        ix.apply(op);
+    }
+    ix
+}
+
+fn take_op(id: &str, epoch: u64, live: &str) -> Op {
+    Op::Take {
+        id: id.into(),
+        epoch,
+        by: "x".into(),
+        at_ms: T,
+        live: Some(live.into()),
+    }
+}
+
+fn queue(ids: &[(&str, u64)]) -> Vec<QueuedEvent> {
+    (ids.iter())
+        .map(|(id, p)| QueuedEvent {
+            id: (*id).into(),
+            published_ms: Some(*p),
+        })
+        .collect()
+}
+
+const NOBODY: &dyn Fn(&str) -> bool = &|_| false;
+const EVERYONE: &dyn Fn(&str) -> bool = &|_| true;
+
+/// `m` holds at `epoch`, gained by a hand-over (not a takeover).
+fn holding(epoch: u64) -> WorkMachine {
+    let mut m = machine();
+    assert_eq!(m.lead(T, true, Some(epoch), false), Lead::Open { epoch });
+    assert!(m.opened(Some(&Index::default()), NOBODY, T).is_empty());
+    m
+}
+
+fn take(m: &WorkMachine, id: &str, ix: Option<&Index>, alive: &dyn Fn(&str) -> bool) -> TakeStep {
+    m.take(id, true, T, ix, alive, "us", Some("tok-us"))
+}
+
+#[test]
+fn a_take_is_granted_only_once_its_line_is_on_disk() {
+    let mut m = holding(3);
+    let ix = Index::default();
+    let TakeStep::Record(op) = take(&m, "a", Some(&ix), NOBODY) else {
+        panic!("owed: a line to write");
+    };
+    assert_eq!(op, {
+        let mut o = take_op("a", 3, "tok-us");
+        if let Op::Take { by, .. } = &mut o {
+            *by = "us".into();
+        }
+        o
+    });
+    assert_eq!(
+        m.take_written(false),
+        (TakeOutcome::Unavailable, Spell::Began)
+    );
+    assert_eq!(
+        m.take_written(false),
+        (TakeOutcome::Unavailable, Spell::Same)
+    );
+    let granted = TakeOutcome::Granted { epoch: Some(3) };
+    assert_eq!(m.take_written(true), (granted, Spell::Ended));
+    assert_eq!(m.take_written(true), (granted, Spell::Same));
+}
+
+#[test]
+fn verdicts_answer_without_a_line() {
+    let m = holding(3);
+    let ix = index(&[
+        take_op("now", 3, "tok-us"),
+        take_op("old", 2, "tok-old"),
+        Op::Done {
+            id: "done".into(),
+            epoch: 1,
+            at_ms: T,
+        },
+    ]);
+    let answer = |id, alive| match take(&m, id, Some(&ix), alive) {
+        TakeStep::Answer(out) => Some(out),
+        TakeStep::Record(_) => None,
+    };
+    assert_eq!(answer("now", NOBODY), Some(TakeOutcome::AlreadyTaken));
+    assert_eq!(answer("done", NOBODY), Some(TakeOutcome::Done));
+    // A hand-over's predecessor: its take is in flight while it lives.
+    assert_eq!(answer("old", EVERYONE), Some(TakeOutcome::AlreadyTaken));
+    assert_eq!(answer("old", NOBODY), None, "its taker is gone: owed");
+    let not = m.take("a", false, T, Some(&ix), NOBODY, "us", None);
+    assert_eq!(not, TakeStep::Answer(TakeOutcome::NotLeader));
+}
+
+#[test]
+fn a_takeover_owes_the_displaced_holders_takes_and_no_one_elses() {
+    // Found by the model check: a former holder handed over mid-turn, its
+    // heir hung and was taken over; every live take was owed, so the
+    // former holder's reply and ours both went out.
+    let ix = index(&[take_op("handed", 2, "tok-a"), take_op("hung", 3, "tok-b")]);
+    let mut m = machine();
+    m.replaced(None, Displaced::Token(Some("tok-b".into())));
+    assert_eq!(m.lead(T, true, Some(4), true), Lead::Open { epoch: 4 });
+    let given = m.opened(Some(&ix), NOBODY, T);
+    // The hung holder's takes are given back for it: owed to every later
+    // holder too (the model check: the one that took over died before it
+    // took them, and the next left them to the hung holder).
+    assert_eq!(given, vec![Settle::GiveBack.op("hung", 3, T)]);
+    assert!(matches!(
+        take(&m, "hung", Some(&ix), EVERYONE),
+        TakeStep::Record(_)
+    ));
+    let handed = take(&m, "handed", Some(&ix), EVERYONE);
+    assert_eq!(handed, TakeStep::Answer(TakeOutcome::AlreadyTaken));
+    let owed = m.owed(
+        &queue(&[("handed", 1), ("hung", 1)]),
+        true,
+        Some(&ix),
+        EVERYONE,
+    );
+    assert_eq!(owed, ["hung"]);
+
+    // A record that could not be read: any live take may be the holder's.
+    let mut m = machine();
+    m.replaced(None, Displaced::Unknown);
+    let _ = m.lead(T, true, Some(4), true);
+    assert!(
+        m.opened(Some(&ix), NOBODY, T).is_empty(),
+        "nothing given back blind"
+    );
+    let owed = m.owed(
+        &queue(&[("handed", 1), ("hung", 1)]),
+        true,
+        Some(&ix),
+        EVERYONE,
+    );
+    assert_eq!(owed, ["handed", "hung"]);
+
+    // A hand-over displaces nobody.
+    let mut m = machine();
+    m.replaced(None, Displaced::Token(Some("tok-b".into())));
+    let _ = m.lead(T, true, Some(4), false);
+    assert!(m.opened(Some(&ix), NOBODY, T).is_empty());
+    let owed = m.owed(
+        &queue(&[("handed", 1), ("hung", 1)]),
+        true,
+        Some(&ix),
+        EVERYONE,
+    );
+    assert!(owed.is_empty());
+}
+
+#[test]
+fn an_unreadable_ledger_or_no_epoch_waits_a_stale_bound_then_grants_unrecorded() {
+    let stale_ms = STALE.as_millis() as u64;
+    let m = holding(3);
+    let at = |ms| m.take("a", true, ms, None, NOBODY, "us", None);
+    assert_eq!(at(T), TakeStep::Answer(TakeOutcome::Unavailable));
+    let granted = TakeOutcome::Granted { epoch: Some(3) };
+    assert_eq!(at(T + stale_ms + 1), TakeStep::Answer(granted));
+    // The fail-safe leader: no epoch, no ledger.
+    let mut m = machine();
+    assert_eq!(m.lead(T, true, None, false), Lead::Forget);
+    let at = |ms| m.take("a", true, ms, None, NOBODY, "us", None);
+    assert_eq!(at(T), TakeStep::Answer(TakeOutcome::Unavailable));
+    let unrecorded = TakeOutcome::Granted { epoch: None };
+    assert_eq!(at(T + stale_ms + 1), TakeStep::Answer(unrecorded));
+    // Spec mode keeps no ledger: granted at once, unrecorded.
+    let mut m = WorkMachine::new(false, STALE);
+    assert_eq!(m.lead(T, true, Some(3), false), Lead::Forget);
+    let t = m.take("a", true, T, None, NOBODY, "us", None);
+    assert_eq!(t, TakeStep::Answer(unrecorded));
+}
+
+#[test]
+fn a_settle_is_the_takers_at_its_epoch_or_the_leaders_done() {
+    let m = holding(5);
+    let ix = index(&[
+        take_op("ours-old", 2, "tok-us"),
+        take_op("theirs", 2, "tok-b"),
+    ]);
+    let settle = |id, token, leads, what| m.settle(id, token, leads, what, T, Some(&ix));
+    // Ours, at the epoch of the take (fence the take, not the done).
+    let line = settle("ours-old", Some("tok-us"), false, Settle::Done);
+    assert_eq!(line, SettleStep::Record(Settle::Done.op("ours-old", 2, T)));
+    // Another window's take: not ours to end, unless we lead and replied.
+    let refused = settle("theirs", Some("tok-us"), false, Settle::GiveBack);
+    assert_eq!(refused, SettleStep::Answer(false));
+    let led = settle("theirs", Some("tok-us"), true, Settle::Done);
+    assert_eq!(led, SettleStep::Record(Settle::Done.op("theirs", 5, T)));
+    let no = settle("theirs", Some("tok-us"), true, Settle::GiveBack);
+    assert_eq!(no, SettleStep::Answer(false));
+    // Not holding: through the refused-lines store, at the take's epoch.
+    let mut m = holding(5);
+    let _ = m.lead(T, false, None, false);
+    let out = m.settle(
+        "ours-old",
+        Some("tok-us"),
+        false,
+        Settle::Done,
+        T,
+        Some(&ix),
+    );
+    assert_eq!(out, SettleStep::Outside { anyway: false });
+    let line = settle_line(&ix, "ours-old", Some("tok-us"), Settle::Done, T);
+    assert_eq!(line, Some(Settle::Done.op("ours-old", 2, T)));
+    assert_eq!(
+        settle_line(&ix, "theirs", Some("tok-us"), Settle::Done, T),
+        None
+    );
+    // Spec mode: accepted while leading.
+    let m = WorkMachine::new(false, STALE);
+    let spec = m.settle("x", None, true, Settle::Done, T, None);
+    assert_eq!(spec, SettleStep::Answer(true));
+}
+
+#[test]
+fn a_predecessor_without_a_ledger_leaves_only_what_was_published_since() {
+    let q = queue(&[("before", T - 5), ("after", T + 5)]);
+    // A writer without an epoch that no `held` line names, not in the
+    // election now: the harness, or spec mode.
+    let mut m = machine();
+    m.replaced(Some("harness".into()), Displaced::Token(None));
+    let _ = m.lead(T, true, Some(2), true);
+    let _ = m.opened(Some(&Index::default()), NOBODY, T);
+    assert_eq!(m.owed(&q, true, Some(&Index::default()), NOBODY), ["after"]);
+    // A window that keeps the ledger (its child wrote that record).
+    let kept = index(&[Op::Held {
+        epoch: 0,
+        by: "harness".into(),
+        at_ms: T,
+    }]);
+    let mut m = machine();
+    m.replaced(Some("harness".into()), Displaced::Token(None));
+    let _ = m.lead(T, true, Some(2), true);
+    let _ = m.opened(Some(&kept), NOBODY, T);
+    assert_eq!(m.owed(&q, true, Some(&kept), NOBODY), ["before", "after"]);
+    // One that takes part in the election now.
+    let mut m = machine();
+    m.replaced(Some("harness".into()), Displaced::Token(None));
+    let _ = m.lead(T, true, Some(2), true);
+    let _ = m.opened(Some(&Index::default()), &|by| by == "harness", T);
+    let all = m.owed(&q, true, Some(&Index::default()), NOBODY);
+    assert_eq!(all, ["before", "after"]);
+    // Our own ledger unreadable: only what was published since we led.
+    assert_eq!(m.owed(&q, true, None, NOBODY), ["after"]);
+    assert!(m.owed(&q, false, None, NOBODY).is_empty(), "not leading");
+}
+
+#[test]
+fn what_the_level_above_reports_decides_before_the_ledger() {
+    let mut m = holding(3);
+    let ix = Index::default();
+    let q = queue(&[("done-there", 1), ("taken-there", 1), ("free", 1)]);
+    let shared = SharedWork {
+        done: ["done-there".to_owned()].into(),
+        taken: ["taken-there".to_owned()].into(),
+    };
+    // Unread: nothing owed, nothing granted.
+    m.above(None, true, false, false, T);
+    assert!(m.owed(&q, true, Some(&ix), NOBODY).is_empty());
+    assert_eq!(
+        take(&m, "free", Some(&ix), NOBODY),
+        TakeStep::Answer(TakeOutcome::Unavailable)
+    );
+    m.above(Some(Arc::new(shared)), false, false, false, T);
+    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["free"]);
+    assert_eq!(
+        take(&m, "done-there", Some(&ix), NOBODY),
+        TakeStep::Answer(TakeOutcome::Done)
+    );
+    let there = take(&m, "taken-there", Some(&ix), NOBODY);
+    assert_eq!(there, TakeStep::Answer(TakeOutcome::AlreadyTaken));
+    // A gain from a host whose work is unknown: only what is published
+    // from then on; a read of the records ends that.
+    let q = queue(&[("old", T), ("new", T + 10)]);
+    m.above(None, false, true, false, T + 5);
+    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["new"]);
+    m.above(
+        Some(Arc::new(SharedWork::default())),
+        false,
+        false,
+        false,
+        T + 6,
+    );
+    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["old", "new"]);
+}
+
+#[test]
+fn leaving_gives_back_the_takes_of_our_epoch() {
+    let m = holding(4);
+    let ix = index(&[
+        take_op("b", 4, "tok-us"),
+        take_op("a", 4, "tok-us"),
+        take_op("c", 3, "x"),
+    ]);
+    let ops = m.end_takes(Some(&ix), T);
+    let want: Vec<Op> = ["a", "b"]
+        .iter()
+        .map(|id| Settle::GiveBack.op(id, 4, T))
+        .collect();
+    assert_eq!(ops, want);
+    assert!(machine().end_takes(Some(&ix), T).is_empty(), "not holding");
+}
+
+#[test]
+fn hostile_ledger_values_are_kept_out_of_decisions() {
+    let ix = index(&[take_op("a", u64::MAX - 1, "t")]);
+    assert_eq!(epoch_floor(&ix), None, "no epoch would be left to issue");
+    assert_eq!(epoch_floor(&index(&[take_op("a", 7, "t")])), Some(7));
+    assert_eq!(epoch_floor(&Index::default()), None);
+    let kept = index(&[Op::Held {
+        epoch: 5,
+        by: "us".into(),
+        at_ms: T,
+    }]);
+    assert_eq!(held_line(&kept, 5, "us", T), None);
+    assert!(held_line(&kept, 6, "us", T).is_some());
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn the_records_above_leave_our_own_takes_to_our_ledger() {
+    let recs = [
+        RecordView {
+            id: "a",
+            done: true,
+            instance_id: "w",
+        },
+        RecordView {
+            id: "b",
+            done: false,
+            instance_id: "us",
+        },
+        RecordView {
+            id: "c",
+            done: false,
+            instance_id: "w",
+        },
+    ];
+    let (w, others) = SharedWork::from_records(recs, "us");
+    assert_eq!(w.done.iter().collect::<Vec<_>>(), ["a"]);
+    assert_eq!(w.taken.iter().collect::<Vec<_>>(), ["c"]);
+    assert!(others);
+    let (_, others) = SharedWork::from_records(recs[..2].iter().copied(), "us");
+    assert!(!others);
+    assert!(!gives_up_on_records(
+        Duration::from_secs(1),
+        Duration::from_secs(2)
+    ));
+    assert!(gives_up_on_records(
+        Duration::from_secs(2),
+        Duration::from_secs(2)
+    ));
+}
