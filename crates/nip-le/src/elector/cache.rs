@@ -1,6 +1,7 @@
 //! The hot path: what `is_leader` reads. The writer publishes; readers do an
-//! atomic load or two and, in extended mode, a coarse monotonic clock read
-//! for self-fencing. No lock, no syscall, no allocation.
+//! atomic load or two and, in extended mode, a clock read for
+//! self-fencing (through the vDSO on Linux). No lock, no syscall, no
+//! allocation.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -18,7 +19,7 @@ use super::types::{ElectionStatus, Level};
 pub(crate) const ALWAYS_VALID: u64 = u64::MAX;
 
 /// Nanoseconds on `clock`.
-#[cfg(target_os = "linux")]
+#[cfg(unix)]
 fn clock_nanos(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -31,37 +32,38 @@ fn clock_nanos(clock: libc::clockid_t) -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// Monotonic nanoseconds on the clock self-fencing uses. It stands still
-/// while the machine sleeps, so a slept leader is not fenced for having
-/// slept. On Linux the coarse clock (a few ns through the vDSO, millisecond
-/// resolution, plenty for a bound counted in seconds) keeps `is_leader`
-/// cheap.
-#[cfg(target_os = "linux")]
-pub(crate) fn mono_nanos() -> u64 {
-    clock_nanos(libc::CLOCK_MONOTONIC_COARSE)
-}
-
 /// Nanoseconds on a clock that keeps running while the machine sleeps, for
-/// the cross-host lease deadline: etcd's clock runs on while a laptop is
-/// suspended, so a lease must be counted as spent then too.
+/// every deadline we act under (self-fencing and the cross-host lease):
+/// time runs on for the others while a laptop is suspended (a harness
+/// judges our record by its wall-clock `claimed_at`, etcd counts the
+/// lease down), so our validity must be counted as spent then too (the
+/// simulator: a holder that woke from a 26 s suspend granted a take while
+/// its window's harness child, by the NIP's rules, had taken the lock).
 #[cfg(target_os = "linux")]
 pub(crate) fn boot_nanos() -> u64 {
     clock_nanos(libc::CLOCK_BOOTTIME)
 }
 
-/// See the Linux variant; elsewhere the monotonic clock (which may stand
-/// still during a suspend: the lease is then checked again on resume by the
-/// keep-alive, and the README says so).
-#[cfg(not(target_os = "linux"))]
+/// See the Linux variant: macOS's `CLOCK_MONOTONIC` runs on while the
+/// machine sleeps (`CLOCK_UPTIME_RAW`, which `Instant` reads, does not).
+#[cfg(all(unix, not(target_os = "linux")))]
 pub(crate) fn boot_nanos() -> u64 {
-    mono_nanos()
+    clock_nanos(libc::CLOCK_MONOTONIC)
 }
 
-/// The two clocks the hot path compares deadlines with: the real ones in
+/// See the Linux variant: the tick count runs on while the machine sleeps
+/// (at the timer's resolution, about 16 ms: well inside the validity's
+/// margin).
+#[cfg(windows)]
+pub(crate) fn boot_nanos() -> u64 {
+    // SAFETY: no arguments, no state.
+    let ms = unsafe { windows_sys::Win32::System::SystemInformation::GetTickCount64() };
+    ms.saturating_mul(1_000_000)
+}
+
+/// The clock the hot path compares deadlines with: the real ones in
 /// an app ([`SystemClocks`]), virtual ones in the simulator.
 pub(crate) trait Clocks {
-    /// See [`mono_nanos`].
-    fn mono_nanos(&self) -> u64;
     /// See [`boot_nanos`].
     fn boot_nanos(&self) -> u64;
 }
@@ -71,10 +73,6 @@ pub(crate) trait Clocks {
 pub(crate) struct SystemClocks;
 
 impl Clocks for SystemClocks {
-    #[inline]
-    fn mono_nanos(&self) -> u64 {
-        mono_nanos()
-    }
     #[inline]
     fn boot_nanos(&self) -> u64 {
         boot_nanos()
@@ -91,15 +89,6 @@ pub(crate) mod global_state {
     pub const HELD: u8 = 2;
     /// Etcd cannot be reached and the policy is to act on the host level.
     pub const FALLBACK: u8 = 3;
-}
-
-/// Monotonic nanoseconds since the first call (see the Linux variant).
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn mono_nanos() -> u64 {
-    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    BASE.get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos() as u64
 }
 
 /// The published state of one key: the leader flag, its validity (the
@@ -177,7 +166,7 @@ impl KeyCell {
             return false;
         }
         let until = self.valid_until.load(Ordering::Acquire);
-        if until != ALWAYS_VALID && clocks.mono_nanos() >= until {
+        if until != ALWAYS_VALID && clocks.boot_nanos() >= until {
             return false;
         }
         let global = self.global_until.load(Ordering::Acquire);
@@ -193,7 +182,7 @@ impl KeyCell {
     /// upper level's permit aside).
     pub(crate) fn host_valid_on(&self, clocks: &(impl Clocks + ?Sized)) -> bool {
         let until = self.valid_until.load(Ordering::Acquire);
-        self.is_set_leader() && (until == ALWAYS_VALID || clocks.mono_nanos() < until)
+        self.is_set_leader() && (until == ALWAYS_VALID || clocks.boot_nanos() < until)
     }
 
     /// The level we hold, as [`KeyCell::is_leader`] says it now.
@@ -239,7 +228,7 @@ impl KeyCell {
         }
         let until = self.valid_until.load(Ordering::Acquire);
         let host = (until != ALWAYS_VALID)
-            .then(|| Duration::from_nanos(until.saturating_sub(clocks.mono_nanos())));
+            .then(|| Duration::from_nanos(until.saturating_sub(clocks.boot_nanos())));
         let global = self.global_until.load(Ordering::Acquire);
         let global = (global != ALWAYS_VALID)
             .then(|| Duration::from_nanos(global.saturating_sub(clocks.boot_nanos())));
@@ -264,7 +253,7 @@ impl KeyCell {
         self.valid_until.store(ALWAYS_VALID, Ordering::Release);
     }
 
-    /// Valid for `d` from `from` (a [`mono_nanos`] instant).
+    /// Valid for `d` from `from` (a [`boot_nanos`] instant).
     pub(crate) fn renew_from(&self, from: u64, d: Duration) {
         let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let until = from.saturating_add(d).min(ALWAYS_VALID - 1);

@@ -158,9 +158,6 @@ impl SimClocks {
 }
 
 impl crate::elector::cache::Clocks for SimClocks {
-    fn mono_nanos(&self) -> u64 {
-        self.mono.load(Ordering::Relaxed)
-    }
     fn boot_nanos(&self) -> u64 {
         self.boot.load(Ordering::Relaxed)
     }

@@ -147,7 +147,7 @@ impl Key {
         let Some(c) = self.m.step(Input::Seen(seen), ctx.world.now()).conclusion() else {
             return;
         };
-        tracing::debug!(pubkey = %self.pubkey, ?cause, ?c, "evaluated");
+        tracing::debug!(pubkey = %self.pubkey, id = %ctx.our_id, ?cause, ?c, "evaluated");
         self.apply(ctx, c, locked_at);
         if busy && ctx.rules.profile.monotonic_hang {
             self.while_a_peer_holds_the_lock(ctx);
@@ -225,7 +225,7 @@ impl Key {
         let (m, store) = (&mut self.m, &mut self.store);
         let result = guarded(|| {
             store.update(&mut |content, floor| {
-                locked_at = Some(ctx.world.clocks().mono_nanos());
+                locked_at = Some(ctx.world.clocks().boot_nanos());
                 let locked = Input::Locked {
                     content,
                     floor,
@@ -282,7 +282,7 @@ impl Key {
             Validity::Always => self.cell.never_fence(),
             Validity::Fenced => self.cell.fence(),
             Validity::Renew => self.cell.renew_from(
-                locked_at.unwrap_or_else(|| ctx.world.clocks().mono_nanos()),
+                locked_at.unwrap_or_else(|| ctx.world.clocks().boot_nanos()),
                 ctx.rules.validity(),
             ),
         }

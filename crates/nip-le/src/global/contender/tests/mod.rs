@@ -58,9 +58,6 @@ impl Clock for ManualClock {
 }
 
 impl Clocks for ManualClock {
-    fn mono_nanos(&self) -> u64 {
-        self.nanos()
-    }
     fn boot_nanos(&self) -> u64 {
         self.nanos()
     }
