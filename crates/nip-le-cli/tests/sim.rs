@@ -20,11 +20,6 @@ fn args(cluster: Cluster, seeds: u64, first: u64, without: Vec<FaultKind>) -> Si
     }
 }
 
-/// The fault kinds whose findings are still open.
-fn open_findings() -> Vec<FaultKind> {
-    vec![FaultKind::Clocks]
-}
-
 fn assert_clean(a: &SimArgs) -> Summary {
     let sum = run_seeds(a);
     assert_eq!(sum.seeds, a.seeds);
@@ -56,19 +51,24 @@ fn assert_clean(a: &SimArgs) -> Summary {
 /// writes, EIO, a read-only directory; before issue 18's durability work
 /// 141 of 300 seeds failed with them). A mention answered again because
 /// the disk refused the first reply's `done` until its window was gone is
-/// counted, not failed: no ledger can record a sent reply then. Clock
-/// faults (wall steps, suspends) still find duplicates or two acting
-/// windows (see docs/simulator.md).
+/// counted, not failed: no ledger can record a sent reply then; so is one
+/// granted by a fail-safe leader while the disk refused writes (the NIP's
+/// duplicates over silence: no window could record it). Clock faults
+/// (suspends, wall-clock steps, pauses of every process) are in since the
+/// work rules' machine: seeds 48, 154, 168 and 173 of the default run
+/// failed on them before (a holder woke from a suspend still valid by a
+/// clock that stood still; a sim mention stamped with the run's own
+/// milliseconds, older than any unix time).
 #[test]
 fn extended_windows_answer_every_mention_once_across_300_seeds() {
-    let a = args(Cluster::Extended, 300, 1, open_findings());
+    let a = args(Cluster::Extended, 300, 1, Vec::new());
     let sum = assert_clean(&a);
     assert!(
         sum.answered > 300 * 50,
         "mentions were answered: {}",
         sum.answered
     );
-    // The disk's own duplicates stay the exception (45 of 18,000 here).
+    // The disk's own duplicates stay the exception (127 of 18,105 here).
     assert!(
         sum.forced_by_disk > 0 && sum.forced_by_disk * 100 < sum.answered,
         "forced by the disk: {} of {}",
@@ -82,7 +82,7 @@ fn extended_windows_answer_every_mention_once_across_300_seeds() {
 /// the bound, no panic, no hot loop), the same faults as above.
 #[test]
 fn a_mixed_cluster_keeps_the_leadership_invariants_across_250_seeds() {
-    let sum = assert_clean(&args(Cluster::Mixed, 250, 1, open_findings()));
+    let sum = assert_clean(&args(Cluster::Mixed, 250, 1, Vec::new()));
     assert!(sum.faults > 0);
 }
 
@@ -90,7 +90,7 @@ fn hosts(policy: Policy, seeds: u64) -> SimArgs {
     SimArgs {
         hosts: 3,
         policy,
-        ..args(Cluster::Hosts, seeds, 1, open_findings())
+        ..args(Cluster::Hosts, seeds, 1, Vec::new())
     }
 }
 
@@ -129,7 +129,7 @@ fn three_hosts_on_one_etcd_never_have_two_holders_and_answer_once_across_200_see
     assert_eq!(across.unanswered, 0);
     assert_eq!(
         across.twice_across_hosts,
-        across.twice_under_fallback + across.twice_done_cut_off
+        across.twice_under_fallback + across.twice_done_cut_off + across.twice_frozen_reply
     );
 }
 

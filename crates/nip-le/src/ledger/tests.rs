@@ -1,5 +1,8 @@
 //! The ledger's unit tests: verdicts, hostile files, compaction.
 
+use std::fs::File;
+use std::io::Write;
+
 use super::*;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -145,6 +148,7 @@ fn file_round_trip_compaction_and_caps() {
             pending: Vec::new(),
             torn: false,
             expired_at: 0,
+            held_writes: false,
         };
         assert!(
             l.append(&take("a", 1, 1)).is_err(),
@@ -400,8 +404,8 @@ fn an_unreadable_ledger_delays_takes_for_the_stale_bound_then_never_silences_the
 }
 
 #[test]
-fn dones_and_give_backs_are_synced_takes_and_held_lines_only_written_unless_refused_lines_go_with_them(
-) {
+fn dones_give_backs_and_held_lines_are_synced_takes_only_written_unless_refused_lines_go_with_them()
+{
     let disk = Shared::default();
     let mut l = Ledger::open(Box::new(disk.clone()), 0, HOUR).unwrap();
     let synced = || disk.0.lock().unwrap().synced;
@@ -416,13 +420,15 @@ fn dones_and_give_backs_are_synced_takes_and_held_lines_only_written_unless_refu
         at_ms: 3,
     };
     l.append(&held).unwrap();
-    assert!(synced() < len(), "a held line is not");
+    assert_eq!(synced(), len(), "a held line is synced");
+    l.append_now(&take_by("c", 1, "7-aaaa")).unwrap();
+    assert!(synced() < len(), "a take is not");
     // A done the disk refused goes out with the next line: synced then,
     // whatever that line is.
     disk.0.lock().unwrap().full = true;
     assert!(l.append(&done("b", 1, 4)).is_err());
     disk.0.lock().unwrap().full = false;
-    l.append(&held).unwrap();
+    l.append_now(&take_by("d", 1, "7-aaaa")).unwrap();
     assert_eq!(synced(), len(), "the refused done went out unsynced");
 }
 

@@ -145,6 +145,10 @@ pub struct HostsOutcome {
     /// could not be recorded before the link came back, and not at all if
     /// the window was gone by then. Counted apart.
     pub twice_done_cut_off: u64,
+    /// Of which one answer was a reply on its way whose window froze for
+    /// two thirds of a TTL or more before it went out (its take record's
+    /// lease, renewed every TTL/3, may have lapsed).
+    pub twice_frozen_reply: u64,
     /// Mentions answered twice within one host.
     pub twice_within_a_host: u64,
     /// Time windows of two hosts acted at once under the fall-back, ns.
@@ -520,11 +524,22 @@ impl Hosts {
                     .iter()
                     .any(|(_, (_, at, took))| under_fallback(*at) || under_fallback(*took));
             let cut_off = hosts.len() > 1 && !fallback && self.done_cut_off(by);
-            let excused = fallback || cut_off;
+            // A reply on its way whose window froze for two thirds of a
+            // TTL or more: its take record's lease, renewed every TTL/3,
+            // may lapse before the reply goes out (fence the take, not the
+            // done; the host level's bound is the stale bound, etcd's the
+            // TTL).
+            let ttl = self.o.ttl.as_nanos() as u64 / 3 * 2;
+            let frozen = hosts.len() > 1
+                && !fallback
+                && !cut_off
+                && (by.iter()).any(|(h, (id, _, _))| self.sims[*h].reply_frozen(id, *n) >= ttl);
+            let excused = fallback || cut_off || frozen;
             if hosts.len() > 1 {
                 self.out.twice_across_hosts += 1;
                 self.out.twice_under_fallback += u64::from(fallback);
                 self.out.twice_done_cut_off += u64::from(cut_off);
+                self.out.twice_frozen_reply += u64::from(frozen);
             } else if by.len() > 1 {
                 self.out.twice_within_a_host += 1;
             }

@@ -190,6 +190,15 @@ pub struct State {
     /// How much of each ledger is on disk (synced): a power loss keeps
     /// that, and perhaps part of the rest.
     pub ledger_synced: BTreeMap<AgentPubkey, usize>,
+    /// Windows whose `held` line the disk refused, none of theirs taken
+    /// since: a harness child's record naming one reads to a successor as
+    /// a writer's without a ledger (see [`State::unkept_replaced`]).
+    pub unkept: BTreeSet<String>,
+    /// When a record with an epoch replaced one without, naming a window
+    /// of [`State::unkept`] that was gone: from then on the new holder
+    /// owes only what is published after it (virtual ns). A mention
+    /// published before and never answered is forced by the disk.
+    pub unkept_replaced: Vec<u64>,
     /// Every process ever started.
     pub procs: Vec<Proc>,
     /// Pids of processes that exited, which an unrelated process may take.
@@ -225,6 +234,8 @@ impl State {
             requests: BTreeMap::new(),
             ledgers: BTreeMap::new(),
             ledger_synced: BTreeMap::new(),
+            unkept: BTreeSet::new(),
+            unkept_replaced: Vec::new(),
             procs: Vec::new(),
             next_pid: 1000,
             faults: Faults::default(),

@@ -307,6 +307,23 @@ impl LockStore for SimStore {
                 if let Some(e) = record.epoch {
                     f.mark = f.mark.raised(e);
                 }
+                let before = content
+                    .record()
+                    .filter(|r| r.epoch.is_none() && record.epoch.is_some());
+                let unkept = before.map(|r| r.instance_id.clone()).filter(|by| {
+                    *by != record.instance_id
+                        && s.unkept.contains(by)
+                        && !(s.procs.iter()).any(|p| {
+                            p.alive
+                                && matches!(p.kind, super::state::Kind::Window { .. })
+                                && p.instance_id == *by
+                        })
+                });
+                if unkept.is_some() {
+                    let t = s.t;
+                    s.unkept_replaced.push(t);
+                }
+                let f = s.files.entry(self.pk).or_default();
                 f.bytes = bytes;
                 f.exists = true;
                 Updated {
@@ -353,11 +370,25 @@ fn dones(bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// Notes which of `me`'s `done` lines the disk took.
+/// The `held` lines in `bytes`: whose.
+fn helds(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|&b| b == b'\n')
+        .filter_map(|l| match serde_json::from_slice::<crate::ledger::Op>(l) {
+            Ok(crate::ledger::Op::Held { by, .. }) => Some(by),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Notes which of `me`'s `done` and `held` lines the disk took.
 fn written(s: &mut State, me: ProcId, bytes: &[u8]) {
     let unwritten = &mut s.procs[me].unwritten_done;
     for id in dones(bytes) {
         unwritten.remove(&id);
+    }
+    for by in helds(bytes) {
+        s.unkept.remove(&by);
     }
 }
 
@@ -378,6 +409,7 @@ impl LedgerStorage for SimLedger {
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
         let mut s = lock(&self.m);
         if let Some(e) = write_fault(&s) {
+            s.unkept.extend(helds(line));
             // A full disk takes part of a write, as a real one may: a
             // fragment without its newline.
             if s.faults.enospc_until > s.t

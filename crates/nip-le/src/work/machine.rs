@@ -6,77 +6,15 @@
 //! decisions, and the lines to append. The writer's work shell opens,
 //! reads and appends; it decides nothing.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::elector::types::{QueuedEvent, TakeOutcome};
 use crate::ledger::{self, Index, Op, Verdict};
 
+use super::steps::{Displaced, Lead, Settle, SettleStep, Spell, TakeStep};
 use super::SharedWork;
-
-/// How a turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settle {
-    /// The reply was sent.
-    Done,
-    /// The turn was cancelled.
-    GiveBack,
-}
-
-impl Settle {
-    /// Its ledger line.
-    pub(crate) fn op(self, id: &str, epoch: u64, at_ms: u64) -> Op {
-        let id = id.to_owned();
-        match self {
-            Settle::Done => Op::Done { id, epoch, at_ms },
-            Settle::GiveBack => Op::GiveBack { id, epoch, at_ms },
-        }
-    }
-}
-
-/// What to do with the ledger after a conclusion of the key machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lead {
-    /// Not holding at an epoch (any more): forget the ledger we kept (its
-    /// refused lines are kept apart, see the writer's `unwritten`).
-    Forget,
-    /// Nothing changes.
-    Keep,
-    /// We hold at `epoch` now, a new one: forget the ledger we kept, open
-    /// this epoch's and tell [`WorkMachine::opened`].
-    Open { epoch: u64 },
-}
-
-/// What a take needs: an answer at once, or a line on disk first.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TakeStep {
-    Answer(TakeOutcome),
-    /// Append this line now (synced); tell [`WorkMachine::take_written`].
-    Record(Op),
-}
-
-/// What a settle needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SettleStep {
-    Answer(bool),
-    /// Append this line to the ledger of our epoch (kept, if refused, to be
-    /// written later) and answer `true`.
-    Record(Op),
-    /// We do not hold at an epoch with a readable ledger: the line goes
-    /// through the refused-lines store, which finds the take's epoch
-    /// ([`settle_line`]); answer what it recorded, or `anyway`.
-    Outside {
-        anyway: bool,
-    },
-}
-
-/// A change in the disk's refusals of takes, to be said once per spell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Spell {
-    Began,
-    Ended,
-    Same,
-}
 
 /// The holder's part: while we hold the lock at an epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -100,16 +38,6 @@ struct Held {
     /// over mid-turn, then its heir hung and was taken over; the mention
     /// was answered twice when every live take was owed).
     displaced: Option<Displaced>,
-}
-
-/// The holder a takeover displaced, as the record we replaced named it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) enum Displaced {
-    /// Its presence token (`None`: its record had none, so no take of it
-    /// carries one: each is owed anyway).
-    Token(Option<String>),
-    /// The record could not be read: any live take may be the holder's.
-    Unknown,
 }
 
 /// What the level above the host (etcd) reported for this key.
@@ -143,7 +71,30 @@ pub(crate) struct WorkMachine {
     replaced: Option<Displaced>,
     held: Option<Held>,
     above: Above,
+    /// Takes this window was granted and has not settled yet (see
+    /// [`WorkMachine::grant`]).
+    in_hand: BTreeMap<String, InHand>,
 }
+
+/// A grant this window has not settled yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct InHand {
+    at_ms: u64,
+    /// The epoch its take line is in the ledger at, if it is.
+    recorded_at: Option<u64>,
+}
+
+/// The epoch a fail-safe leader judges the ledger at: no take is its own
+/// at it, so every take of a live taker is in flight (its own included)
+/// and every other is owed. Its takes are written at epoch 0, below every
+/// holder's.
+const FAIL_SAFE_EPOCH: u64 = u64::MAX;
+/// The epoch a fail-safe leader's take lines carry.
+const FAIL_SAFE_TAKE_EPOCH: u64 = 0;
+
+/// Most takes in hand remembered (each a turn in flight: an app has a
+/// handful).
+pub(crate) const MAX_IN_HAND: usize = 1024;
 
 impl WorkMachine {
     /// A key just joined.
@@ -157,12 +108,25 @@ impl WorkMachine {
             replaced: None,
             held: None,
             above: Above::default(),
+            in_hand: BTreeMap::new(),
         }
     }
 
     /// The epoch we hold the lock at, with a ledger, if we do.
     pub(crate) fn epoch(&self) -> Option<u64> {
         self.held.as_ref().map(|h| h.epoch)
+    }
+
+    /// How many grants are in hand (see [`WorkMachine::grant`]).
+    #[cfg(test)]
+    pub(crate) fn in_hand_len(&self) -> usize {
+        self.in_hand.len()
+    }
+
+    /// We lead by the NIP's fail-safe (no lock at an epoch) and keep a
+    /// ledger.
+    pub(crate) fn fail_safe(&self) -> bool {
+        self.keeps_ledger && self.held.is_none() && self.ledgerless_since.is_some()
     }
 
     /// Our take replaced a record: `ledgerless`, the id of its writer if
@@ -185,6 +149,7 @@ impl WorkMachine {
         if !leader {
             *self = Self {
                 above: std::mem::take(&mut self.above),
+                in_hand: std::mem::take(&mut self.in_hand),
                 ..Self::new(self.keeps_ledger, self.stale)
             };
             self.above.since = None;
@@ -192,9 +157,14 @@ impl WorkMachine {
         }
         self.leader_since.get_or_insert(now_ms);
         let Some(epoch) = epoch.filter(|_| self.keeps_ledger) else {
-            self.held = None;
+            let was_held = self.held.take().is_some();
+            let first = self.ledgerless_since.is_none();
             self.ledgerless_since.get_or_insert(now_ms);
-            return Lead::Forget;
+            return match (self.keeps_ledger, first || was_held) {
+                (true, true) => Lead::OpenFailSafe,
+                (true, false) => Lead::Keep,
+                (false, _) => Lead::Forget,
+            };
         };
         self.ledgerless_since = None;
         if self.held.as_ref().is_some_and(|h| h.epoch == epoch) {
@@ -261,12 +231,56 @@ impl WorkMachine {
         }
     }
 
+    /// A take granted (recorded or not): in hand until it is settled, so
+    /// that this window is never granted an event twice while its first
+    /// turn runs, whatever the ledger can show (the simulator: a fail-safe
+    /// leader, its ledger refused by EIO, granted one mention twice and
+    /// answered it twice; and one whose take line carried no presence
+    /// token). At most [`MAX_IN_HAND`], the oldest forgotten first.
+    fn grant(
+        &mut self,
+        id: &str,
+        epoch: Option<u64>,
+        recorded_at: Option<u64>,
+        now_ms: u64,
+    ) -> TakeOutcome {
+        if self.in_hand.len() >= MAX_IN_HAND {
+            let oldest = (self.in_hand.iter())
+                .min_by_key(|(_, h)| h.at_ms)
+                .map(|(id, _)| id.clone());
+            if let Some(o) = oldest {
+                self.in_hand.remove(&o);
+            }
+        }
+        let hand = InHand {
+            at_ms: now_ms,
+            recorded_at,
+        };
+        self.in_hand.insert(id.to_owned(), hand);
+        TakeOutcome::Granted { epoch }
+    }
+
+    /// Whether our turn on `id` may still run: granted and not settled,
+    /// unless the ledger, readable, no longer shows our recorded take (a
+    /// takeover from us while we hung gave it back on our behalf, and
+    /// perhaps another holder took it since: we woke fenced, and the turn
+    /// sends nothing; kept in hand, the event was never owed to us again
+    /// once we led again: the model check, paths of 8).
+    fn in_hand(&self, id: &str, index: Option<&Index>) -> bool {
+        self.in_hand
+            .get(id)
+            .is_some_and(|h| match (h.recorded_at, index) {
+                (Some(epoch), Some(ix)) => ix.state(id) == Some(ledger::State::Taken(epoch)),
+                _ => true,
+            })
+    }
+
     /// A take of `id`. `leads`: we act now; `index`: the ledger as just
     /// read again (`None`: unreadable); `by` and `live`: our election id
     /// and presence token, for the line.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn take(
-        &self,
+        &mut self,
         id: &str,
         leads: bool,
         now_ms: u64,
@@ -278,6 +292,9 @@ impl WorkMachine {
         use TakeStep::Answer;
         if !leads {
             return Answer(TakeOutcome::NotLeader);
+        }
+        if self.in_hand(id, index) {
+            return Answer(TakeOutcome::AlreadyTaken);
         }
         // What another host did (or a window of any host still does).
         if self.above.unread {
@@ -292,25 +309,42 @@ impl WorkMachine {
             }
         }
         let Some(h) = &self.held else {
-            // Spec mode: no ledger applies. A fail-safe leader (the lock
-            // file cannot be read, nor, most likely, the ledger beside it)
-            // acts unrecorded once that has lasted, as with an unreadable
-            // ledger.
+            // Spec mode: no ledger applies.
+            if !self.keeps_ledger {
+                return Answer(self.grant(id, None, None, now_ms));
+            }
+            // A fail-safe leader (the lock file cannot be read or locked)
+            // acts once that has lasted a stale bound; its takes go in the
+            // ledger at epoch 0 while the ledger can be read, so that the
+            // other windows that lead by the fail-safe at the same time
+            // (every observer of a holder frozen inside its `flock`), and
+            // the holder once it is back, leave them to it (the simulator,
+            // once mentions carried real times: two fail-safe leaders
+            // answered the same mention in 20 of 300 seeds).
             let since = self.ledgerless_since.unwrap_or(0);
-            let waits =
-                self.keeps_ledger && !ledger::grants_without_ledger(since, now_ms, self.stale);
-            return Answer(if waits {
-                TakeOutcome::Unavailable
-            } else {
-                TakeOutcome::Granted { epoch: None }
-            });
+            if !ledger::grants_without_ledger(since, now_ms, self.stale) {
+                return Answer(TakeOutcome::Unavailable);
+            }
+            let Some(ix) = index else {
+                return Answer(self.grant(id, None, None, now_ms));
+            };
+            return match ix.verdict_with(id, FAIL_SAFE_EPOCH, &self.lives(alive)) {
+                Verdict::Done => Answer(TakeOutcome::Done),
+                Verdict::TakenNow | Verdict::TakenElsewhere => Answer(TakeOutcome::AlreadyTaken),
+                Verdict::Owed => TakeStep::Record(Op::Take {
+                    id: id.to_owned(),
+                    epoch: FAIL_SAFE_TAKE_EPOCH,
+                    by: by.to_owned(),
+                    at_ms: now_ms,
+                    live: live.map(str::to_owned),
+                }),
+            };
         };
         let Some(ix) = index else {
+            let epoch = Some(h.epoch);
             return Answer(
                 if ledger::grants_without_ledger(h.since_ms, now_ms, self.stale) {
-                    TakeOutcome::Granted {
-                        epoch: Some(h.epoch),
-                    }
+                    self.grant(id, epoch, None, now_ms)
                 } else {
                     TakeOutcome::Unavailable
                 },
@@ -329,22 +363,31 @@ impl WorkMachine {
         }
     }
 
-    /// The take line of [`TakeStep::Record`] was written (`written`) or
-    /// refused: a take that is not on disk is not granted (a successor, or
-    /// we after a crash, would grant it again).
-    pub(crate) fn take_written(&mut self, written: bool) -> (TakeOutcome, Spell) {
+    /// The take line of [`TakeStep::Record`] for `id` was written
+    /// (`written`) or refused: a take that is not on disk is not granted (a
+    /// successor, or we after a crash, would grant it again), unless we
+    /// lead by the fail-safe, past the stale bound already: then it is
+    /// granted unrecorded.
+    pub(crate) fn take_written(
+        &mut self,
+        id: &str,
+        written: bool,
+        now_ms: u64,
+    ) -> (TakeOutcome, Spell) {
         let Some(h) = self.held.as_mut() else {
-            return (TakeOutcome::Unavailable, Spell::Same);
+            return (
+                self.grant(id, None, written.then_some(FAIL_SAFE_TAKE_EPOCH), now_ms),
+                Spell::Same,
+            );
         };
         let spell = match (std::mem::replace(&mut h.refusing, !written), written) {
             (true, true) => Spell::Ended,
             (false, false) => Spell::Began,
             _ => Spell::Same,
         };
+        let epoch = Some(h.epoch);
         let out = if written {
-            TakeOutcome::Granted {
-                epoch: Some(h.epoch),
-            }
+            self.grant(id, epoch, epoch, now_ms)
         } else {
             TakeOutcome::Unavailable
         };
@@ -359,7 +402,7 @@ impl WorkMachine {
     /// leader (an event it was handed some other way).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn settle(
-        &self,
+        &mut self,
         id: &str,
         token: Option<&str>,
         leads: bool,
@@ -367,6 +410,12 @@ impl WorkMachine {
         now_ms: u64,
         index: Option<&Index>,
     ) -> SettleStep {
+        // Granted to us, recorded or not: a reply of ours is done for
+        // everyone, whether or not the ledger shows our take (a fail-safe
+        // leader's take granted unrecorded while the disk refused writes:
+        // the simulator, its `done` dropped, a later holder answered it
+        // again).
+        let ours = self.in_hand.remove(id).is_some();
         if !self.keeps_ledger {
             // Spec mode: no ledger applies.
             return SettleStep::Answer(leads);
@@ -374,10 +423,10 @@ impl WorkMachine {
         let (Some(h), Some(ix)) = (&self.held, index) else {
             // Not the holder any more (a fail-safe leader included: a take
             // of ours at an epoch we held still needs its end), or our
-            // ledger cannot be read. A fail-safe leader's own dispatch
-            // needs no line.
+            // ledger cannot be read.
             return SettleStep::Outside {
                 anyway: leads && self.held.is_none(),
+                done_anyway: ours && what == Settle::Done,
             };
         };
         let epoch = match (taken_by(ix, id, token), what) {
@@ -385,7 +434,7 @@ impl WorkMachine {
             // A take at our epoch without a token (our presence did not
             // list the key then): ours, only the holder takes at it.
             (None, _) if ix.taker(id) == Some((h.epoch, None)) => h.epoch,
-            (None, Settle::Done) if leads => h.epoch,
+            (None, Settle::Done) if leads || ours => h.epoch,
             _ => return SettleStep::Answer(false),
         };
         SettleStep::Record(what.op(id, epoch, now_ms))
@@ -421,8 +470,10 @@ impl WorkMachine {
         }
         let since = (self.leader_since.unwrap_or(0)).max(self.above.since.unwrap_or(0));
         let shared = self.above.shared.as_deref();
-        let elsewhere =
-            |id: &str| shared.is_some_and(|w| w.done.contains(id) || w.taken.contains(id));
+        let elsewhere = |id: &str| {
+            self.in_hand(id, index)
+                || shared.is_some_and(|w| w.done.contains(id) || w.taken.contains(id))
+        };
         let events = (queue.iter())
             .filter(|e| !elsewhere(&e.id))
             .map(|e| (e.id.as_str(), e.published_ms));
@@ -432,7 +483,10 @@ impl WorkMachine {
                 let fallback = h.ledgerless_before || index.is_none() || self.above.since.is_some();
                 ledger::owed(events, index, h.epoch, fallback.then_some(since), &lives)
             }
-            None => ledger::owed(events, None, 0, Some(since), &lives),
+            // The fail-safe: what the ledger shows taken or done is not
+            // owed (see `take`), and of the rest only what was published
+            // since we led (whoever held may not keep a ledger).
+            None => ledger::owed(events, index, FAIL_SAFE_EPOCH, Some(since), &lives),
         }
     }
 
@@ -480,15 +534,21 @@ pub(crate) fn taken_by(index: &Index, id: &str, token: Option<&str>) -> Option<u
 }
 
 /// A settle outside the epoch we hold: its line at the epoch of our take,
-/// if `index` shows one.
+/// if `index` shows one; a `done` of a take granted to us that no line
+/// shows (`done_anyway`) at epoch 0 (a `done` is final at any epoch).
 pub(crate) fn settle_line(
     index: &Index,
     id: &str,
     token: Option<&str>,
     what: Settle,
     at_ms: u64,
+    done_anyway: bool,
 ) -> Option<Op> {
-    taken_by(index, id, token).map(|epoch| what.op(id, epoch, at_ms))
+    match taken_by(index, id, token) {
+        Some(epoch) => Some(what.op(id, epoch, at_ms)),
+        None if done_anyway && what == Settle::Done => Some(what.op(id, 0, at_ms)),
+        None => None,
+    }
 }
 
 /// The `held` line of `by` at `epoch`, unless `index` has one.

@@ -15,6 +15,7 @@
 mod machine;
 #[cfg(test)]
 mod model;
+mod steps;
 #[cfg(test)]
 mod tests;
 
@@ -22,10 +23,8 @@ use std::collections::BTreeSet;
 #[cfg(feature = "etcd")]
 use std::time::Duration;
 
-pub(crate) use machine::{
-    epoch_floor, held_line, settle_line, Displaced, Lead, Settle, SettleStep, Spell, TakeStep,
-    WorkMachine,
-};
+pub(crate) use machine::{epoch_floor, held_line, settle_line, WorkMachine};
+pub(crate) use steps::{Displaced, Lead, Settle, SettleStep, Spell, TakeStep};
 
 /// The agent's work as the level above the host records it for every host:
 /// events done, and events a window still running has taken.

@@ -107,7 +107,8 @@ impl World {
         let alive = self.alive_token();
         let w = &self.windows[h];
         let token = w.token(h);
-        let step = (w.m).take(
+        // On a copy: asking changes nothing the check should keep.
+        let step = (w.m.clone()).take(
             EVENTS[e],
             true,
             NOW_MS,
@@ -137,17 +138,19 @@ impl World {
     }
     fn settle(&mut self, i: usize, e: usize, what: Settle) {
         let ix = self.index();
-        let w = &self.windows[i];
-        let token = w.token(i);
+        let token = self.windows[i].token(i);
         let leads = self.acting() == Some(i);
-        let line = match w
-            .m
-            .settle(EVENTS[e], Some(&token), leads, what, NOW_MS, Some(&ix))
-        {
-            SettleStep::Record(op) => Some(op),
-            SettleStep::Outside { .. } => settle_line(&ix, EVENTS[e], Some(&token), what, NOW_MS),
-            SettleStep::Answer(_) => None,
-        };
+        let line =
+            match self.windows[i]
+                .m
+                .settle(EVENTS[e], Some(&token), leads, what, NOW_MS, Some(&ix))
+            {
+                SettleStep::Record(op) => Some(op),
+                SettleStep::Outside { done_anyway, .. } => {
+                    settle_line(&ix, EVENTS[e], Some(&token), what, NOW_MS, done_anyway)
+                }
+                SettleStep::Answer(_) => None,
+            };
         self.ledger.extend(line);
         self.windows[i].turns.remove(&e);
     }
@@ -249,7 +252,7 @@ impl Model for Ledgers {
                     let alive = w.alive_token();
                     let win = &w.windows[i];
                     let token = win.token(i);
-                    (win.m).take(
+                    (win.m.clone()).take(
                         EVENTS[e],
                         true,
                         NOW_MS,
@@ -262,7 +265,7 @@ impl Model for Ledgers {
                 let TakeStep::Record(op) = step else {
                     return None;
                 };
-                let (out, _) = w.windows[i].m.take_written(true);
+                let (out, _) = w.windows[i].m.take_written(EVENTS[e], true, NOW_MS);
                 assert!(matches!(out, TakeOutcome::Granted { epoch: Some(_) }));
                 // Granted though a window still has it in hand.
                 let again = (w.windows.iter()).any(|x| x.turns.contains(&e));

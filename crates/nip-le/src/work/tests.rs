@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::machine::MAX_IN_HAND;
 use super::*;
 use crate::elector::types::{QueuedEvent, TakeOutcome};
 use crate::ledger::{Index, Op};
@@ -54,7 +55,8 @@ fn holding(epoch: u64) -> WorkMachine {
 }
 
 fn take(m: &WorkMachine, id: &str, ix: Option<&Index>, alive: &dyn Fn(&str) -> bool) -> TakeStep {
-    m.take(id, true, T, ix, alive, "us", Some("tok-us"))
+    // On a copy: a grant without a line would put it in hand.
+    m.clone().take(id, true, T, ix, alive, "us", Some("tok-us"))
 }
 
 #[test]
@@ -72,16 +74,16 @@ fn a_take_is_granted_only_once_its_line_is_on_disk() {
         o
     });
     assert_eq!(
-        m.take_written(false),
+        m.take_written("a", false, T),
         (TakeOutcome::Unavailable, Spell::Began)
     );
     assert_eq!(
-        m.take_written(false),
+        m.take_written("a", false, T),
         (TakeOutcome::Unavailable, Spell::Same)
     );
     let granted = TakeOutcome::Granted { epoch: Some(3) };
-    assert_eq!(m.take_written(true), (granted, Spell::Ended));
-    assert_eq!(m.take_written(true), (granted, Spell::Same));
+    assert_eq!(m.take_written("a", true, T), (granted, Spell::Ended));
+    assert_eq!(m.take_written("a", true, T), (granted, Spell::Same));
 }
 
 #[test]
@@ -105,7 +107,7 @@ fn verdicts_answer_without_a_line() {
     // A hand-over's predecessor: its take is in flight while it lives.
     assert_eq!(answer("old", EVERYONE), Some(TakeOutcome::AlreadyTaken));
     assert_eq!(answer("old", NOBODY), None, "its taker is gone: owed");
-    let not = m.take("a", false, T, Some(&ix), NOBODY, "us", None);
+    let not = m.clone().take("a", false, T, Some(&ix), NOBODY, "us", None);
     assert_eq!(not, TakeStep::Answer(TakeOutcome::NotLeader));
 }
 
@@ -171,21 +173,21 @@ fn a_takeover_owes_the_displaced_holders_takes_and_no_one_elses() {
 fn an_unreadable_ledger_or_no_epoch_waits_a_stale_bound_then_grants_unrecorded() {
     let stale_ms = STALE.as_millis() as u64;
     let m = holding(3);
-    let at = |ms| m.take("a", true, ms, None, NOBODY, "us", None);
+    let at = |ms| m.clone().take("a", true, ms, None, NOBODY, "us", None);
     assert_eq!(at(T), TakeStep::Answer(TakeOutcome::Unavailable));
     let granted = TakeOutcome::Granted { epoch: Some(3) };
     assert_eq!(at(T + stale_ms + 1), TakeStep::Answer(granted));
-    // The fail-safe leader: no epoch, no ledger.
+    // The fail-safe leader: no epoch, its ledger unreadable.
     let mut m = machine();
-    assert_eq!(m.lead(T, true, None, false), Lead::Forget);
-    let at = |ms| m.take("a", true, ms, None, NOBODY, "us", None);
+    assert_eq!(m.lead(T, true, None, false), Lead::OpenFailSafe);
+    let at = |ms| m.clone().take("a", true, ms, None, NOBODY, "us", None);
     assert_eq!(at(T), TakeStep::Answer(TakeOutcome::Unavailable));
     let unrecorded = TakeOutcome::Granted { epoch: None };
     assert_eq!(at(T + stale_ms + 1), TakeStep::Answer(unrecorded));
     // Spec mode keeps no ledger: granted at once, unrecorded.
     let mut m = WorkMachine::new(false, STALE);
     assert_eq!(m.lead(T, true, Some(3), false), Lead::Forget);
-    let t = m.take("a", true, T, None, NOBODY, "us", None);
+    let t = m.clone().take("a", true, T, None, NOBODY, "us", None);
     assert_eq!(t, TakeStep::Answer(unrecorded));
 }
 
@@ -196,7 +198,7 @@ fn a_settle_is_the_takers_at_its_epoch_or_the_leaders_done() {
         take_op("ours-old", 2, "tok-us"),
         take_op("theirs", 2, "tok-b"),
     ]);
-    let settle = |id, token, leads, what| m.settle(id, token, leads, what, T, Some(&ix));
+    let settle = |id, token, leads, what| m.clone().settle(id, token, leads, what, T, Some(&ix));
     // Ours, at the epoch of the take (fence the take, not the done).
     let line = settle("ours-old", Some("tok-us"), false, Settle::Done);
     assert_eq!(line, SettleStep::Record(Settle::Done.op("ours-old", 2, T)));
@@ -218,15 +220,21 @@ fn a_settle_is_the_takers_at_its_epoch_or_the_leaders_done() {
         T,
         Some(&ix),
     );
-    assert_eq!(out, SettleStep::Outside { anyway: false });
-    let line = settle_line(&ix, "ours-old", Some("tok-us"), Settle::Done, T);
+    assert_eq!(
+        out,
+        SettleStep::Outside {
+            anyway: false,
+            done_anyway: false
+        }
+    );
+    let line = settle_line(&ix, "ours-old", Some("tok-us"), Settle::Done, T, false);
     assert_eq!(line, Some(Settle::Done.op("ours-old", 2, T)));
     assert_eq!(
-        settle_line(&ix, "theirs", Some("tok-us"), Settle::Done, T),
+        settle_line(&ix, "theirs", Some("tok-us"), Settle::Done, T, false),
         None
     );
     // Spec mode: accepted while leading.
-    let m = WorkMachine::new(false, STALE);
+    let mut m = WorkMachine::new(false, STALE);
     let spec = m.settle("x", None, true, Settle::Done, T, None);
     assert_eq!(spec, SettleStep::Answer(true));
 }
@@ -369,4 +377,137 @@ fn the_records_above_leave_our_own_takes_to_our_ledger() {
         Duration::from_secs(2),
         Duration::from_secs(2)
     ));
+}
+
+#[test]
+fn fail_safe_leaders_record_their_takes_and_leave_each_others() {
+    // Found once the simulator's mentions carried real times: every
+    // observer of a holder frozen inside its `flock` leads by the
+    // fail-safe, and each answered the same mention (20 of 300 seeds).
+    let stale_ms = STALE.as_millis() as u64;
+    let later = T + stale_ms + 1;
+    let mut a = machine();
+    assert_eq!(a.lead(T, true, None, false), Lead::OpenFailSafe);
+    assert_eq!(a.lead(T, true, None, false), Lead::Keep, "opened once");
+    assert!(a.fail_safe());
+    let mut ix = Index::default();
+    let TakeStep::Record(op) = a.take("e", true, later, Some(&ix), NOBODY, "a", Some("tok-a"))
+    else {
+        panic!("owed, past the stale bound: a line at epoch 0");
+    };
+    assert!(matches!(op, Op::Take { epoch: 0, .. }));
+    assert_eq!(
+        a.take_written("e", true, later).0,
+        TakeOutcome::Granted { epoch: None }
+    );
+    ix.apply(&op);
+    // Another fail-safe leader, and a holder at an epoch: in flight.
+    let mut b = machine();
+    let _ = b.lead(T, true, None, false);
+    let seen = b.take("e", true, later, Some(&ix), EVERYONE, "b", Some("tok-b"));
+    assert_eq!(seen, TakeStep::Answer(TakeOutcome::AlreadyTaken));
+    let q = queue(&[("e", T + 1)]);
+    assert!(b.owed(&q, true, Some(&ix), EVERYONE).is_empty());
+    let h = holding(7);
+    assert_eq!(
+        take(&h, "e", Some(&ix), EVERYONE),
+        TakeStep::Answer(TakeOutcome::AlreadyTaken)
+    );
+    // Its taker gone: owed to either.
+    assert_eq!(b.owed(&q, true, Some(&ix), NOBODY), ["e"]);
+    // And the taker's own second ask: in hand.
+    let again = a.take("e", true, later, Some(&ix), NOBODY, "a", Some("tok-a"));
+    assert_eq!(again, TakeStep::Answer(TakeOutcome::AlreadyTaken));
+}
+
+#[test]
+fn a_grant_stays_in_hand_until_settled_and_its_done_is_written_even_unrecorded() {
+    let stale_ms = STALE.as_millis() as u64;
+    let later = T + stale_ms + 1;
+    let mut m = machine();
+    let _ = m.lead(T, true, None, false);
+    // The ledger unreadable: granted unrecorded, once.
+    let first = m.take("e", true, later, None, NOBODY, "us", Some("tok-us"));
+    assert_eq!(
+        first,
+        TakeStep::Answer(TakeOutcome::Granted { epoch: None })
+    );
+    let second = m.take("e", true, later, None, NOBODY, "us", Some("tok-us"));
+    assert_eq!(second, TakeStep::Answer(TakeOutcome::AlreadyTaken));
+    let q = queue(&[("e", T + 1)]);
+    assert!(m.owed(&q, true, None, NOBODY).is_empty(), "in hand");
+    // Its `done` goes in the ledger though no take line shows it.
+    let out = m.settle("e", Some("tok-us"), true, Settle::Done, later, None);
+    assert_eq!(
+        out,
+        SettleStep::Outside {
+            anyway: true,
+            done_anyway: true
+        }
+    );
+    let ix = Index::default();
+    let line = settle_line(&ix, "e", Some("tok-us"), Settle::Done, later, true);
+    assert_eq!(line, Some(Settle::Done.op("e", 0, later)));
+    assert_eq!(
+        settle_line(&ix, "e", Some("tok-us"), Settle::GiveBack, later, true),
+        None
+    );
+    // Settled: no longer in hand.
+    let third = m.take("e", true, later, None, NOBODY, "us", Some("tok-us"));
+    assert_eq!(
+        third,
+        TakeStep::Answer(TakeOutcome::Granted { epoch: None })
+    );
+    // Bounded.
+    for i in 0..MAX_IN_HAND + 10 {
+        let _ = m.take(
+            &format!("x{i}"),
+            true,
+            later + i as u64,
+            None,
+            NOBODY,
+            "us",
+            None,
+        );
+    }
+    assert!(m.in_hand_len() <= MAX_IN_HAND);
+}
+
+#[test]
+fn a_recorded_take_the_ledger_no_longer_shows_as_ours_is_not_in_hand() {
+    // The model check: we took `e` at epoch 3 and hung; the takeover gave
+    // it back on our behalf (and a later holder may have taken it); we
+    // woke fenced and lead again at 5: `e` is owed to us, not "in hand".
+    let mut m = holding(3);
+    let TakeStep::Record(op) = m.take("e", true, T, Some(&Index::default()), NOBODY, "us", None)
+    else {
+        panic!("owed: a line first");
+    };
+    let _ = m.take_written("e", true, T);
+    let mut ix = index(&[op]);
+    let q = queue(&[("e", T + 1)]);
+    assert!(m.owed(&q, true, Some(&ix), NOBODY).is_empty(), "in hand");
+    ix.apply(&Settle::GiveBack.op("e", 3, T));
+    assert_eq!(
+        m.owed(&q, true, Some(&ix), NOBODY),
+        ["e"],
+        "given back for us"
+    );
+    ix.apply(&take_op("e", 4, "tok-b"));
+    assert_eq!(m.lead(T, false, None, false), Lead::Forget);
+    assert_eq!(m.lead(T, true, Some(5), true), Lead::Open { epoch: 5 });
+    let _ = m.opened(Some(&ix), NOBODY, T);
+    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["e"], "its taker died");
+    assert!(matches!(
+        take(&m, "e", Some(&ix), NOBODY),
+        TakeStep::Record(_)
+    ));
+    // An unrecorded grant stays in hand whatever the ledger shows.
+    let mut f = machine();
+    let _ = f.lead(T, true, None, false);
+    let later = T + STALE.as_millis() as u64 + 1;
+    let _ = f.take("g", true, later, None, NOBODY, "us", None);
+    let given = index(&[take_op("g", 1, "x"), Settle::GiveBack.op("g", 1, T)]);
+    let q = queue(&[("g", later)]);
+    assert!(f.owed(&q, true, Some(&given), NOBODY).is_empty());
 }

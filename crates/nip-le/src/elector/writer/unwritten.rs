@@ -30,7 +30,7 @@ pub(super) struct Unwritten {
     ledger: Option<Ledger>,
     /// Settles the ledger could not even be read for (whose take they end
     /// is not known yet): done at the first read.
-    unsettled: Vec<(Settle, String, u64)>,
+    unsettled: Vec<(Settle, String, u64, bool)>,
 }
 
 impl Unwritten {
@@ -64,9 +64,9 @@ impl Unwritten {
         open: &mut dyn FnMut() -> Result<Ledger, LedgerError>,
         token: Option<&str>,
         pubkey: &AgentPubkey,
-        line: (Settle, &str, u64),
+        line: (Settle, &str, u64, bool),
     ) -> bool {
-        let (what, id, at_ms) = line;
+        let (what, id, at_ms, done_anyway) = line;
         let mut l = match self.ledger.take() {
             Some(l) => l,
             None => match open() {
@@ -74,15 +74,16 @@ impl Unwritten {
                 Err(e) => {
                     tracing::warn!(%pubkey, "the work ledger cannot be read; the turn's end is kept, to be written later: {e}");
                     if self.unsettled.len() >= MAX_UNSETTLED {
-                        let (_, lost, _) = self.unsettled.remove(0);
+                        let (_, lost, _, _) = self.unsettled.remove(0);
                         tracing::warn!(%pubkey, event = %lost, "too many turns' ends wait for an unreadable work ledger: the oldest is dropped");
                     }
-                    self.unsettled.push((what, id.to_owned(), at_ms));
+                    self.unsettled
+                        .push((what, id.to_owned(), at_ms, done_anyway));
                     return true;
                 }
             },
         };
-        let recorded = match settle_line(&l.index, id, token, what, at_ms) {
+        let recorded = match settle_line(&l.index, id, token, what, at_ms, done_anyway) {
             Some(op) => {
                 append(&mut l, pubkey, op);
                 true
@@ -107,8 +108,8 @@ impl Unwritten {
                 None => open(),
             };
             if let Ok(mut l) = l {
-                for (what, id, at_ms) in std::mem::take(&mut self.unsettled) {
-                    if let Some(op) = settle_line(&l.index, &id, token, what, at_ms) {
+                for (what, id, at_ms, done_anyway) in std::mem::take(&mut self.unsettled) {
+                    if let Some(op) = settle_line(&l.index, &id, token, what, at_ms, done_anyway) {
                         append(&mut l, pubkey, op);
                     }
                 }

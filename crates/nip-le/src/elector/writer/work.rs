@@ -26,6 +26,13 @@ impl Key {
         match self.work.lead(now_ms, leader, epoch, takeover) {
             Lead::Keep => {}
             Lead::Forget => self.drop_ledger(),
+            Lead::OpenFailSafe => {
+                self.drop_ledger();
+                let storage = ctx.world.ledger(&self.pubkey);
+                if let Ok(l) = Ledger::open(storage, now_ms, ctx.config.work_retention) {
+                    self.ledger = Some(self.unwritten.carried_into(l));
+                }
+            }
             Lead::Open { epoch } => {
                 // The ledger of the epoch we held before (a lead regained
                 // at a new epoch) may keep lines the disk refused: kept,
@@ -64,13 +71,16 @@ impl Key {
     /// Opens the ledger of the epoch we hold again, if it could not be
     /// read so far.
     fn reopen_ledger(&mut self, ctx: &Ctx, now_ms: u64) {
-        let Some(epoch) = self.work.epoch().filter(|_| self.ledger.is_none()) else {
+        let epoch = self.work.epoch();
+        if self.ledger.is_some() || (epoch.is_none() && !self.work.fail_safe()) {
             return;
-        };
+        }
         let storage = ctx.world.ledger(&self.pubkey);
         if let Ok(l) = Ledger::open(storage, now_ms, ctx.config.work_retention) {
             let mut l = self.unwritten.carried_into(l);
-            held(&mut l, &self.pubkey, epoch, &ctx.our_id, now_ms);
+            if let Some(epoch) = epoch {
+                held(&mut l, &self.pubkey, epoch, &ctx.our_id, now_ms);
+            }
             self.ledger = Some(l);
             tracing::info!(pubkey = %self.pubkey, "the work ledger can be read again");
         }
@@ -111,7 +121,7 @@ impl Key {
             by: ctx.our_id.to_string(),
             at_ms: now_ms,
         };
-        // Not worth a sync: a lost line only costs a fallback later.
+        // Synced (see `Ledger::durable`).
         let written = match Ledger::open(
             ctx.world.ledger(&self.pubkey),
             now_ms,
@@ -121,7 +131,7 @@ impl Key {
                 self.note_ledger_epoch(ctx, &l);
                 l.append(&op)
             }
-            Err(_) => ctx.world.ledger(&self.pubkey).append(&op.to_line(), false),
+            Err(_) => ctx.world.ledger(&self.pubkey).append(&op.to_line(), true),
         };
         if let Err(e) = written {
             tracing::warn!(pubkey = %self.pubkey, "cannot note us in the work ledger: {e}");
@@ -215,8 +225,11 @@ impl Key {
         // A former holder's `done` may have landed since we loaded: what
         // is owed, and whether a take is granted, depend on it (a `done`
         // or `give_back` of ours needs only what we applied ourselves).
+        // (A take reads it under the append hold.)
         if matches!(op, WorkOp::Take(_) | WorkOp::Owed(_)) {
             self.reopen_ledger(ctx, now_ms);
+        }
+        if matches!(op, WorkOp::Owed(_)) {
             if let Some(l) = self.ledger.as_mut() {
                 if let Err(e) = l.refresh(now_ms) {
                     tracing::warn!(pubkey = %self.pubkey, "cannot read the work ledger again: {e}");
@@ -258,7 +271,8 @@ impl Key {
         }
     }
 
-    /// A take: the rules' answer, or their line written first.
+    /// A take: the rules' answer, or their line written first, decided
+    /// and written under the ledger's append hold.
     fn take(
         &mut self,
         ctx: &Ctx,
@@ -267,18 +281,38 @@ impl Key {
         now_ms: u64,
         alive: &dyn Fn(&str) -> bool,
     ) -> TakeOutcome {
-        let index = self.ledger.as_ref().map(|l| &l.index);
         let live = ctx.token_for(&self.pubkey);
         let by = ctx.our_id.to_string();
-        let op = match self.work.take(id, leads, now_ms, index, alive, &by, live) {
-            TakeStep::Answer(out) => return out,
-            TakeStep::Record(op) => op,
+        let (work, ledger) = (&mut self.work, &mut self.ledger);
+        let Some(l) = ledger.as_mut() else {
+            return match work.take(id, leads, now_ms, None, alive, &by, live) {
+                TakeStep::Answer(out) => out,
+                TakeStep::Record(_) => TakeOutcome::Unavailable,
+            };
         };
-        let Some(l) = self.ledger.as_mut() else {
+        let (mut answer, mut decided) = (None, false);
+        let taken = l.take_held(now_ms, &mut |ix| {
+            decided = true;
+            match work.take(id, leads, now_ms, Some(ix), alive, &by, live) {
+                TakeStep::Answer(out) => {
+                    answer = Some(out);
+                    None
+                }
+                TakeStep::Record(op) => Some(op),
+            }
+        });
+        if let Some(out) = answer {
+            return out;
+        }
+        if !decided {
+            // The hold or the read failed: asked again in a moment.
+            if let Err(e) = taken {
+                tracing::debug!(pubkey = %self.pubkey, "a take waits for the work ledger: {e}");
+            }
             return TakeOutcome::Unavailable;
-        };
-        let refused = l.append_now(&op).err();
-        let (out, spell) = self.work.take_written(refused.is_none());
+        }
+        let refused = taken.err();
+        let (out, spell) = self.work.take_written(id, refused.is_none(), now_ms);
         // Said once per spell of refusals, not at every retry.
         match (spell, refused) {
             (Spell::Ended, _) => tracing::info!(pubkey = %self.pubkey, "takes are written again"),
@@ -307,9 +341,12 @@ impl Key {
                 }
                 true
             }
-            SettleStep::Outside { anyway } => {
+            SettleStep::Outside {
+                anyway,
+                done_anyway,
+            } => {
                 let mut open = opener(ctx, &self.pubkey, now_ms);
-                let line = (what, id, now_ms);
+                let line = (what, id, now_ms, done_anyway);
                 let recorded = (self.unwritten).settle(&mut open, token, &self.pubkey, line);
                 recorded || anyway
             }

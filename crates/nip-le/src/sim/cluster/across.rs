@@ -134,6 +134,15 @@ impl Sim {
         self.took_at.get(&(by.to_owned(), n)).copied()
     }
 
+    /// How long window `by`'s reply to mention `n` waited on its way for
+    /// the window to run again (frozen), ns.
+    pub(crate) fn reply_frozen(&self, by: &str, n: u64) -> u64 {
+        self.reply_frozen
+            .get(&(by.to_owned(), n))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// The first broken invariant of this host, if any.
     pub(crate) fn host_violation(&self) -> Option<Violation> {
         self.violation

@@ -50,7 +50,34 @@ impl Sim {
                 Some(TakeOutcome::Granted { .. }) => {
                     // Judged per grant: the answer this turn sends.
                     let grant = (self.windows[w].proc, id.clone());
-                    if self.disk_forced(&id) {
+                    // Forced by the disk: granted while it refuses writes
+                    // (a fail-safe leader past the stale bound grants
+                    // unrecorded), or after a grant of another window that
+                    // was, while no line of that grant can be read: whoever
+                    // leads beside it cannot know of it.
+                    let by = lock(&self.m).procs[self.windows[w].proc]
+                        .instance_id
+                        .clone();
+                    let unrecorded = {
+                        let s = lock(&self.m);
+                        let readable = s.faults.eio_until <= s.t;
+                        let ledger = s.ledgers.get(&pk).map(Vec::as_slice).unwrap_or_default();
+                        let line_of = |op: &str| {
+                            let l = format!(r#"{{"op":"{op}","id":"{id}""#);
+
+                            readable && ledger.windows(l.len()).any(|x| x == l.as_bytes())
+                        };
+                        let now = crate::sim::world::write_fault(&s).is_some();
+                        let before =
+                            (self.unrecorded_grants.iter()).any(|(i, b)| *i == id && *b != by);
+                        // (Our own take line is in the file by now.)
+                        let unseen = !line_of("done");
+                        if now {
+                            self.unrecorded_grants.insert((id.clone(), by.clone()));
+                        }
+                        (now || before) && unseen
+                    };
+                    if unrecorded || self.disk_forced(&id) {
                         self.forced_takes.insert(grant);
                     } else {
                         self.forced_takes.remove(&grant);
@@ -165,7 +192,11 @@ impl Sim {
             // and a takeover owes what a hung holder took at once.
             // The app learns it when it runs again, and gives the mention
             // back.
-            if until.saturating_sub(self.now()) <= self.opts.stale.as_nanos() as u64 {
+            let wait = until.saturating_sub(self.now());
+            if wait <= self.opts.stale.as_nanos() as u64 {
+                let by = lock(&self.m).procs[proc].instance_id.clone();
+                let n = u64::from_str_radix(&id, 16).unwrap_or(u64::MAX);
+                *self.reply_frozen.entry((by, n)).or_default() += wait;
                 self.push(until, Ev::Sent(proc, id));
             } else {
                 self.windows[w].app.sending.remove(&id);

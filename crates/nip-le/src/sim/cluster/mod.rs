@@ -126,11 +126,19 @@ pub struct Sim {
     claims: (u64, u64),
     /// See [`Outcome::forced_by_disk`].
     forced_by_disk: u64,
+    /// See [`Outcome::skipped_by_disk`].
+    skipped_by_disk: u64,
     /// Until when the power is off (see [`Fault::PowerLoss`]).
     power_back: u64,
     /// Mentions taken again while the disk forced it (see
     /// `Sim::disk_forced`).
     forced_takes: std::collections::BTreeSet<(ProcId, String)>,
+    /// Mentions granted while the disk refused writes (no line of the
+    /// take could be written), by whom.
+    unrecorded_grants: std::collections::BTreeSet<(String, String)>,
+    /// How long a reply waited, on its way, for its frozen window (by
+    /// window and mention, virtual ns).
+    reply_frozen: BTreeMap<(String, u64), u64>,
 }
 
 /// What one run found.
@@ -157,8 +165,17 @@ pub struct Outcome {
     /// Mentions answered twice because the disk refused the first
     /// answer's `done` line and its window had no round since in which the
     /// disk took writes (it died, quit, froze or starved first): no
-    /// ledger can record a sent reply then. Counted, not failed.
+    /// ledger can record a sent reply then; or because the second answer's
+    /// take was granted while the disk refused writes (a fail-safe leader
+    /// past the stale bound grants unrecorded, and no other window can
+    /// know of it). Counted, not failed.
     pub forced_by_disk: u64,
+    /// Mentions never answered because a window's `held` line was refused
+    /// by the disk for as long as it lived, and its harness child held the
+    /// lock after it: the successor cannot tell that child from a writer
+    /// without a ledger, who may have answered what was published before.
+    /// Counted, not failed.
+    pub skipped_by_disk: u64,
     /// Claims made (a window's user claimed the agent).
     pub claims: u64,
     /// Of which the claimant acted within the stand-down.
@@ -215,7 +232,10 @@ impl Sim {
             claims_open: Vec::new(),
             claims: (0, 0),
             forced_by_disk: 0,
+            skipped_by_disk: 0,
             forced_takes: Default::default(),
+            unrecorded_grants: Default::default(),
+            reply_frozen: Default::default(),
             power_back: 0,
         };
         sim.setup();
@@ -285,6 +305,19 @@ impl Sim {
         }
         self.round_only(w);
         rx.try_recv().ok().and_then(Result::ok)
+    }
+
+    /// A mention's `created_at` as the relay stamps it (unix ms, on the
+    /// true clock: the machine's wall steps do not move it), for a mention
+    /// published at `at` (virtual ns). Was the virtual ms since the run
+    /// began, older than every unix time: a holder that fell back to
+    /// "published since we led" then owed nothing ever again (seed 48).
+    fn relay_ms(&self, at: u64) -> u64 {
+        let wall0 = lock(&self.m).wall0;
+        let base = wall0
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        u64::try_from(base.as_millis()).unwrap_or(0) + at / MS
     }
 
     fn window_of(&self, proc: ProcId) -> Option<usize> {
@@ -412,6 +445,7 @@ impl Sim {
             longest_silence_ns: self.checker.tally.longest_silence_ns,
             rounds: self.rounds_run,
             forced_by_disk: self.forced_by_disk,
+            skipped_by_disk: self.skipped_by_disk,
             claims: self.claims.0,
             claims_honoured: self.claims.1,
         }
@@ -464,7 +498,8 @@ impl Sim {
                 let published = self.published.iter().find(|p| p.0 == n).map_or(0, |p| p.1);
                 if let Some(w) = self.window_of(proc) {
                     if self.windows[w].writer.is_some() {
-                        self.windows[w].app.receive(&mention_id(n), published / MS);
+                        let relay_ms = self.relay_ms(published);
+                        self.windows[w].app.receive(&mention_id(n), relay_ms);
                         let running = {
                             let s = lock(&self.m);
                             s.procs[proc].running(s.t)

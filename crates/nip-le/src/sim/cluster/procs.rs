@@ -29,7 +29,7 @@ impl Sim {
         );
         let mut app = App::default();
         for &(n, at) in &self.published {
-            app.receive(&mention_id(n), at / MS);
+            app.receive(&mention_id(n), self.relay_ms(at));
         }
         self.windows.push(Window {
             proc,

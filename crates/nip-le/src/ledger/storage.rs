@@ -1,0 +1,186 @@
+//! Where a ledger's bytes live: the [`LedgerStorage`] seam and the file
+//! beside the lock file ([`FileLedger`]); the simulator plugs in its own.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::hold::{self, AppendHold};
+use super::MAX_LEDGER_BYTES;
+use crate::error::{Error, Result};
+use crate::lockfile::{open_options, open_regular_file, Create};
+
+/// Why a ledger could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// Larger than [`MAX_LEDGER_BYTES`]; not read.
+    #[error("the work ledger is larger than {MAX_LEDGER_BYTES} bytes")]
+    Oversized,
+    /// An I/O error, or something other than a regular file at the path.
+    #[error("the work ledger cannot be read: {0}")]
+    Unreadable(String),
+    /// Shorter than what was read of it before: it was rewritten
+    /// (compacted) since, and must be read whole again.
+    #[error("the work ledger was rewritten")]
+    Rewritten,
+}
+
+/// Where a ledger's bytes live. [`FileLedger`] is the file beside the
+/// lock file; the simulator plugs in its own, with faults.
+pub trait LedgerStorage: Send + std::fmt::Debug {
+    /// The whole ledger (a missing one is empty), capped at
+    /// [`MAX_LEDGER_BYTES`].
+    fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError>;
+    /// What was appended since the first `offset` bytes, capped as
+    /// [`LedgerStorage::read`]; [`LedgerError::Rewritten`] when the ledger
+    /// is shorter than that.
+    fn read_from(&mut self, offset: u64) -> std::result::Result<Vec<u8>, LedgerError> {
+        let all = self.read()?;
+        let from = usize::try_from(offset).map_err(|_| LedgerError::Rewritten)?;
+        all.get(from..)
+            .map(<[u8]>::to_vec)
+            .ok_or(LedgerError::Rewritten)
+    }
+    /// Appends lines (one write on a descriptor opened for appending),
+    /// synced before it returns when `durable` (a done or give-back: one
+    /// lost to a power cut would be answered again or never; see
+    /// [`Ledger::append`]). Lines written whole count as written even if
+    /// the sync fails: every process reads them.
+    fn append(&mut self, line: &[u8], durable: bool) -> Result<()>;
+    /// Replaces the whole ledger with `body` (compaction).
+    fn replace(&mut self, body: &[u8]) -> Result<()>;
+    /// Holds off every process's appends until the hold is dropped: a
+    /// rewrite's last read and its replace happen under it, and a take's
+    /// read, verdict and append. None is needed where appends and replaces
+    /// cannot interleave.
+    fn hold_appends(&mut self) -> Result<AppendHold> {
+        Ok(AppendHold::none())
+    }
+    /// [`LedgerStorage::append`] while the caller holds the append hold
+    /// exclusively ([`LedgerStorage::hold_appends`]).
+    fn append_held(&mut self, line: &[u8], durable: bool) -> Result<()> {
+        self.append(line, durable)
+    }
+}
+
+/// The ledger file `<lock dir>/<pubkey>.work`.
+#[derive(Debug)]
+pub struct FileLedger {
+    path: PathBuf,
+}
+
+impl FileLedger {
+    /// The ledger file at `path` (opened for each read and append).
+    pub fn new(path: PathBuf) -> Self {
+        Self { path }
+    }
+}
+
+impl LedgerStorage for FileLedger {
+    fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError> {
+        match open_regular_file(&self.path, Create::No) {
+            Ok(f) => read_capped(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(LedgerError::Unreadable(e.to_string())),
+        }
+    }
+
+    fn read_from(&mut self, offset: u64) -> std::result::Result<Vec<u8>, LedgerError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = match open_regular_file(&self.path, Create::No) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && offset == 0 => {
+                return Ok(Vec::new())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(LedgerError::Rewritten)
+            }
+            Err(e) => return Err(LedgerError::Unreadable(e.to_string())),
+        };
+        let unreadable = |e: std::io::Error| LedgerError::Unreadable(e.to_string());
+        let len = f.metadata().map_err(unreadable)?.len();
+        if len < offset {
+            return Err(LedgerError::Rewritten);
+        }
+        if len > MAX_LEDGER_BYTES {
+            return Err(LedgerError::Oversized);
+        }
+        f.seek(SeekFrom::Start(offset)).map_err(unreadable)?;
+        let mut buf = Vec::new();
+        f.take(MAX_LEDGER_BYTES.saturating_sub(offset))
+            .read_to_end(&mut buf)
+            .map_err(unreadable)?;
+        Ok(buf)
+    }
+
+    fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
+        // Opened for each append: a handle kept across appends would write
+        // into the old file after another process's compaction renamed a
+        // new one over it (a kept `done` of a former holder, lost). An
+        // open costs microseconds; the sync of a `done`, a tenth of a ms.
+        // Under the shared hold, no rewrite renames between the open and
+        // the write.
+        let _hold = AppendHold::take(&self.path, false, hold::HOLD_WAIT)?;
+        self.append_held(line, durable)
+    }
+
+    fn append_held(&mut self, line: &[u8], durable: bool) -> Result<()> {
+        let mut o = open_options(Create::IfMissing);
+        o.append(true);
+        let mut f = o.open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        if !f
+            .metadata()
+            .map_err(|e| Error::io(&self.path, e))?
+            .is_file()
+        {
+            return Err(Error::io(
+                &self.path,
+                std::io::Error::other("not a regular file"),
+            ));
+        }
+        f.write_all(line).map_err(|e| Error::io(&self.path, e))?;
+        // Written whole, the lines are what every process reads: failing
+        // them now would leave a take that nobody, ourselves included, may
+        // grant again. Only a power cut can still lose them.
+        if durable {
+            if let Err(e) = f.sync_data() {
+                tracing::warn!(path = %self.path.display(), "the work ledger's lines are written but not synced: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// A new file renamed over the old one.
+    fn replace(&mut self, body: &[u8]) -> Result<()> {
+        let tmp = self
+            .path
+            .with_extension(format!("work.{}", uuid::Uuid::new_v4().simple()));
+        // A power cut must leave the old ledger or the new one, never an
+        // empty file in its place.
+        crate::lockfile::replace_whole_synced(&tmp, &self.path, body)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    fn hold_appends(&mut self) -> Result<AppendHold> {
+        AppendHold::take(&self.path, true, hold::HOLD_WAIT)
+    }
+}
+
+fn read_capped(f: File) -> std::result::Result<Vec<u8>, LedgerError> {
+    use std::io::Read;
+    let len = f
+        .metadata()
+        .map_err(|e| LedgerError::Unreadable(e.to_string()))?
+        .len();
+    if len > MAX_LEDGER_BYTES {
+        return Err(LedgerError::Oversized);
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    f.take(MAX_LEDGER_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| LedgerError::Unreadable(e.to_string()))?;
+    if buf.len() as u64 > MAX_LEDGER_BYTES {
+        return Err(LedgerError::Oversized);
+    }
+    Ok(buf)
+}
