@@ -35,8 +35,8 @@ fn assert_clean(a: &SimArgs) -> Summary {
         .collect();
     assert!(
         failed.is_empty(),
-        "replay with `nip-le sim --cluster {:?} --seconds 120 --seeds 1 --seed N --trace`:\n{}",
-        a.cluster,
+        "replay with `nip-le sim --cluster {} --seconds 120 --seeds 1 --seed N --trace`:\n{}",
+        format!("{:?}", a.cluster).to_lowercase(),
         failed.join("\n")
     );
     sum
@@ -74,6 +74,23 @@ fn extended_windows_answer_every_mention_once_across_300_seeds() {
         "forced by the disk: {} of {}",
         sum.forced_by_disk,
         sum.answered
+    );
+}
+
+/// Seeds found beyond the budget (the default run, 1,000 seeds), each
+/// kept as a test of its own: 782, a window that left the key while it
+/// led by the fail-safe kept its take in flight for as long as it lived
+/// (never answered until leaving gave back every take of ours); 899, a
+/// reply decided while its window could act and held on its way by a
+/// SIGSTOP past the takeover that granted it again (answered twice: no
+/// lock fences a reply between the check and the send; counted apart).
+#[test]
+fn seeds_found_beyond_the_budget_stay_fixed() {
+    assert_clean(&args(Cluster::Extended, 1, 782, Vec::new()));
+    let frozen = assert_clean(&args(Cluster::Extended, 1, 899, Vec::new()));
+    assert_eq!(
+        frozen.frozen_reply, 1,
+        "seed 899's duplicate, counted apart"
     );
 }
 

@@ -209,6 +209,9 @@ pub struct Summary {
     /// Mentions never answered after a window's `held` line the disk
     /// refused while it lived (see `nip_le::sim::Outcome::skipped_by_disk`).
     pub skipped_by_disk: u64,
+    /// Mentions answered twice by a reply frozen on its way past a
+    /// takeover (see `nip_le::sim::Outcome::frozen_reply`).
+    pub frozen_reply: u64,
     /// Across hosts: see [`Across`].
     pub across: Option<Across>,
 }
@@ -252,6 +255,7 @@ pub fn run_seeds(args: &SimArgs) -> Summary {
         sum.claims.1 += out.claims_honoured;
         sum.forced_by_disk += out.forced_by_disk;
         sum.skipped_by_disk += out.skipped_by_disk;
+        sum.frozen_reply += out.frozen_reply;
         sum.simulated += Duration::from_secs(args.seconds);
         if args.verbose {
             println!(
@@ -348,6 +352,12 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
         println!(
             "forced by the disk: {} mentions answered twice, a done refused until its window was gone or a take granted unrecorded while the disk refused writes (counted, not failed)",
             sum.forced_by_disk
+        );
+    }
+    if sum.frozen_reply > 0 {
+        println!(
+            "frozen replies: {} mentions answered twice, a reply decided while its window could act held on its way by a freeze past a takeover (counted, not failed)",
+            sum.frozen_reply
         );
     }
     if sum.skipped_by_disk > 0 {

@@ -440,15 +440,29 @@ impl WorkMachine {
         SettleStep::Record(what.op(id, epoch, now_ms))
     }
 
-    /// The give-backs that end every turn we took at our epoch, when we
-    /// leave the key: no `done` or `giveBack` of ours can reach the ledger
-    /// any more (see the writer's `end_takes`).
-    pub(crate) fn end_takes(&self, index: Option<&Index>, now_ms: u64) -> Vec<Op> {
-        let (Some(h), Some(ix)) = (&self.held, index) else {
+    /// The give-backs that end every turn of ours when we leave the key:
+    /// no `done` or `giveBack` of ours can reach the ledger any more (see
+    /// the writer's `end_takes`). Those at the epoch we hold, and those
+    /// that carry our presence `token` at any epoch (a fail-safe leader's
+    /// at epoch 0 included: the simulator, a window that left while it led
+    /// by the fail-safe kept its take in flight for as long as it lived,
+    /// and the mention was never answered).
+    pub(crate) fn end_takes(
+        &self,
+        index: Option<&Index>,
+        token: Option<&str>,
+        now_ms: u64,
+    ) -> Vec<Op> {
+        let Some(ix) = index else {
             return Vec::new();
         };
-        (ix.taken_at(h.epoch).into_iter())
-            .map(|id| Settle::GiveBack.op(&id, h.epoch, now_ms))
+        let mut takes: BTreeMap<String, u64> =
+            (token.into_iter()).flat_map(|t| ix.taken_with(t)).collect();
+        if let Some(h) = &self.held {
+            takes.extend(ix.taken_at(h.epoch).into_iter().map(|id| (id, h.epoch)));
+        }
+        (takes.into_iter())
+            .map(|(id, epoch)| Settle::GiveBack.op(&id, epoch, now_ms))
             .collect()
     }
 

@@ -312,20 +312,35 @@ fn what_the_level_above_reports_decides_before_the_ledger() {
 }
 
 #[test]
-fn leaving_gives_back_the_takes_of_our_epoch() {
+fn leaving_gives_back_the_takes_of_our_epoch_and_of_our_token() {
     let m = holding(4);
     let ix = index(&[
         take_op("b", 4, "tok-us"),
         take_op("a", 4, "tok-us"),
         take_op("c", 3, "x"),
     ]);
-    let ops = m.end_takes(Some(&ix), T);
+    let ops = m.end_takes(Some(&ix), None, T);
     let want: Vec<Op> = ["a", "b"]
         .iter()
         .map(|id| Settle::GiveBack.op(id, 4, T))
         .collect();
     assert_eq!(ops, want);
-    assert!(machine().end_takes(Some(&ix), T).is_empty(), "not holding");
+    assert!(
+        machine().end_takes(Some(&ix), None, T).is_empty(),
+        "not holding"
+    );
+    // Ours at any epoch by our token: a fail-safe leader's at epoch 0.
+    let ix = index(&[
+        take_op("a", 0, "tok-us"),
+        take_op("b", 2, "tok-us"),
+        take_op("c", 3, "x"),
+    ]);
+    let ops = machine().end_takes(Some(&ix), Some("tok-us"), T);
+    let want = vec![
+        Settle::GiveBack.op("a", 0, T),
+        Settle::GiveBack.op("b", 2, T),
+    ];
+    assert_eq!(ops, want, "not holding, our token's takes");
 }
 
 #[test]

@@ -158,10 +158,15 @@ impl Key {
     pub(super) fn end_takes(&mut self, ctx: &Ctx) -> Vec<String> {
         self.retry_unwritten(ctx);
         let now_ms = unix_ms(ctx.world.now().wall);
+        if self.ledger.is_none() {
+            // An observer's, or a fail-safe leader's that could not be read
+            // so far: takes of ours may still be in it.
+            self.ledger = opener(ctx, &self.pubkey, now_ms)().ok();
+        }
         let Some(l) = self.ledger.as_mut() else {
             return Vec::new();
         };
-        let ops = self.work.end_takes(Some(&l.index), now_ms);
+        let ops = self.work.end_takes(Some(&l.index), ctx.token(), now_ms);
         let mut ids = Vec::with_capacity(ops.len());
         for op in ops {
             if let Err(e) = l.append(&op) {

@@ -49,43 +49,18 @@ impl Sim {
             match took {
                 Some(TakeOutcome::Granted { .. }) => {
                     // Judged per grant: the answer this turn sends.
-                    let grant = (self.windows[w].proc, id.clone());
-                    // Forced by the disk: granted while it refuses writes
-                    // (a fail-safe leader past the stale bound grants
-                    // unrecorded), or after a grant of another window that
-                    // was, while no line of that grant can be read: whoever
-                    // leads beside it cannot know of it.
-                    let by = lock(&self.m).procs[self.windows[w].proc]
-                        .instance_id
-                        .clone();
-                    let unrecorded = {
-                        let s = lock(&self.m);
-                        let readable = s.faults.eio_until <= s.t;
-                        let ledger = s.ledgers.get(&pk).map(Vec::as_slice).unwrap_or_default();
-                        let line_of = |op: &str| {
-                            let l = format!(r#"{{"op":"{op}","id":"{id}""#);
-
-                            readable && ledger.windows(l.len()).any(|x| x == l.as_bytes())
-                        };
-                        let now = crate::sim::world::write_fault(&s).is_some();
-                        let before =
-                            (self.unrecorded_grants.iter()).any(|(i, b)| *i == id && *b != by);
-                        // (Our own take line is in the file by now.)
-                        let unseen = !line_of("done");
-                        if now {
-                            self.unrecorded_grants.insert((id.clone(), by.clone()));
-                        }
-                        (now || before) && unseen
-                    };
-                    if unrecorded || self.disk_forced(&id) {
+                    let proc = self.windows[w].proc;
+                    let grant = (proc, id.clone());
+                    let by = lock(&self.m).procs[proc].instance_id.clone();
+                    if self.granted_unrecorded(&id, &by) || self.disk_forced(&id) {
                         self.forced_takes.insert(grant);
                     } else {
                         self.forced_takes.remove(&grant);
                     }
+                    if self.reply_waits_frozen(&id, proc) {
+                        self.frozen_regrants.insert(id.clone());
+                    }
                     let t = self.now();
-                    let by = lock(&self.m).procs[self.windows[w].proc]
-                        .instance_id
-                        .clone();
                     let n = u64::from_str_radix(&id, 16).unwrap_or(u64::MAX);
                     self.took_at.insert((by, n), t);
                     // Agent turns vary: a quarter to twice the mean.
@@ -215,6 +190,8 @@ impl Sim {
             let first = answers[0].clone();
             if self.forced_takes.contains(&(proc, id.clone())) {
                 self.forced_by_disk += 1;
+            } else if self.frozen_regrants.contains(&id) {
+                self.frozen_reply += 1;
             } else {
                 self.violation.get_or_insert(Violation::new(
                     t,
@@ -238,6 +215,40 @@ impl Sim {
         }
         self.record(w, WorkOp::Done(id));
         self.react(w);
+    }
+
+    /// Whether a take of `id` granted now to `by` is forced by the disk:
+    /// granted while it refuses writes (a fail-safe leader past the stale
+    /// bound grants unrecorded), or after a grant of another window that
+    /// was, while no `done` of it can be read: whoever leads beside it
+    /// cannot know of it.
+    fn granted_unrecorded(&mut self, id: &str, by: &str) -> bool {
+        let s = lock(&self.m);
+        let readable = s.faults.eio_until <= s.t;
+        let ledger = s.ledgers.get(&self.pk).map(Vec::as_slice);
+        let done_line = format!(r#"{{"op":"done","id":"{id}""#);
+        let seen_done = readable
+            && ledger.is_some_and(|l| {
+                l.windows(done_line.len())
+                    .any(|x| x == done_line.as_bytes())
+            });
+        let now = crate::sim::world::write_fault(&s).is_some();
+        drop(s);
+        let before = (self.unrecorded_grants.iter()).any(|(i, b)| i == id && b != by);
+        if now {
+            self.unrecorded_grants
+                .insert((id.to_owned(), by.to_owned()));
+        }
+        (now || before) && !seen_done
+    }
+
+    /// Whether another window's reply to `id`, decided while it could act,
+    /// waits on its way for that window to run again (see
+    /// [`super::Outcome::frozen_reply`]).
+    fn reply_waits_frozen(&self, id: &str, proc: ProcId) -> bool {
+        let s = lock(&self.m);
+        (self.windows.iter())
+            .any(|x| x.proc != proc && x.app.sending.contains(id) && !s.procs[x.proc].running(s.t))
     }
 
     /// Whether a take of mention `id` granted now is forced by the disk

@@ -128,6 +128,11 @@ pub struct Sim {
     forced_by_disk: u64,
     /// See [`Outcome::skipped_by_disk`].
     skipped_by_disk: u64,
+    /// See [`Outcome::frozen_reply`].
+    frozen_reply: u64,
+    /// Mentions granted while another window's reply to them waited,
+    /// frozen, on its way.
+    frozen_regrants: std::collections::BTreeSet<String>,
     /// Until when the power is off (see [`Fault::PowerLoss`]).
     power_back: u64,
     /// Mentions taken again while the disk forced it (see
@@ -176,6 +181,12 @@ pub struct Outcome {
     /// without a ledger, who may have answered what was published before.
     /// Counted, not failed.
     pub skipped_by_disk: u64,
+    /// Mentions answered twice because a reply, decided while its window
+    /// could act, waited on its way for the window to run again (a SIGSTOP
+    /// or a suspend between the check and the send) while a takeover
+    /// granted the mention again: no lock fences a reply between the two.
+    /// Counted, not failed.
+    pub frozen_reply: u64,
     /// Claims made (a window's user claimed the agent).
     pub claims: u64,
     /// Of which the claimant acted within the stand-down.
@@ -233,6 +244,8 @@ impl Sim {
             claims: (0, 0),
             forced_by_disk: 0,
             skipped_by_disk: 0,
+            frozen_reply: 0,
+            frozen_regrants: Default::default(),
             forced_takes: Default::default(),
             unrecorded_grants: Default::default(),
             reply_frozen: Default::default(),
@@ -446,6 +459,7 @@ impl Sim {
             rounds: self.rounds_run,
             forced_by_disk: self.forced_by_disk,
             skipped_by_disk: self.skipped_by_disk,
+            frozen_reply: self.frozen_reply,
             claims: self.claims.0,
             claims_honoured: self.claims.1,
         }
