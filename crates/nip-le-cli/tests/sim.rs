@@ -83,10 +83,16 @@ fn extended_windows_answer_every_mention_once_across_300_seeds() {
 /// (never answered until leaving gave back every take of ours); 899, a
 /// reply decided while its window could act and held on its way by a
 /// SIGSTOP past the takeover that granted it again (answered twice: no
-/// lock fences a reply between the check and the send; counted apart).
+/// lock fences a reply between the check and the send; counted apart);
+/// 2803, the holder's harness child rewrote the record and died while a
+/// full disk kept the holder from writing its own back, and an observer
+/// took the file by the child's dead pid while the holder acted (two
+/// acting windows, until observers wait for a live holder's child's
+/// record as for a file its child emptied).
 #[test]
 fn seeds_found_beyond_the_budget_stay_fixed() {
     assert_clean(&args(Cluster::Extended, 1, 782, Vec::new()));
+    assert_clean(&args(Cluster::Extended, 1, 2803, Vec::new()));
     let frozen = assert_clean(&args(Cluster::Extended, 1, 899, Vec::new()));
     assert_eq!(
         frozen.frozen_reply, 1,

@@ -77,6 +77,21 @@ impl KeyMachine {
             })
     }
 
+    /// A record naming the last holder with a presence, without our fields:
+    /// its harness child's. The holder's family still leads: should the
+    /// child die before the holder writes its own record back (a full
+    /// disk, a peer's `flock`), its dead pid is no sign of the holder's
+    /// death (the simulator: an observer took the file by the child's dead
+    /// pid while the holder still acted).
+    fn holders_childs_record(&self, content: &LockContent) -> bool {
+        let Some(h) = &self.same_id.holder else {
+            return false;
+        };
+        content.record().is_some_and(|r| {
+            h.token.is_some() && r.instance_id == h.id && r.live.is_none() && r.epoch.is_none()
+        })
+    }
+
     /// Whether `content`, vacant, is ours to take back at our epoch: we held
     /// it, and (under the exclusion) the mark shows no later epoch and no
     /// release of ours. Before the locked look the mark is unknown: the
@@ -88,8 +103,9 @@ impl KeyMachine {
         self.holds_lock && vacant(content) && self.same_id.floor.is_none_or(|f| !over(f, epoch))
     }
 
-    /// Whether `content`, vacant, was vacated by the child of a holder that
-    /// still lives: then we wait for it to take the file back. The same
+    /// Whether `content`, vacant or its child's record, was left by the
+    /// child of a holder that still lives: then we wait for it to take the
+    /// file back. The same
     /// when our own child took it meanwhile (the harness takes an empty
     /// file at its next refresh): that holder may act until its validity
     /// ends, so we adopt our child's record only once the holder's would
@@ -102,7 +118,9 @@ impl KeyMachine {
     ) -> bool {
         let candidate = self.rules.profile.presence
             && !self.holds_lock
-            && (vacant(content) || self.childs_record(content));
+            && (vacant(content)
+                || self.childs_record(content)
+                || self.holders_childs_record(content));
         // An epoch issued since the holder we saw and not released: a
         // holder we never saw (we were starved or stopped while it took
         // the file, and its child emptied it since), to wait for as one.
