@@ -88,11 +88,16 @@ fn extended_windows_answer_every_mention_once_across_300_seeds() {
 /// full disk kept the holder from writing its own back, and an observer
 /// took the file by the child's dead pid while the holder acted (two
 /// acting windows, until observers wait for a live holder's child's
-/// record as for a file its child emptied).
+/// record as for a file its child emptied); 2544, a holder starved through
+/// a hand-over took the file its heir's child emptied at once, its own
+/// epoch over but not knowing the heir (two acting windows, until a window
+/// whose epoch a later unreleased one follows waits as for a holder it
+/// never saw).
 #[test]
 fn seeds_found_beyond_the_budget_stay_fixed() {
     assert_clean(&args(Cluster::Extended, 1, 782, Vec::new()));
     assert_clean(&args(Cluster::Extended, 1, 2803, Vec::new()));
+    assert_clean(&args(Cluster::Extended, 1, 2544, Vec::new()));
     let frozen = assert_clean(&args(Cluster::Extended, 1, 899, Vec::new()));
     assert_eq!(
         frozen.frozen_reply, 1,

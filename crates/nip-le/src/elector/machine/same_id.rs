@@ -116,8 +116,16 @@ impl KeyMachine {
         now: Instant,
         probes: &dyn Probes,
     ) -> bool {
+        // We held it, but an epoch was issued since ours and not released
+        // (a hand-over while we were stopped or starved): we observe a
+        // holder we never saw (the simulator: a window starved through a
+        // hand-over took the file its heir's child emptied, at once).
+        let displaced = self.holds_lock
+            && (self.same_id.held_epoch)
+                .zip(self.same_id.floor)
+                .is_some_and(|(e, f)| f.epoch > e && !f.released);
         let candidate = self.rules.profile.presence
-            && !self.holds_lock
+            && (!self.holds_lock || displaced)
             && (vacant(content)
                 || self.childs_record(content)
                 || self.holders_childs_record(content));

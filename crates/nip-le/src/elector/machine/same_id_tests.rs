@@ -90,10 +90,17 @@ fn a_file_our_child_emptied_is_taken_back_at_our_epoch_unless_a_later_one_was_is
     assert_eq!(took, Some(TakeReason::Ours));
     assert_eq!(f.record().unwrap().epoch, Some(1));
     assert!(out.leader && out.reason == ChangeReason::Acquired);
-    // A mark above our epoch: someone took it meanwhile; a new epoch.
+    // A mark above our epoch, not released: someone took it meanwhile
+    // (a hand-over while we were stopped) and its child emptied the file:
+    // that holder may act still, so we wait for it as for a holder we
+    // never saw, the stale bound at most, then take it at a new epoch.
     let mut f = LockContent::Empty;
     mark = mark.raised(5);
     let (out, took) = look(&mut m, &mut f, &mut mark, c.now(), Cause::Wake, &ALIVE);
+    assert_eq!(took, None, "an unreleased later epoch is waited for");
+    assert!(!out.leader);
+    c.advance(STALE + Duration::from_millis(2));
+    let (out, took) = look(&mut m, &mut f, &mut mark, c.now(), Cause::Tick, &ALIVE);
     assert_eq!(took, Some(TakeReason::Free));
     assert_eq!(f.record().unwrap().epoch, Some(6));
     assert!(out.leader);
