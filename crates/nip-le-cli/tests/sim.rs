@@ -17,6 +17,9 @@ fn args(cluster: Cluster, seeds: u64, first: u64, without: Vec<FaultKind>) -> Si
         policy: Policy::FallBack,
         strict_once: false,
         with: Vec::new(),
+        mention_ms: None,
+        turn_ms: None,
+        queue_cap: 0,
     }
 }
 

@@ -101,6 +101,19 @@ pub struct SimArgs {
     /// apart).
     #[arg(long)]
     pub strict_once: bool,
+    /// Mean interval between mentions, ms (each draws half to one and a
+    /// half of it); default: the cluster's (2000 ms for a queue).
+    #[arg(long)]
+    pub mention_ms: Option<u64>,
+    /// Mean agent turn, ms (each draws a quarter to twice it); default:
+    /// 1500 ms.
+    #[arg(long)]
+    pub turn_ms: Option<u64>,
+    /// Most mentions each app keeps queued (0: all), the oldest dropped
+    /// first, as Buzz's harness keeps 500 per channel; a mention never
+    /// answered that an app dropped is counted apart.
+    #[arg(long, default_value_t = 0)]
+    pub queue_cap: usize,
     /// In a `--cluster hosts` run, faults drawn besides the default ones:
     /// data-loss, hostile (comma-separated).
     #[arg(long = "with", value_delimiter = ',')]
@@ -130,6 +143,13 @@ impl SimArgs {
             Cluster::Spec => Options::spec(self.seconds),
             Cluster::Hosts => HostsOptions::new(self.seconds).per_host,
         };
+        if let Some(ms) = self.mention_ms.filter(|_| o.mention_every_ms > 0) {
+            o.mention_every_ms = ms.max(2);
+        }
+        if let Some(ms) = self.turn_ms {
+            o.turn_ms = ms.max(4);
+        }
+        o.queue_cap = self.queue_cap;
         for k in &self.without {
             match k {
                 FaultKind::Processes => o.mix.processes = false,
@@ -147,7 +167,13 @@ impl SimArgs {
     /// The options of one seed of a run across hosts.
     pub fn hosts_options(&self) -> HostsOptions {
         let mut o = HostsOptions::new(self.seconds);
-        o.per_host.mix = self.options().mix;
+        let one = self.options();
+        o.per_host.mix = one.mix;
+        o.per_host.turn_ms = one.turn_ms;
+        o.per_host.queue_cap = one.queue_cap;
+        if let Some(ms) = self.mention_ms {
+            o.mention_every_ms = ms.max(2);
+        }
         o.hosts = self.hosts.clamp(1, 26);
         o.strict_once = self.strict_once;
         o.data_loss = self.with.contains(&ExtraKind::DataLoss);
@@ -169,6 +195,15 @@ impl SimArgs {
         );
         if !self.without.is_empty() {
             f += &format!(" --without {}", names(&self.without));
+        }
+        if let Some(ms) = self.mention_ms {
+            f += &format!(" --mention-ms {ms}");
+        }
+        if let Some(ms) = self.turn_ms {
+            f += &format!(" --turn-ms {ms}");
+        }
+        if self.queue_cap > 0 {
+            f += &format!(" --queue-cap {}", self.queue_cap);
         }
         if self.cluster == Cluster::Hosts {
             let policy = self.policy.to_possible_value().expect("no skipped values");
@@ -212,6 +247,11 @@ pub struct Summary {
     /// Mentions answered twice by a reply frozen on its way past a
     /// takeover (see `nip_le::sim::Outcome::frozen_reply`).
     pub frozen_reply: u64,
+    /// Mentions never answered that an app dropped from its capped queue
+    /// (see `nip_le::sim::Outcome::dropped_by_cap`).
+    pub dropped_by_cap: u64,
+    /// The largest a work ledger file grew in any seed, bytes.
+    pub ledger_peak_bytes: u64,
     /// Across hosts: see [`Across`].
     pub across: Option<Across>,
 }
@@ -256,6 +296,8 @@ pub fn run_seeds(args: &SimArgs) -> Summary {
         sum.forced_by_disk += out.forced_by_disk;
         sum.skipped_by_disk += out.skipped_by_disk;
         sum.frozen_reply += out.frozen_reply;
+        sum.dropped_by_cap += out.dropped_by_cap;
+        sum.ledger_peak_bytes = sum.ledger_peak_bytes.max(out.ledger_peak_bytes);
         sum.simulated += Duration::from_secs(args.seconds);
         if args.verbose {
             println!(
@@ -354,6 +396,19 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
             sum.forced_by_disk
         );
     }
+    if sum.dropped_by_cap > 0 {
+        println!(
+            "dropped by the apps' queue caps: {} mentions never answered (counted, not failed)",
+            sum.dropped_by_cap
+        );
+    }
+    if sum.ledger_peak_bytes > 0 {
+        println!(
+            "work ledger: largest file {:.1} MiB; the simulator's peak memory {}",
+            sum.ledger_peak_bytes as f64 / (1024.0 * 1024.0),
+            peak_memory().unwrap_or_else(|| "unknown".into())
+        );
+    }
     if sum.frozen_reply > 0 {
         println!(
             "frozen replies: {} mentions answered twice, a reply decided while its window could act held on its way by a freeze past a takeover (counted, not failed)",
@@ -377,4 +432,19 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// This process's peak resident memory (Linux's `VmHWM`), for a long run's
+/// report.
+fn peak_memory() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(format!("{:.0} MiB", kib as f64 / 1024.0))
 }

@@ -30,9 +30,10 @@ pub struct App {
     pub turn: Option<Turn>,
     /// Turns started so far (serials).
     pub turns: u64,
-    /// Every mention ever queued (so that a long run's queue is not
-    /// searched for each new one).
-    pub known: std::collections::HashSet<String>,
+    /// Every mention ever queued, by a hash of its id (so that a long
+    /// run's queue is not searched for each new one, and a day's ids take
+    /// 8 bytes each).
+    pub known: std::collections::HashSet<u64>,
     /// Its poll timer is set: mentions another window took are still in
     /// flight there, and owed here once that window gives them back or
     /// dies.
@@ -42,14 +43,24 @@ pub struct App {
 }
 
 impl App {
-    /// Queues a mention once.
-    pub fn receive(&mut self, id: &str, published_ms: u64) {
-        if self.known.insert(id.to_owned()) {
-            self.queue.push(QueuedEvent {
-                id: id.to_owned(),
-                published_ms: Some(published_ms),
-            });
+    /// Queues a mention once. With a `cap` (0: none), the oldest queued
+    /// mention not in a turn is dropped to make room: its id, if one was.
+    pub fn receive(&mut self, id: &str, published_ms: u64, cap: usize) -> Option<String> {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+        if !self.known.insert(h.hash_one(id)) {
+            return None;
         }
+        self.queue.push(QueuedEvent {
+            id: id.to_owned(),
+            published_ms: Some(published_ms),
+        });
+        if cap == 0 || self.queue.len() <= cap {
+            return None;
+        }
+        let busy = self.turn.as_ref().map(|t| t.id.as_str());
+        let i = (self.queue.iter()).position(|e| Some(e.id.as_str()) != busy)?;
+        Some(self.queue.remove(i).id)
     }
 
     /// Drops a mention from the queue (answered, or done elsewhere).

@@ -152,6 +152,10 @@ pub struct Options {
     /// How long a turn takes on average, ms (each draws a quarter to twice
     /// that).
     pub turn_ms: u64,
+    /// Most mentions an app keeps queued (0: every one), the oldest
+    /// dropped first, as Buzz's harness keeps 500 per channel: the queue
+    /// an app walks for what is owed stays bounded on a long run.
+    pub queue_cap: usize,
     /// Which faults are drawn.
     pub mix: Mix,
 }
@@ -205,6 +209,7 @@ impl Options {
             fault_every_ms: 4000,
             mention_every_ms: 2000,
             turn_ms: 1500,
+            queue_cap: 0,
             mix: Mix::ALL,
         }
     }

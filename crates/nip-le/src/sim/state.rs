@@ -190,6 +190,8 @@ pub struct State {
     /// How much of each ledger is on disk (synced): a power loss keeps
     /// that, and perhaps part of the rest.
     pub ledger_synced: BTreeMap<AgentPubkey, usize>,
+    /// The largest any ledger grew, bytes.
+    pub ledger_peak: usize,
     /// Windows whose `held` line the disk refused, none of theirs taken
     /// since: a harness child's record naming one reads to a successor as
     /// a writer's without a ledger (see [`State::unkept_replaced`]).
@@ -234,6 +236,7 @@ impl State {
             requests: BTreeMap::new(),
             ledgers: BTreeMap::new(),
             ledger_synced: BTreeMap::new(),
+            ledger_peak: 0,
             unkept: BTreeSet::new(),
             unkept_replaced: Vec::new(),
             procs: Vec::new(),

@@ -406,6 +406,19 @@ impl LedgerStorage for SimLedger {
         }
         Ok(s.ledgers.get(&self.pk).cloned().unwrap_or_default())
     }
+    /// Only the tail (the default reads the whole file: a day's run copied
+    /// its ledger at every take).
+    fn read_from(&mut self, offset: u64) -> std::result::Result<Vec<u8>, LedgerError> {
+        let s = lock(&self.m);
+        if s.faults.eio_until > s.t {
+            return Err(LedgerError::Unreadable("EIO".into()));
+        }
+        let all = s.ledgers.get(&self.pk).map_or(&[][..], Vec::as_slice);
+        let from = usize::try_from(offset).map_err(|_| LedgerError::Rewritten)?;
+        all.get(from..)
+            .map(<[u8]>::to_vec)
+            .ok_or(LedgerError::Rewritten)
+    }
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
         let mut s = lock(&self.m);
         if let Some(e) = write_fault(&s) {
@@ -425,6 +438,7 @@ impl LedgerStorage for SimLedger {
         let l = s.ledgers.entry(self.pk).or_default();
         l.extend_from_slice(line);
         let len = l.len();
+        s.ledger_peak = s.ledger_peak.max(len);
         if durable {
             // `fdatasync`: everything written so far is on disk.
             s.ledger_synced.insert(self.pk, len);

@@ -223,23 +223,25 @@ impl Sim {
     /// was, while no `done` of it can be read: whoever leads beside it
     /// cannot know of it.
     fn granted_unrecorded(&mut self, id: &str, by: &str) -> bool {
-        let s = lock(&self.m);
-        let readable = s.faults.eio_until <= s.t;
-        let ledger = s.ledgers.get(&self.pk).map(Vec::as_slice);
-        let done_line = format!(r#"{{"op":"done","id":"{id}""#);
-        let seen_done = readable
-            && ledger.is_some_and(|l| {
-                l.windows(done_line.len())
-                    .any(|x| x == done_line.as_bytes())
-            });
-        let now = crate::sim::world::write_fault(&s).is_some();
-        drop(s);
+        let now = crate::sim::world::write_fault(&lock(&self.m)).is_some();
         let before = (self.unrecorded_grants.iter()).any(|(i, b)| i == id && b != by);
         if now {
             self.unrecorded_grants
                 .insert((id.to_owned(), by.to_owned()));
         }
-        (now || before) && !seen_done
+        if !(now || before) {
+            return false;
+        }
+        // (Our own take line is in the file by now: only a `done` tells.)
+        let s = lock(&self.m);
+        let readable = s.faults.eio_until <= s.t;
+        let done_line = format!(r#"{{"op":"done","id":"{id}""#);
+        let seen_done = readable
+            && (s.ledgers.get(&self.pk)).is_some_and(|l| {
+                l.windows(done_line.len())
+                    .any(|x| x == done_line.as_bytes())
+            });
+        !seen_done
     }
 
     /// Whether another window's reply to `id`, decided while it could act,

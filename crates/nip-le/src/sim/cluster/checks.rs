@@ -164,6 +164,10 @@ impl Sim {
                 self.skipped_by_disk += 1;
                 continue;
             }
+            if !self.answers.contains_key(&n) && self.cap_dropped.contains(&n) {
+                self.dropped_by_cap += 1;
+                continue;
+            }
             if !self.answers.contains_key(&n) {
                 self.violation = Some(Violation::new(
                     t,

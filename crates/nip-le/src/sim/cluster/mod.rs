@@ -130,6 +130,11 @@ pub struct Sim {
     skipped_by_disk: u64,
     /// See [`Outcome::frozen_reply`].
     frozen_reply: u64,
+    /// Mentions some app dropped from its capped queue
+    /// ([`Options::queue_cap`]).
+    cap_dropped: std::collections::BTreeSet<u64>,
+    /// See [`Outcome::dropped_by_cap`].
+    dropped_by_cap: u64,
     /// Mentions granted while another window's reply to them waited,
     /// frozen, on its way.
     frozen_regrants: std::collections::BTreeSet<String>,
@@ -187,6 +192,11 @@ pub struct Outcome {
     /// granted the mention again: no lock fences a reply between the two.
     /// Counted, not failed.
     pub frozen_reply: u64,
+    /// Mentions never answered that an app dropped from its capped queue
+    /// ([`Options::queue_cap`]): counted, not failed.
+    pub dropped_by_cap: u64,
+    /// The largest the work ledger file grew, bytes.
+    pub ledger_peak_bytes: u64,
     /// Claims made (a window's user claimed the agent).
     pub claims: u64,
     /// Of which the claimant acted within the stand-down.
@@ -245,6 +255,8 @@ impl Sim {
             forced_by_disk: 0,
             skipped_by_disk: 0,
             frozen_reply: 0,
+            cap_dropped: Default::default(),
+            dropped_by_cap: 0,
             frozen_regrants: Default::default(),
             forced_takes: Default::default(),
             unrecorded_grants: Default::default(),
@@ -460,6 +472,8 @@ impl Sim {
             forced_by_disk: self.forced_by_disk,
             skipped_by_disk: self.skipped_by_disk,
             frozen_reply: self.frozen_reply,
+            dropped_by_cap: self.dropped_by_cap,
+            ledger_peak_bytes: s.ledger_peak as u64,
             claims: self.claims.0,
             claims_honoured: self.claims.1,
         }
@@ -509,11 +523,22 @@ impl Sim {
                 self.publish(n, t);
             }
             Ev::Deliver(proc, n) => {
-                let published = self.published.iter().find(|p| p.0 == n).map_or(0, |p| p.1);
+                // Published in order of `n`.
+                let i = self.published.partition_point(|p| p.0 < n);
+                let published = self
+                    .published
+                    .get(i)
+                    .filter(|p| p.0 == n)
+                    .map_or(0, |p| p.1);
                 if let Some(w) = self.window_of(proc) {
                     if self.windows[w].writer.is_some() {
                         let relay_ms = self.relay_ms(published);
-                        self.windows[w].app.receive(&mention_id(n), relay_ms);
+                        let cap = self.opts.queue_cap;
+                        if let Some(d) = self.windows[w].app.receive(&mention_id(n), relay_ms, cap)
+                        {
+                            self.cap_dropped
+                                .insert(u64::from_str_radix(&d, 16).unwrap_or(u64::MAX));
+                        }
                         let running = {
                             let s = lock(&self.m);
                             s.procs[proc].running(s.t)

@@ -27,9 +27,17 @@ impl Sim {
             Box::new(world),
             upper,
         );
+        // What the relay brings a client that connects: the recent events,
+        // as many as its queue keeps.
         let mut app = App::default();
-        for &(n, at) in &self.published {
-            app.receive(&mention_id(n), self.relay_ms(at));
+        let cap = self.opts.queue_cap;
+        let from = if cap == 0 {
+            0
+        } else {
+            self.published.len().saturating_sub(cap)
+        };
+        for &(n, at) in &self.published[from..] {
+            app.receive(&mention_id(n), self.relay_ms(at), cap);
         }
         self.windows.push(Window {
             proc,
