@@ -7,6 +7,7 @@
 
 mod faults;
 mod hosts;
+mod scale;
 mod scenarios;
 mod turns;
 
@@ -25,10 +26,10 @@ pub struct BenchArgs {
     /// queued rows use a quarter, at least 3: each run takes seconds).
     #[arg(long, default_value_t = 20)]
     runs: usize,
-    /// Processes for the start-together row.
+    /// Processes for the start-together and scale rows.
     #[arg(long, default_value_t = 64)]
     processes: usize,
-    /// Keys per process for the start-together row.
+    /// Keys per process for the start-together and scale rows.
     #[arg(long, default_value_t = 8)]
     keys: usize,
     /// Another `nip-le` executable (an earlier build) to run every row with
@@ -36,7 +37,8 @@ pub struct BenchArgs {
     #[arg(long)]
     before: Option<PathBuf>,
     /// Only the rows whose key is listed (comma-separated): sigkill,
-    /// graceful, claim, foreign, sigstop, start, idle, slept, pause, flock,
+    /// graceful, claim, foreign, sigstop, start, scale-memory, scale-cpu,
+    /// idle, slept, pause, flock,
     /// queued, turn-kill, cross-kill, cross-lost, cross-graceful,
     /// cross-claim, in-process, work-across. The cross-host rows (and
     /// work-across, the work ledger's cost with the etcd level on and off)
@@ -168,6 +170,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     );
     let (procs, keys) = (a.processes, a.keys);
     let start_together: RowFn = Box::new(move |b, v, r| b.start_together(v, procs, keys, r));
+    let scale_memory: RowFn = Box::new(move |b, v, r| b.scale_memory(v, procs, keys, r));
+    let scale_cpu: RowFn = Box::new(move |b, v, r| b.scale_cpu(v, procs, keys, r));
     let rows: Vec<RowSpec> = vec![
         row(
             "sigkill",
@@ -200,6 +204,20 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             slow_runs,
         ),
         ("start", start_name, start_together, slow_runs),
+        (
+            "scale-memory",
+            format!(
+                "{procs} processes × {keys} keys settled: largest resident memory of one (MiB)"
+            ),
+            scale_memory,
+            3,
+        ),
+        (
+            "scale-cpu",
+            format!("{procs} processes × {keys} keys idle: CPU of all, % of one core"),
+            scale_cpu,
+            3,
+        ),
         row(
             "idle",
             "idle observer: voluntary wake-ups per second",

@@ -287,19 +287,36 @@ impl Bench {
         keys: usize,
         row: &mut Row,
     ) -> std::io::Result<()> {
+        let t0 = Instant::now();
+        let cluster = self.settled_cluster(v, procs, keys, row)?;
+        if cluster.is_some() {
+            row.samples.push(t0.elapsed().as_secs_f64() * 1000.0);
+        }
+        Ok(())
+    }
+
+    /// `procs` processes, each joined to the same `keys` keys, started
+    /// together and waited for until every process reported on every key
+    /// and exactly one leads each (`None`, with a violation, if that took
+    /// over 30 s). Nobody may ever have said "leader" of a key besides its
+    /// one leader.
+    pub(super) fn settled_cluster(
+        &self,
+        v: &Variant,
+        procs: usize,
+        keys: usize,
+        row: &mut Row,
+    ) -> std::io::Result<Option<(tempfile::TempDir, Vec<Instance>)>> {
         let tmp = tempfile::tempdir()?;
         let pks: Vec<AgentPubkey> = (0..keys).map(|_| random_pubkey()).collect();
         let mut o = self.opts(tmp.path(), pks[0], v);
         for k in &pks[1..] {
             o.extra_args.extend(["--pubkey".into(), k.as_str().into()]);
         }
-        let t0 = Instant::now();
         let mut insts = Vec::new();
         for i in 0..procs {
             insts.push(Instance::spawn_detached(format!("p{i}"), o.command(None))?);
         }
-        // Settled: every process reported on every key, and for each key
-        // exactly one says it leads.
         let keys_hex: Vec<String> = pks.iter().map(|k| k.as_str().to_owned()).collect();
         let settled = wait_until(Duration::from_secs(30), || {
             keys_hex.iter().all(|k| {
@@ -308,8 +325,6 @@ impl Bench {
                     && views.iter().filter(|v| **v == Some(true)).count() == 1
             })
         });
-        let took = t0.elapsed();
-        // Nobody ever said "leader" for a key besides its one leader.
         let mut extra = 0;
         for k in &keys_hex {
             let ever = insts
@@ -318,17 +333,15 @@ impl Bench {
                 .count();
             extra += ever.saturating_sub(1);
         }
-        drop(insts);
-        if settled {
-            row.samples.push(took.as_secs_f64() * 1000.0);
-        } else {
-            row.violations.push("did not settle in 30 s".into());
-        }
         if extra > 0 {
             row.violations
                 .push(format!("{extra} extra leaders reported"));
         }
-        Ok(())
+        if !settled {
+            row.violations.push("did not settle in 30 s".into());
+            return Ok(None);
+        }
+        Ok(Some((tmp, insts)))
     }
 
     /// The machine slept longer than the stale bound: on waking, the live
