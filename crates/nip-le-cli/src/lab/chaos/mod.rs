@@ -18,6 +18,7 @@ pub mod harness;
 pub mod plan;
 pub mod report;
 pub mod runner;
+pub mod slow;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -227,6 +228,12 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     let summary = analysis::analyse(&outcome, &ReplyLine::read_all(&replies), a.refresh_ms);
     if a.keep {
         println!("  files kept in {}", tmp.keep().display());
+    }
+    if a.turn_ms.is_some() {
+        println!("  the slowest mentions (ms from publication):");
+        for line in slow::slowest(&outcome, &ReplyLine::read_all(&replies), 5) {
+            println!("    {line}");
+        }
     }
     let passed = match a.turn_ms {
         Some(_) => report::print_turns(&summary, a.seconds, &faults, spec == 0),
