@@ -494,6 +494,13 @@ impl Writer {
             key.step_down(&mut self.ctx, ChangeReason::Released, None, false, true);
             self.forget(key);
         }
+        // The last chance for lines the disk refused, those of keys we left
+        // before included (seed 2470: a `done` refused by EIO, its key left,
+        // the process quit before the next retry; its successor answered
+        // the mention again).
+        for (pk, u) in self.left_unwritten.iter_mut() {
+            work::retry(u, &self.ctx, pk);
+        }
         if let Some(u) = self.ctx.upper.as_mut() {
             u.shutdown();
         }
