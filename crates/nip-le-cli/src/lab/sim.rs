@@ -252,6 +252,8 @@ pub struct Summary {
     pub dropped_by_cap: u64,
     /// The largest a work ledger file grew in any seed, bytes.
     pub ledger_peak_bytes: u64,
+    /// Every answered mention's latency (ms), its seed and number.
+    pub latencies: Vec<(u64, u64, u64)>,
     /// Across hosts: see [`Across`].
     pub across: Option<Across>,
 }
@@ -297,6 +299,7 @@ pub fn run_seeds(args: &SimArgs) -> Summary {
         sum.skipped_by_disk += out.skipped_by_disk;
         sum.frozen_reply += out.frozen_reply;
         sum.dropped_by_cap += out.dropped_by_cap;
+        (sum.latencies).extend(out.latencies_ms.iter().map(|&(ms, n)| (ms, seed, n)));
         sum.ledger_peak_bytes = sum.ledger_peak_bytes.max(out.ledger_peak_bytes);
         sum.simulated += Duration::from_secs(args.seconds);
         if args.verbose {
@@ -364,7 +367,7 @@ fn run_host_seeds(args: &SimArgs) -> Summary {
 
 /// The `sim` command.
 pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
-    let sum = run_seeds(&args);
+    let mut sum = run_seeds(&args);
     let cluster = args.cluster.to_possible_value().expect("no skipped values");
     for (seed, v) in &sum.failed {
         println!("seed {seed} failed: {v}");
@@ -394,6 +397,21 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
         println!(
             "forced by the disk: {} mentions answered twice, a done refused until its window was gone or a take granted unrecorded while the disk refused writes (counted, not failed)",
             sum.forced_by_disk
+        );
+    }
+    if !sum.latencies.is_empty() {
+        let mut l = std::mem::take(&mut sum.latencies);
+        l.sort_unstable();
+        let at = |q: f64| l[((l.len() - 1) as f64 * q).round() as usize].0;
+        let slowest: Vec<String> = (l.iter().rev().take(3))
+            .map(|(ms, seed, n)| format!("{ms} ms (seed {seed}, mention {n})"))
+            .collect();
+        println!(
+            "mention → first answer: p50 {} ms, p99 {} ms, max {}; stale bound {} ms",
+            at(0.5),
+            at(0.99),
+            slowest.join(", "),
+            args.options().stale.as_millis()
         );
     }
     if sum.dropped_by_cap > 0 {

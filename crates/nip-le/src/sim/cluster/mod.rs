@@ -197,6 +197,9 @@ pub struct Outcome {
     pub dropped_by_cap: u64,
     /// The largest the work ledger file grew, bytes.
     pub ledger_peak_bytes: u64,
+    /// Each answered mention's latency, publication to first answer (ms),
+    /// with its number.
+    pub latencies_ms: Vec<(u64, u64)>,
     /// Claims made (a window's user claimed the agent).
     pub claims: u64,
     /// Of which the claimant acted within the stand-down.
@@ -455,8 +458,15 @@ impl Sim {
         if self.violation.is_none() && self.host.is_none() {
             self.check_all_answered();
         }
+        let latencies_ms = (self.published.iter())
+            .filter_map(|&(n, at)| {
+                let first = self.answers.get(&n)?.iter().map(|a| a.1).min()?;
+                Some((first.saturating_sub(at) / MS, n))
+            })
+            .collect();
         let s = lock(&self.m);
         Outcome {
+            latencies_ms,
             violation: self
                 .violation
                 .clone()
