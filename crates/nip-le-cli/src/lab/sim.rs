@@ -274,6 +274,8 @@ pub struct Across {
     pub twice_frozen_reply: u64,
     /// Mentions answered twice within one host.
     pub twice_within_a_host: u64,
+    /// Of which forced by the disk or by a reply frozen on its way.
+    pub twice_forced_within_a_host: u64,
     /// Mentions never answered.
     pub unanswered: u64,
     /// Time windows of two hosts acted at once (the fall-back), ms.
@@ -339,6 +341,7 @@ fn run_host_seeds(args: &SimArgs) -> Summary {
         across.twice_done_cut_off += out.twice_done_cut_off;
         across.twice_frozen_reply += out.twice_frozen_reply;
         across.twice_within_a_host += out.twice_within_a_host;
+        across.twice_forced_within_a_host += out.twice_forced_within_a_host;
         across.unanswered += out.unanswered;
         across.overlap_ms += out.fallback_overlap_ns / 1_000_000;
         if args.verbose {
@@ -441,8 +444,8 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
     }
     if let Some(a) = sum.across {
         println!(
-            "across hosts: {} mentions answered on two hosts ({} under the fall-back, {} taken or answered on a host whose link to etcd was cut or lossy, {} a reply on its way from a window frozen for 2/3 of a TTL), {} twice on one host, {} never, {} ms with two hosts acting (fall-back)",
-            a.twice_across_hosts, a.twice_under_fallback, a.twice_done_cut_off, a.twice_frozen_reply, a.twice_within_a_host, a.unanswered, a.overlap_ms
+            "across hosts: {} mentions answered on two hosts ({} under the fall-back, {} taken or answered on a host whose link to etcd was cut or lossy, {} a reply on its way from a window frozen for 2/3 of a TTL), {} twice on one host ({} forced by the disk or a frozen reply), {} never, {} ms with two hosts acting (fall-back)",
+            a.twice_across_hosts, a.twice_under_fallback, a.twice_done_cut_off, a.twice_frozen_reply, a.twice_within_a_host, a.twice_forced_within_a_host, a.unanswered, a.overlap_ms
         );
     }
     Ok(if sum.failed.is_empty() {

@@ -151,6 +151,9 @@ pub struct HostsOutcome {
     pub twice_frozen_reply: u64,
     /// Mentions answered twice within one host.
     pub twice_within_a_host: u64,
+    /// Of which the second grant was forced by the disk or made while the
+    /// first reply waited frozen (as within one host's run).
+    pub twice_forced_within_a_host: u64,
     /// Time windows of two hosts acted at once under the fall-back, ns.
     pub fallback_overlap_ns: u64,
     /// Longest silence, ns.
@@ -534,7 +537,13 @@ impl Hosts {
                 && !fallback
                 && !cut_off
                 && (by.iter()).any(|(h, (id, _, _))| self.sims[*h].reply_frozen(id, *n) >= ttl);
-            let excused = fallback || cut_off || frozen;
+            // Within a host, what the host's own run excuses: a grant the
+            // disk forced (two fail-safe leaders of a read-only directory),
+            // or one made while another reply to it waited frozen.
+            let forced = hosts.len() == 1
+                && by.len() > 1
+                && (by.iter()).any(|(h, (id, _, _))| self.sims[*h].grant_excused(id, *n));
+            let excused = fallback || cut_off || frozen || forced;
             if hosts.len() > 1 {
                 self.out.twice_across_hosts += 1;
                 self.out.twice_under_fallback += u64::from(fallback);
@@ -542,6 +551,7 @@ impl Hosts {
                 self.out.twice_frozen_reply += u64::from(frozen);
             } else if by.len() > 1 {
                 self.out.twice_within_a_host += 1;
+                self.out.twice_forced_within_a_host += u64::from(forced);
             }
             if by.len() > 1 && !excused && first_twice.is_none() {
                 first_twice = Some(format!("mention {n} by {by:?}"));

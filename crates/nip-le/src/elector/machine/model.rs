@@ -198,6 +198,7 @@ impl Elections {
             Input::Evaluate {
                 cause: Cause::Tick,
                 request: None,
+                claimant_gone: false,
             },
             at,
         );
@@ -230,6 +231,7 @@ impl Elections {
             Input::Evaluate {
                 cause: Cause::Tick,
                 request,
+                claimant_gone: false,
             },
             at,
         );

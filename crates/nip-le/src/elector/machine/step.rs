@@ -35,10 +35,12 @@ use super::{Begin, Cause, Conclusion, KeyMachine, Look, Now, Probes, Seen, StepD
 
 /// One input of the key machine.
 pub(crate) enum Input<'a> {
-    /// An evaluation begins, with the local lead request on file (if any).
+    /// An evaluation begins, with the local lead request on file (if any)
+    /// and whether the process that posted it is gone (its pid dead).
     Evaluate {
         cause: Cause,
         request: Option<&'a LeadRequest>,
+        claimant_gone: bool,
     },
     /// The step-down that [`Decision::Begun`] asked for serves this
     /// request.
@@ -171,7 +173,17 @@ impl KeyMachine {
     /// One input at `now`: the decision, as data.
     pub(crate) fn step(&mut self, input: Input<'_>, now: Now) -> Decision {
         match input {
-            Input::Evaluate { cause, request } => {
+            Input::Evaluate {
+                cause,
+                request,
+                claimant_gone,
+            } => {
+                // A claim whose claimant is gone is void: nobody stands
+                // down for it, nor waits for it to be taken (chaos: a
+                // holder that took over a hung one stood down for a claim
+                // whose claimant was killed, and nobody led until it
+                // expired).
+                let request = request.filter(|_| !claimant_gone);
                 self.same_id.floor = None;
                 self.same_id.vacated = false;
                 self.rewrote_ours = false;

@@ -78,7 +78,14 @@ pub(super) fn begin_look(
     cause: Cause,
     request: Option<&LeadRequest>,
 ) -> Look {
-    let begun = m.step(Input::Evaluate { cause, request }, now);
+    let begun = m.step(
+        Input::Evaluate {
+            cause,
+            request,
+            claimant_gone: false,
+        },
+        now,
+    );
     assert!(
         begun.step_down().is_none(),
         "this helper does not step down"
@@ -566,6 +573,7 @@ fn an_input_out_of_its_order_decides_nothing_and_writes_nothing() {
         Input::Evaluate {
             cause: Cause::Tick,
             request: None,
+            claimant_gone: false,
         },
         c.now(),
     );
@@ -593,4 +601,47 @@ fn the_host_a_record_names_is_judged_against_the_machines_own_not_a_global() {
     assert!(out.leader, "a record of an earlier boot is taken over");
     assert_eq!(f.record().unwrap().host.as_deref(), Some("test-host"));
     assert_eq!(f.record().unwrap().boot.as_deref(), Some("test-boot"));
+}
+
+#[test]
+fn a_claim_whose_claimant_is_gone_is_void() {
+    // Chaos: a holder that took over a hung one stood down for a claim
+    // whose claimant had been killed meanwhile, and nobody led until the
+    // claim expired (2.6 s after the hung holder's last write, at a 1.2 s
+    // stale bound).
+    let c = Clock::new();
+    let mut holder = machine(true, "me");
+    let mut f = LockContent::Absent;
+    evaluate(&mut holder, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    let req = LeadRequest::new("target");
+    let ask = |m: &mut KeyMachine, gone: bool| {
+        m.step(
+            Input::Evaluate {
+                cause: Cause::Tick,
+                request: Some(&req),
+                claimant_gone: gone,
+            },
+            c.now(),
+        )
+        .step_down()
+    };
+    assert!(
+        ask(&mut holder.clone(), false).is_some(),
+        "a live claimant's"
+    );
+    assert!(ask(&mut holder, true).is_none(), "a dead claimant's");
+    // Nor does a bystander leave a hung holder to a dead claimant.
+    let by = machine(true, "bystander");
+    let may_take = |gone: bool| {
+        let mut m = by.clone();
+        let _ = ask(&mut m, gone);
+        match m.step(Input::Look, c.now()).look() {
+            Look::Acquire {
+                may_take_others, ..
+            } => may_take_others,
+            Look::Read => false,
+        }
+    };
+    assert!(!may_take(false), "the live claimant's turn");
+    assert!(may_take(true));
 }

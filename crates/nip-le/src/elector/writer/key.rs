@@ -126,7 +126,16 @@ impl Key {
             .then(|| ctx.world.read_request(&self.pubkey))
             .flatten();
         let request = request.as_ref();
-        let begun = self.m.step(Input::Evaluate { cause, request }, now);
+        let claimant_gone =
+            request.is_some_and(|r| ctx.world.probe_pid(r.pid) == crate::liveness::Liveness::Dead);
+        let begun = self.m.step(
+            Input::Evaluate {
+                cause,
+                request,
+                claimant_gone,
+            },
+            now,
+        );
         if let Some(sd) = begun.step_down() {
             tracing::info!(pubkey = %self.pubkey, target = ?sd.target, "standing down for a local claim");
             let plan = StepDownPlan {

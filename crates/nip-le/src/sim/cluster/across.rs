@@ -143,6 +143,17 @@ impl Sim {
             .unwrap_or(0)
     }
 
+    /// Whether window `by`'s grant of mention `n` was forced by the disk
+    /// or granted while another window's reply to it waited frozen (see
+    /// [`super::Outcome::forced_by_disk`], [`super::Outcome::frozen_reply`]).
+    pub(crate) fn grant_excused(&self, by: &str, n: u64) -> bool {
+        let id = mention_id(n);
+        let s = lock(&self.m);
+        let forced = (s.procs.iter().enumerate())
+            .any(|(p, x)| x.instance_id == by && self.forced_takes.contains(&(p, id.clone())));
+        forced || self.frozen_regrants.contains(&id)
+    }
+
     /// The first broken invariant of this host, if any.
     pub(crate) fn host_violation(&self) -> Option<Violation> {
         self.violation
