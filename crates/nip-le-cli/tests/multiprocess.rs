@@ -869,3 +869,33 @@ fn a_leader_that_regains_the_lock_after_a_stop_first_says_it_was_fenced() {
         "{views:?}"
     );
 }
+
+#[test]
+fn a_hung_holder_is_replaced_at_the_stale_bound_though_a_killed_window_claimed_it() {
+    let s = Scratch::new();
+    // A long stand-down: a claim that still counted after its claimant
+    // died would hold the takeover back until it expired.
+    let opts = s.opts().timings(REFRESH_MS, STALE_MS, 5_000);
+    let a = s.spawn_with("a", opts.clone());
+    assert!(wait_until(Duration::from_secs(5), || a.is_leader() == Some(true)));
+    let mut b = s.spawn_with("b", opts.clone());
+    let c = s.spawn_with("c", opts);
+    assert!(wait_until(Duration::from_secs(5), || {
+        b.is_leader() == Some(false) && c.is_leader() == Some(false)
+    }));
+    let cc = c.cursor();
+    stop_outside_flock(&a, &s.lock_path());
+    let hung_at = Instant::now();
+    b.send("claim").unwrap();
+    let request = nip_le::control::lead_request_path(&s.lock_dir, &s.pubkey);
+    assert!(wait_until(Duration::from_secs(2), || request.exists()));
+    b.kill_and_reap().unwrap();
+    let took = c
+        .wait_after(cc, ms(STALE_MS + REFRESH_MS) + MARGIN, |r| {
+            r.is_leader() == Some(true)
+        })
+        .unwrap_or_else(|| panic!("c waited for the dead claimant's claim: {:?}", c.reports()));
+    assert_eq!(took.reason(), Some(ChangeReason::Failover));
+    assert!(hung_at.elapsed() < ms(5_000), "not the claim's expiry");
+    a.signal(libc::SIGCONT).unwrap();
+}

@@ -165,7 +165,10 @@ fn three_hosts_on_one_etcd_never_have_two_holders_and_answer_once_across_200_see
         across.twice_across_hosts,
         across.twice_under_fallback + across.twice_done_cut_off + across.twice_frozen_reply
     );
-    assert_eq!(across.twice_within_a_host, across.twice_forced_within_a_host);
+    assert_eq!(
+        across.twice_within_a_host,
+        across.twice_forced_within_a_host
+    );
 }
 
 /// The same under the stay-silent policy: no two hosts ever act at once
