@@ -16,6 +16,10 @@ impl Sim {
         let mut known_since = u64::MAX;
         for w in 0..self.windows.len() {
             let win = &self.windows[w];
+            if win.writer.is_none() {
+                // Gone: neither able nor acting.
+                continue;
+            }
             let (running, id, since) = {
                 let s = lock(&self.m);
                 let p = &s.procs[win.proc];
