@@ -51,6 +51,9 @@ pub struct Summary {
     /// For each answered mention, ms from its publication to its first
     /// reply, sorted.
     pub latencies: Vec<u64>,
+    /// Cross-host runs: the same, of the mentions whose wait overlapped
+    /// no span in which etcd counted as unreachable, sorted.
+    pub latencies_reachable: Vec<u64>,
     /// The missed mentions' ids.
     pub missing: Vec<String>,
 }
@@ -106,6 +109,12 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
         let r = by_mention.get(id).map(Vec::as_slice).unwrap_or(&[]);
         if let Some(first) = r.iter().map(|(_, t)| *t).min() {
             s.latencies.push(first.saturating_sub(*at));
+            let unreachable =
+                (out.etcd_pauses.iter()).any(|(p, c)| *p <= first && *at <= c + out.etcd_grace_ms);
+            let across = out.lives.iter().any(|l| l.host > 0);
+            if across && !unreachable {
+                s.latencies_reachable.push(first.saturating_sub(*at));
+            }
         }
         if r.len() > 1 && r.iter().any(|(who, _)| mode_of(who) == Some(Mode::Spec)) {
             s.dup_with_spec += 1;
@@ -190,6 +199,7 @@ fn etcd_unreachable(out: &Outcome, t: u64) -> bool {
 /// Sorts the latencies (called once every mention is counted).
 fn sort_latencies(s: &mut Summary) {
     s.latencies.sort_unstable();
+    s.latencies_reachable.sort_unstable();
 }
 
 fn leads_at(life: &Life, t: u64) -> bool {

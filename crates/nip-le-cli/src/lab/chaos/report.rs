@@ -99,6 +99,13 @@ pub fn print_turns(s: &Summary, secs: u64, faults: &str, extended_only: bool) ->
         "mention → reply latency p50 / p99 (ms)",
         format!("{} / {}", p(0.5), p(0.99)),
     );
+    if !s.latencies_reachable.is_empty() {
+        let r = |q: f64| nearest_rank(&s.latencies_reachable, q);
+        row(
+            "  while etcd was reachable: p50 / p99 (ms)",
+            format!("{} / {}", r(0.5), r(0.99)),
+        );
+    }
     let extended_dups = duplicated - s.dup_with_spec;
     if !s.missing.is_empty() {
         println!("  missed: {}", s.missing.join(", "));
