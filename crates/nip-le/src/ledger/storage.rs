@@ -44,7 +44,7 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
     /// Appends lines (one write on a descriptor opened for appending),
     /// synced before it returns when `durable` (a done or give-back: one
     /// lost to a power cut would be answered again or never; see
-    /// [`Ledger::append`]). Lines written whole count as written even if
+    /// [`super::Ledger::append`]). Lines written whole count as written even if
     /// the sync fails: every process reads them.
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()>;
     /// Replaces the whole ledger with `body` (compaction).

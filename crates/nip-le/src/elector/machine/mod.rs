@@ -30,6 +30,8 @@ use crate::record::{encode_record_at, LockContent, LockRecord, RecordExt};
 use super::types::ChangeReason;
 
 pub(crate) mod announce;
+#[cfg(test)]
+mod claim_tests;
 mod conclude;
 mod drain;
 mod exchange;

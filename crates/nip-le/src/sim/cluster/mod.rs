@@ -25,9 +25,11 @@ mod across;
 mod apps;
 mod checks;
 mod faults;
+mod outcome;
 mod procs;
 
 pub(crate) use above::HostLink;
+pub use outcome::Outcome;
 
 const MS: u64 = 1_000_000;
 
@@ -149,61 +151,6 @@ pub struct Sim {
     /// How long a reply waited, on its way, for its frozen window (by
     /// window and mention, virtual ns).
     reply_frozen: BTreeMap<(String, u64), u64>,
-}
-
-/// What one run found.
-#[derive(Debug, Clone, Default)]
-pub struct Outcome {
-    /// The first broken invariant, if any.
-    pub violation: Option<Violation>,
-    /// Faults injected.
-    pub faults: u64,
-    /// Mentions published and answered.
-    pub mentions: u64,
-    /// Of which answered.
-    pub answered: u64,
-    /// Holder changes the file showed.
-    pub holder_changes: u64,
-    /// Time two or more acted under the NIP's fail-safe, ns.
-    pub fail_safe_ns: u64,
-    /// Time two or more acted through a lagging cached read, ns.
-    pub stale_cache_ns: u64,
-    /// Longest silence, ns.
-    pub longest_silence_ns: u64,
-    /// Writer rounds run.
-    pub rounds: u64,
-    /// Mentions answered twice because the disk refused the first
-    /// answer's `done` line and its window had no round since in which the
-    /// disk took writes (it died, quit, froze or starved first): no
-    /// ledger can record a sent reply then; or because the second answer's
-    /// take was granted while the disk refused writes (a fail-safe leader
-    /// past the stale bound grants unrecorded, and no other window can
-    /// know of it). Counted, not failed.
-    pub forced_by_disk: u64,
-    /// Mentions never answered because a window's `held` line was refused
-    /// by the disk for as long as it lived, and its harness child held the
-    /// lock after it: the successor cannot tell that child from a writer
-    /// without a ledger, who may have answered what was published before.
-    /// Counted, not failed.
-    pub skipped_by_disk: u64,
-    /// Mentions answered twice because a reply, decided while its window
-    /// could act, waited on its way for the window to run again (a SIGSTOP
-    /// or a suspend between the check and the send) while a takeover
-    /// granted the mention again: no lock fences a reply between the two.
-    /// Counted, not failed.
-    pub frozen_reply: u64,
-    /// Mentions never answered that an app dropped from its capped queue
-    /// ([`Options::queue_cap`]): counted, not failed.
-    pub dropped_by_cap: u64,
-    /// The largest the work ledger file grew, bytes.
-    pub ledger_peak_bytes: u64,
-    /// Each answered mention's latency, publication to first answer (ms),
-    /// with its number.
-    pub latencies_ms: Vec<(u64, u64)>,
-    /// Claims made (a window's user claimed the agent).
-    pub claims: u64,
-    /// Of which the claimant acted within the stand-down.
-    pub claims_honoured: u64,
 }
 
 impl Sim {
