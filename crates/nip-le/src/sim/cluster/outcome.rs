@@ -44,7 +44,7 @@ pub struct Outcome {
     /// Counted, not failed.
     pub frozen_reply: u64,
     /// Mentions never answered that an app dropped from its capped queue
-    /// ([`Options::queue_cap`]): counted, not failed.
+    /// ([`crate::sim::Options::queue_cap`]): counted, not failed.
     pub dropped_by_cap: u64,
     /// The largest the work ledger file grew, bytes.
     pub ledger_peak_bytes: u64,
