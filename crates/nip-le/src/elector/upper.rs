@@ -92,10 +92,11 @@ pub(crate) struct UpperNews {
     pub tenure: u64,
     /// The upper level waits for [`UpperLevel::withdrawn`] before it acts.
     pub confirm: bool,
-    /// A gain from a holder on another host: its work ledger is not ours,
-    /// so what it may have answered is unknown here (see
-    /// [`crate::Work::owed`]).
-    pub from_other_host: bool,
+    /// A gain from a holder on another host, whose work ledger is not ours:
+    /// what was published before this time (unix ms) it may have answered,
+    /// unknown here, so only what is published since is owed (see
+    /// [`crate::Work::owed`]). `None`: a gain from our own host.
+    pub unknown_before_ms: Option<u64>,
     /// When the permit changed (unix ms), stamped by the upper level at
     /// the moment it opened or closed it, not when the writer got to it.
     pub at_ms: u64,

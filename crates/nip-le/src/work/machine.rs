@@ -506,15 +506,15 @@ impl WorkMachine {
 
     /// News from the level above: what it read of every host's records
     /// (`records`, or `unread` when it could not), whether the gain was
-    /// from another host, whether we gave the key up (`gave_up`), and when
-    /// (`at_ms`).
+    /// from another host and what it may have answered unknown here (what
+    /// was published before `unknown_before_ms`), and whether we gave the
+    /// key up (`gave_up`).
     pub(crate) fn above(
         &mut self,
         records: Option<Arc<SharedWork>>,
         unread: bool,
-        from_other_host: bool,
+        unknown_before_ms: Option<u64>,
         gave_up: bool,
-        at_ms: u64,
     ) {
         let read = records.is_some() || unread;
         if let Some(w) = records {
@@ -526,9 +526,9 @@ impl WorkMachine {
             // owed, not when we gained (a fall-back before left a start
             // that would skip the backlog).
             self.above.since = None;
-        } else if from_other_host {
-            // The other host's work is unknown here.
-            self.above.since = Some(at_ms);
+        } else if let Some(before) = unknown_before_ms {
+            // The other host's work before then is unknown here.
+            self.above.since = Some(before);
         } else if gave_up {
             // Given up (a fence that lifts again keeps it: nothing moved).
             // What the records said stays until the next read replaces it:

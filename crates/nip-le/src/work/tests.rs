@@ -282,13 +282,13 @@ fn what_the_level_above_reports_decides_before_the_ledger() {
         taken: ["taken-there".to_owned()].into(),
     };
     // Unread: nothing owed, nothing granted.
-    m.above(None, true, false, false, T);
+    m.above(None, true, None, false);
     assert!(m.owed(&q, true, Some(&ix), NOBODY).is_empty());
     assert_eq!(
         take(&m, "free", Some(&ix), NOBODY),
         TakeStep::Answer(TakeOutcome::Unavailable)
     );
-    m.above(Some(Arc::new(shared)), false, false, false, T);
+    m.above(Some(Arc::new(shared)), false, None, false);
     assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["free"]);
     assert_eq!(
         take(&m, "done-there", Some(&ix), NOBODY),
@@ -299,15 +299,9 @@ fn what_the_level_above_reports_decides_before_the_ledger() {
     // A gain from a host whose work is unknown: only what is published
     // from then on; a read of the records ends that.
     let q = queue(&[("old", T), ("new", T + 10)]);
-    m.above(None, false, true, false, T + 5);
+    m.above(None, false, Some(T + 5), false);
     assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["new"]);
-    m.above(
-        Some(Arc::new(SharedWork::default())),
-        false,
-        false,
-        false,
-        T + 6,
-    );
+    m.above(Some(Arc::new(SharedWork::default())), false, None, false);
     assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["old", "new"]);
 }
 

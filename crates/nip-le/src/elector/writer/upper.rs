@@ -71,13 +71,7 @@ impl Key {
             news.reason,
             Some(ChangeReason::Lost | ChangeReason::StoodDown | ChangeReason::Released)
         );
-        (self.work).above(
-            news.work,
-            news.work_unread,
-            news.from_other_host,
-            gave_up,
-            news.at_ms,
-        );
+        (self.work).above(news.work, news.work_unread, news.unknown_before_ms, gave_up);
         if let Some(reason) = news.reason {
             let acting = self.cell.is_leader_on(ctx.world.clocks());
             if let Some(a) = self.announcer.tell(acting, reason, true) {

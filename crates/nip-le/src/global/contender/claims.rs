@@ -102,7 +102,7 @@ impl Task {
         e.held = None;
         e.handing = Some((h, claim.clone()));
         tracing::info!(pubkey = %pk, to = %claimant.instance_id, "standing down for a cross-host claim");
-        self.tell_with(pk, Some(ChangeReason::StoodDown), false, true);
+        self.tell_with(pk, Some(ChangeReason::StoodDown), None, true);
     }
 
     /// The writer no longer acts on our permit: the key goes to the

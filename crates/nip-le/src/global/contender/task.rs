@@ -390,16 +390,17 @@ impl Task {
     }
 
     pub(super) fn tell(&mut self, pk: AgentPubkey, reason: Option<ChangeReason>) {
-        self.tell_with(pk, reason, false, false);
+        self.tell_with(pk, reason, None, false);
     }
 
-    /// [`Task::tell`], saying whether a gain came from another host and
+    /// [`Task::tell`], saying whether a gain came from another host (what
+    /// was published before `unknown_before_ms` it may have answered) and
     /// whether the writer must confirm that it closed the permit.
     pub(super) fn tell_with(
         &mut self,
         pk: AgentPubkey,
         reason: Option<ChangeReason>,
-        from_other_host: bool,
+        unknown_before_ms: Option<u64>,
         confirm: bool,
     ) {
         let at_ms = self.clock.unix_ms();
@@ -411,7 +412,7 @@ impl Task {
             work,
             work_unread: e.work_unread && e.held.is_some(),
             reason,
-            from_other_host,
+            unknown_before_ms,
             status: self.status(e),
             permit: e.permit,
             tenure: e.tenure,

@@ -421,7 +421,8 @@ impl Task {
         } else if was_unread && !self.entries[&pk].work_unread {
             // Given up on the records: a gain from a host unknown here.
             tracing::warn!(pubkey = %pk, "acting without the agent's work records: only what is published from now on is owed");
-            self.tell_with(pk, None, true, false);
+            let now_ms = self.clock.unix_ms();
+            self.tell_with(pk, None, Some(now_ms), false);
         }
     }
 
