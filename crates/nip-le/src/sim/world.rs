@@ -359,12 +359,16 @@ struct SimLedger {
     me: ProcId,
 }
 
+/// The ledger lines in `bytes`.
+fn ops(bytes: &[u8]) -> impl Iterator<Item = crate::ledger::Op> + '_ {
+    (bytes.split(|&b| b == b'\n')).filter_map(|l| serde_json::from_slice(l).ok())
+}
+
 /// The ids of the `done` lines in `bytes`.
 fn dones(bytes: &[u8]) -> Vec<String> {
-    bytes
-        .split(|&b| b == b'\n')
-        .filter_map(|l| match serde_json::from_slice::<crate::ledger::Op>(l) {
-            Ok(crate::ledger::Op::Done { id, .. }) => Some(id),
+    (ops(bytes))
+        .filter_map(|op| match op {
+            crate::ledger::Op::Done { id, .. } => Some(id),
             _ => None,
         })
         .collect()
@@ -372,10 +376,9 @@ fn dones(bytes: &[u8]) -> Vec<String> {
 
 /// The `held` lines in `bytes`: whose.
 fn helds(bytes: &[u8]) -> Vec<String> {
-    bytes
-        .split(|&b| b == b'\n')
-        .filter_map(|l| match serde_json::from_slice::<crate::ledger::Op>(l) {
-            Ok(crate::ledger::Op::Held { by, .. }) => Some(by),
+    (ops(bytes))
+        .filter_map(|op| match op {
+            crate::ledger::Op::Held { by, .. } => Some(by),
             _ => None,
         })
         .collect()
