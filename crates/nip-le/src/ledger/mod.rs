@@ -302,29 +302,34 @@ impl Ledger {
     /// the append hold held exclusively: two windows that lead at once
     /// (the NIP's fail-safe, a holder that has not seen its successor yet)
     /// never both find an event owed and both take it. `decide` gets the
-    /// index read up to the file's end and returns the line to append, if
-    /// any; `Ok(None)`: nothing appended. A line the storage refuses is
+    /// index read up to the file's end and returns the lines to append, in
+    /// one write; none: nothing appended. Lines the storage refuses are
     /// neither applied nor kept (see [`Ledger::append_now`]).
     pub fn take_held(
         &mut self,
         now_ms: u64,
-        decide: &mut dyn FnMut(&Index) -> Option<Op>,
-    ) -> Result<Option<Op>> {
+        decide: &mut dyn FnMut(&Index) -> Vec<Op>,
+    ) -> Result<Vec<Op>> {
         // Ours before the hold: our own append would wait for it.
         let _ = self.flush();
         let hold = self.storage.hold_appends()?;
         self.read_new(now_ms)
             .map_err(|e| Error::io("work ledger", std::io::Error::other(e.to_string())))?;
-        let Some(op) = decide(&self.index) else {
-            return Ok(None);
-        };
+        let ops = decide(&self.index);
+        if ops.is_empty() {
+            return Ok(ops);
+        }
+        let bytes: Vec<u8> = ops.iter().flat_map(Op::to_line).collect();
+        let durable = ops.iter().any(|op| self.durable(op));
         self.held_writes = true;
-        let written = self.write_out(&op.to_line(), self.durable(&op));
+        let written = self.write_out(&bytes, durable);
         self.held_writes = false;
         drop(hold);
         written?;
-        self.index.apply(&op);
-        Ok(Some(op))
+        for op in &ops {
+            self.index.apply(op);
+        }
+        Ok(ops)
     }
 
     /// Writes the lines the storage refused before, if it takes them now.

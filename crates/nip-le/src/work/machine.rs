@@ -331,13 +331,7 @@ impl WorkMachine {
             return match ix.verdict_with(id, FAIL_SAFE_EPOCH, &self.lives(alive)) {
                 Verdict::Done => Answer(TakeOutcome::Done),
                 Verdict::TakenNow | Verdict::TakenElsewhere => Answer(TakeOutcome::AlreadyTaken),
-                Verdict::Owed => TakeStep::Record(Op::Take {
-                    id: id.to_owned(),
-                    epoch: FAIL_SAFE_TAKE_EPOCH,
-                    by: by.to_owned(),
-                    at_ms: now_ms,
-                    live: live.map(str::to_owned),
-                }),
+                Verdict::Owed => record_take(ix, id, FAIL_SAFE_TAKE_EPOCH, by, now_ms, live),
             };
         };
         let Some(ix) = index else {
@@ -353,13 +347,7 @@ impl WorkMachine {
         match ix.verdict_with(id, h.epoch, &self.lives(alive)) {
             Verdict::Done => Answer(TakeOutcome::Done),
             Verdict::TakenNow | Verdict::TakenElsewhere => Answer(TakeOutcome::AlreadyTaken),
-            Verdict::Owed => TakeStep::Record(Op::Take {
-                id: id.to_owned(),
-                epoch: h.epoch,
-                by: by.to_owned(),
-                at_ms: now_ms,
-                live: live.map(str::to_owned),
-            }),
+            Verdict::Owed => record_take(ix, id, h.epoch, by, now_ms, live),
         }
     }
 
@@ -482,7 +470,8 @@ impl WorkMachine {
         if !leads || self.above.unread {
             return Vec::new();
         }
-        let since = (self.leader_since.unwrap_or(0)).max(self.above.since.unwrap_or(0));
+        let led = self.leader_since.unwrap_or(0);
+        let since = led.max(self.above.since.unwrap_or(0));
         let shared = self.above.shared.as_deref();
         let elsewhere = |id: &str| {
             self.in_hand(id, index)
@@ -494,8 +483,18 @@ impl WorkMachine {
         let lives = self.lives(alive);
         match &self.held {
             Some(h) => {
-                let fallback = h.ledgerless_before || index.is_none() || self.above.since.is_some();
-                ledger::owed(events, index, h.epoch, fallback.then_some(since), &lives)
+                // Our ledger covers our host's earlier leaders, unless it
+                // cannot (then only what was published since we led); the
+                // level above's unknown start applies either way (a start
+                // no earlier than we led skipped what another host left
+                // unanswered before our host's leader changed: real-process
+                // chaos across hosts).
+                let ours_unknown = h.ledgerless_before || index.is_none();
+                let from = match (ours_unknown, self.above.since) {
+                    (true, _) => Some(since),
+                    (false, above) => above,
+                };
+                ledger::owed(events, index, h.epoch, from, &lives)
             }
             // The fail-safe: what the ledger shows taken or done is not
             // owed (see `take`), and of the rest only what was published
@@ -536,6 +535,35 @@ impl WorkMachine {
             // then a renewal) must not owe the whole backlog again.
             self.above.since = None;
         }
+    }
+}
+
+/// The lines of a take of `id` found owed, at `epoch`. A take the index
+/// would not apply (a gone taker's at a higher epoch: ours is a fail-safe
+/// leader's at 0, or a holder's not fenced yet) follows a give-back on that
+/// taker's behalf, or nobody would see ours, ourselves included (the
+/// simulator, a day at a million mentions: two fail-safe leaders each took
+/// a killed holder's event at epoch 0, and both answered it).
+fn record_take(
+    index: &Index,
+    id: &str,
+    epoch: u64,
+    by: &str,
+    at_ms: u64,
+    live: Option<&str>,
+) -> TakeStep {
+    let take = Op::Take {
+        id: id.to_owned(),
+        epoch,
+        by: by.to_owned(),
+        at_ms,
+        live: live.map(str::to_owned),
+    };
+    match index.taker(id) {
+        Some((gone, _)) if gone > epoch => {
+            TakeStep::Record(vec![Settle::GiveBack.op(id, gone, at_ms), take])
+        }
+        _ => TakeStep::Record(vec![take]),
     }
 }
 

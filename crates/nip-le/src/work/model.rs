@@ -262,7 +262,7 @@ impl Model for Ledgers {
                         Some(&token),
                     )
                 };
-                let TakeStep::Record(op) = step else {
+                let TakeStep::Record(lines) = step else {
                     return None;
                 };
                 let (out, _) = w.windows[i].m.take_written(EVENTS[e], true, NOW_MS);
@@ -271,7 +271,7 @@ impl Model for Ledgers {
                 let again = (w.windows.iter()).any(|x| x.turns.contains(&e));
                 w.regranted_after_crash |= again && w.crashes > 0;
                 w.regranted_after_hang |= again && w.hangs > 0;
-                w.ledger.push(op);
+                w.ledger.extend(lines);
                 w.windows[i].turns.insert(e);
             }
             Action::Reply(i, e) => {

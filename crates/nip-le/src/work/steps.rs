@@ -45,8 +45,10 @@ pub(crate) enum Lead {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum TakeStep {
     Answer(TakeOutcome),
-    /// Append this line now (synced); tell [`WorkMachine::take_written`].
-    Record(Op),
+    /// Append these lines now, in one synced write (a give-back on behalf
+    /// of a gone taker whose take ours would not supersede, then ours);
+    /// tell [`WorkMachine::take_written`].
+    Record(Vec<Op>),
 }
 
 /// What a settle needs.

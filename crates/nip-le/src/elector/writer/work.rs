@@ -301,9 +301,9 @@ impl Key {
             match work.take(id, leads, now_ms, Some(ix), alive, &by, live) {
                 TakeStep::Answer(out) => {
                     answer = Some(out);
-                    None
+                    Vec::new()
                 }
-                TakeStep::Record(op) => Some(op),
+                TakeStep::Record(lines) => lines,
             }
         });
         if let Some(out) = answer {
