@@ -227,6 +227,10 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     outcome.etcd_grace_ms = 2 * a.etcd_ttl_s * 1000 + 1000;
     let summary = analysis::analyse(&outcome, &ReplyLine::read_all(&replies), a.refresh_ms);
     if a.keep {
+        let timeline = tmp.path().join("timeline.txt");
+        if let Err(e) = std::fs::write(&timeline, report::timeline(&outcome)) {
+            eprintln!("chaos: {}: {e}", timeline.display());
+        }
         println!("  files kept in {}", tmp.keep().display());
     }
     if a.turn_ms.is_some() {

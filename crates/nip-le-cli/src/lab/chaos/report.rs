@@ -139,3 +139,37 @@ fn nearest_rank(sorted: &[u64], q: f64) -> u64 {
         .copied()
         .unwrap_or(0)
 }
+
+/// Every life's reports, etcd's faults and the mentions, one line each in
+/// time order (unix ms, host, instance): kept with `--keep`, to trace a
+/// miss or a duplicate after the run.
+pub fn timeline(out: &super::runner::Outcome) -> String {
+    let mut lines: Vec<(u64, String)> = Vec::new();
+    for l in &out.lives {
+        let who = format!("host{} {} {:?}", l.host, l.instance_id, l.mode);
+        lines.push((l.start, format!("{who} started")));
+        if let Some(end) = l.end {
+            lines.push((end, format!("{who} ended")));
+        }
+        for (stop, cont) in &l.stops {
+            lines.push((*stop, format!("{who} stopped until {cont}")));
+        }
+        for (at, said) in &l.said {
+            lines.push((*at, format!("{who}: {said}")));
+        }
+    }
+    for (id, at) in &out.sent {
+        lines.push((*at, format!("mention {id}")));
+    }
+    for (from, to) in &out.etcd_pauses {
+        lines.push((*from, format!("etcd unreachable until {to}")));
+    }
+    for (from, to) in &out.etcd_member_faults {
+        lines.push((*from, format!("etcd member fault until {to}")));
+    }
+    lines.sort();
+    lines
+        .into_iter()
+        .map(|(at, l)| format!("{at} {l}\n"))
+        .collect()
+}
