@@ -211,6 +211,13 @@ impl Index {
         out
     }
 
+    /// The events done, with when their `done` was written (unix ms).
+    pub fn dones(&self) -> impl Iterator<Item = (&str, u64)> {
+        (self.entries.iter())
+            .filter(|(_, e)| e.state == State::Done)
+            .map(|(id, e)| (id.as_str(), e.at_ms))
+    }
+
     /// The state of `id`, if the ledger knows it.
     pub fn state(&self, id: &str) -> Option<State> {
         self.entries.get(id).map(|e| e.state)

@@ -34,6 +34,28 @@ pub(crate) struct SharedWork {
     pub taken: BTreeSet<String>,
 }
 
+/// Most dones sent again in one go (see [`SharedWork::lacks_done`]).
+pub(crate) const MAX_DONES_AGAIN: usize = 1024;
+
+impl SharedWork {
+    /// The dones our host's ledger shows that these records lack, newest
+    /// first, at most [`MAX_DONES_AGAIN`]: a window whose `done` record
+    /// etcd did not take before the window died (etcd paused, then a
+    /// SIGKILL) left its reply unknown to every other host, which answered
+    /// it again once it gained the agent (real-process chaos across hosts).
+    /// Whoever leads our host sends them again when it reads the records.
+    pub(crate) fn lacks_done(&self, index: &crate::ledger::Index) -> Vec<String> {
+        let mut missing: Vec<(u64, &str)> = (index.dones())
+            .filter(|(id, _)| !self.done.contains(*id))
+            .map(|(id, at)| (at, id))
+            .collect();
+        missing.sort_unstable_by(|a, b| b.cmp(a));
+        (missing.into_iter().take(MAX_DONES_AGAIN))
+            .map(|(_, id)| id.to_owned())
+            .collect()
+    }
+}
+
 /// One record the level above keeps of an event.
 #[cfg(feature = "etcd")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::machine::MAX_IN_HAND;
+use super::MAX_DONES_AGAIN;
 use super::*;
 use crate::elector::types::{QueuedEvent, TakeOutcome};
 use crate::ledger::{Index, Op};
@@ -594,4 +595,25 @@ fn a_fall_back_owes_from_the_hosts_unknown_start_though_we_led_later() {
     assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["before-us", "after"]);
     // Our own ledger unreadable: nothing covers our predecessors either.
     assert_eq!(m.owed(&q, true, None, NOBODY), ["after"]);
+}
+
+#[test]
+fn our_dones_the_records_lack_go_out_again_newest_first_and_bounded() {
+    let mut ops = vec![
+        Settle::Done.op("old", 1, T),
+        Settle::Done.op("new", 1, T + 5),
+        Settle::Done.op("there", 1, T + 9),
+        take_op("open", 1, "tok"),
+    ];
+    let shared = SharedWork {
+        done: ["there".to_owned()].into(),
+        taken: ["new".to_owned()].into(),
+    };
+    assert_eq!(shared.lacks_done(&index(&ops)), ["new", "old"]);
+    ops.extend(
+        (0..MAX_DONES_AGAIN + 5).map(|i| Settle::Done.op(&format!("x{i}"), 1, T + 100 + i as u64)),
+    );
+    let again = shared.lacks_done(&index(&ops));
+    assert_eq!(again.len(), MAX_DONES_AGAIN);
+    assert_eq!(again[0], format!("x{}", MAX_DONES_AGAIN + 4));
 }

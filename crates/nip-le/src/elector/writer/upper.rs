@@ -71,6 +71,13 @@ impl Key {
             news.reason,
             Some(ChangeReason::Lost | ChangeReason::StoodDown | ChangeReason::Released)
         );
+        // Our host's dones the records lack go out again (see
+        // `SharedWork::lacks_done`).
+        if let (Some(w), Some(l), Some(u)) = (&news.work, &self.ledger, ctx.upper.as_mut()) {
+            for id in w.lacks_done(&l.index) {
+                u.settled(self.pubkey, &id, true);
+            }
+        }
         (self.work).above(news.work, news.work_unread, news.unknown_before_ms, gave_up);
         if let Some(reason) = news.reason {
             let acting = self.cell.is_leader_on(ctx.world.clocks());
