@@ -332,6 +332,11 @@ impl Ledger {
         Ok(ops)
     }
 
+    /// How long entries are kept.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
     /// Writes the lines the storage refused before, if it takes them now.
     pub fn flush(&mut self) -> Result<()> {
         self.write_pending(true)

@@ -38,15 +38,17 @@ pub(crate) struct SharedWork {
 pub(crate) const MAX_DONES_AGAIN: usize = 1024;
 
 impl SharedWork {
-    /// The dones our host's ledger shows that these records lack, newest
-    /// first, at most [`MAX_DONES_AGAIN`]: a window whose `done` record
-    /// etcd did not take before the window died (etcd paused, then a
-    /// SIGKILL) left its reply unknown to every other host, which answered
-    /// it again once it gained the agent (real-process chaos across hosts).
-    /// Whoever leads our host sends them again when it reads the records.
-    pub(crate) fn lacks_done(&self, index: &crate::ledger::Index) -> Vec<String> {
+    /// The dones our host's ledger shows that these records lack, written
+    /// since `since_ms`, newest first, at most [`MAX_DONES_AGAIN`]: a
+    /// window whose `done` record etcd did not take before the window died
+    /// (etcd paused, then a SIGKILL) left its reply unknown to every other
+    /// host, which answered it again once it gained the agent (real-process
+    /// chaos across hosts). Whoever leads our host sends them again when it
+    /// reads the records. `since_ms` is half the retention ago: an older
+    /// record may have gone with its lease, as meant.
+    pub(crate) fn lacks_done(&self, index: &crate::ledger::Index, since_ms: u64) -> Vec<String> {
         let mut missing: Vec<(u64, &str)> = (index.dones())
-            .filter(|(id, _)| !self.done.contains(*id))
+            .filter(|(id, at)| *at >= since_ms && !self.done.contains(*id))
             .map(|(id, at)| (at, id))
             .collect();
         missing.sort_unstable_by(|a, b| b.cmp(a));

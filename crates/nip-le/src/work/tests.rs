@@ -609,11 +609,13 @@ fn our_dones_the_records_lack_go_out_again_newest_first_and_bounded() {
         done: ["there".to_owned()].into(),
         taken: ["new".to_owned()].into(),
     };
-    assert_eq!(shared.lacks_done(&index(&ops)), ["new", "old"]);
+    assert_eq!(shared.lacks_done(&index(&ops), 0), ["new", "old"]);
+    // Older than half the retention: its record may have expired, as meant.
+    assert_eq!(shared.lacks_done(&index(&ops), T + 1), ["new"]);
     ops.extend(
         (0..MAX_DONES_AGAIN + 5).map(|i| Settle::Done.op(&format!("x{i}"), 1, T + 100 + i as u64)),
     );
-    let again = shared.lacks_done(&index(&ops));
+    let again = shared.lacks_done(&index(&ops), 0);
     assert_eq!(again.len(), MAX_DONES_AGAIN);
     assert_eq!(again[0], format!("x{}", MAX_DONES_AGAIN + 4));
 }

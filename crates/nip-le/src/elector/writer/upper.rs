@@ -74,7 +74,8 @@ impl Key {
         // Our host's dones the records lack go out again (see
         // `SharedWork::lacks_done`).
         if let (Some(w), Some(l), Some(u)) = (&news.work, &self.ledger, ctx.upper.as_mut()) {
-            for id in w.lacks_done(&l.index) {
+            let half = u64::try_from(l.retention().as_millis() / 2).unwrap_or(u64::MAX);
+            for id in w.lacks_done(&l.index, news.at_ms.saturating_sub(half)) {
                 u.settled(self.pubkey, &id, true);
             }
         }
