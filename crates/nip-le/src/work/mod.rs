@@ -12,6 +12,7 @@
 //! two windows' takes, replies, cancels, crashes, hangs, takeovers and
 //! hand-overs on one ledger.
 
+mod ledger_lines;
 mod machine;
 #[cfg(test)]
 mod model;
@@ -23,7 +24,8 @@ use std::collections::BTreeSet;
 #[cfg(feature = "etcd")]
 use std::time::Duration;
 
-pub(crate) use machine::{epoch_floor, held_line, settle_line, WorkMachine};
+pub(crate) use ledger_lines::{epoch_floor, held_line, settle_line};
+pub(crate) use machine::WorkMachine;
 pub(crate) use steps::{Displaced, Lead, Settle, SettleStep, Spell, TakeStep};
 
 /// The agent's work as the level above the host records it for every host:
