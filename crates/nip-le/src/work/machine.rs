@@ -6,7 +6,8 @@
 //! decisions, and the lines to append. The writer's work shell opens,
 //! reads and appends; it decides nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,11 @@ pub(crate) struct WorkMachine {
     stale: Duration,
     /// Since when (unix ms) we lead, while we do.
     leader_since: Option<u64>,
+    /// The events the app had queued the first time it asked what is owed
+    /// while we lead (hashes of their ids): what it queued later arrived
+    /// after we led, whatever its senders' clocks or ours say (see
+    /// [`WorkMachine::owed`]).
+    queued_at_lead: Option<BTreeSet<u64>>,
     /// Since when (unix ms) we lead without holding the lock at an epoch
     /// (the NIP's fail-safe), with no ledger to record takes in.
     ledgerless_since: Option<u64>,
@@ -104,6 +110,7 @@ impl WorkMachine {
             keeps_ledger,
             stale,
             leader_since: None,
+            queued_at_lead: None,
             ledgerless_since: None,
             replaced_ledgerless: None,
             replaced: None,
@@ -460,15 +467,26 @@ impl WorkMachine {
     /// the level above does not show done or taken, and what the ledger
     /// shows owed (see [`ledger::owed`]). Without a ledger that covers the
     /// predecessor, only what was published since we led (it may have
-    /// answered the rest).
+    /// answered the rest), or queued after the first time we were asked
+    /// while leading: a `created_at` is its sender's clock, and ours may
+    /// have stepped (the simulator, seed 48: after a wall-clock step of
+    /// +5.9 s, the mentions published in those seconds were owed to no
+    /// holder).
     pub(crate) fn owed(
-        &self,
+        &mut self,
         queue: &[QueuedEvent],
         leads: bool,
         index: Option<&Index>,
         alive: &dyn Fn(&str) -> bool,
     ) -> Vec<String> {
-        if !leads || self.above.unread {
+        if !leads {
+            return Vec::new();
+        }
+        let ids = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+        (self.queued_at_lead)
+            .get_or_insert_with(|| queue.iter().map(|e| ids.hash_one(&e.id)).collect());
+        let queued_at_lead = self.queued_at_lead.as_ref();
+        if self.above.unread {
             return Vec::new();
         }
         let led = self.leader_since.unwrap_or(0);
@@ -478,9 +496,13 @@ impl WorkMachine {
             self.in_hand(id, index)
                 || shared.is_some_and(|w| w.done.contains(id) || w.taken.contains(id))
         };
-        let events = (queue.iter())
-            .filter(|e| !elsewhere(&e.id))
-            .map(|e| (e.id.as_str(), e.published_ms));
+        // Queued since: as if published since (of unknown time).
+        let events = (queue.iter()).filter(|e| !elsewhere(&e.id)).map(|e| {
+            match queued_at_lead.is_some_and(|q| q.contains(&ids.hash_one(&e.id))) {
+                true => (e.id.as_str(), e.published_ms),
+                false => (e.id.as_str(), None),
+            }
+        });
         let lives = self.lives(alive);
         match &self.held {
             Some(h) => {
@@ -527,7 +549,11 @@ impl WorkMachine {
             // that would skip the backlog).
             self.above.since = None;
         } else if let Some(before) = unknown_before_ms {
-            // The other host's work before then is unknown here.
+            // The other host's work before then is unknown here; what the
+            // app queued until now it may have answered (a new first look).
+            if self.above.since != Some(before) {
+                self.queued_at_lead = None;
+            }
             self.above.since = Some(before);
         } else if gave_up {
             // Given up (a fence that lifts again keeps it: nothing moved).

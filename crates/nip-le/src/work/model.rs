@@ -100,7 +100,8 @@ impl World {
     fn owed(&self, h: usize) -> Vec<String> {
         let ix = self.index();
         let alive = self.alive_token();
-        (self.windows[h].m).owed(&Self::queue(), true, Some(&ix), &alive)
+        // On a copy: asking changes nothing the check should keep.
+        (self.windows[h].m.clone()).owed(&Self::queue(), true, Some(&ix), &alive)
     }
     fn would_grant(&self, h: usize, e: usize) -> bool {
         let ix = self.index();

@@ -279,6 +279,31 @@ fn a_predecessor_without_a_ledger_leaves_only_what_was_published_since() {
 }
 
 #[test]
+fn what_is_queued_after_we_lead_is_owed_whatever_its_published_time() {
+    // Our clock stepped ahead (or a sender's runs behind): a mention that
+    // arrives after we led carries a time before it.
+    let mut m = machine();
+    m.replaced(Some("harness".into()), Displaced::Token(None));
+    let _ = m.lead(T, true, Some(2), true);
+    let _ = m.opened(Some(&Index::default()), NOBODY, T);
+    let ix = Index::default();
+    let first = queue(&[("before", T - 5)]);
+    assert!(m.owed(&first, true, Some(&ix), NOBODY).is_empty());
+    let later = queue(&[("before", T - 5), ("late-clock", T - 3), ("after", T + 5)]);
+    assert_eq!(
+        m.owed(&later, true, Some(&ix), NOBODY),
+        ["late-clock", "after"],
+        "queued since the first look: owed (seed 48)"
+    );
+    // Lost, and led again after a ledgerless writer: a new first look.
+    let _ = m.lead(T + 10, false, None, false);
+    m.replaced(Some("harness".into()), Displaced::Token(None));
+    let _ = m.lead(T + 10, true, Some(3), true);
+    let _ = m.opened(Some(&ix), NOBODY, T + 10);
+    assert!(m.owed(&later, true, Some(&ix), NOBODY).is_empty());
+}
+
+#[test]
 fn leaving_gives_back_the_takes_of_our_epoch_and_of_our_token() {
     let m = holding(4);
     let ix = index(&[
