@@ -241,9 +241,10 @@ pub struct Summary {
     /// answer's `done` until its window was gone (see
     /// `nip_le::sim::Outcome::forced_by_disk`).
     pub forced_by_disk: u64,
-    /// Mentions never answered after a window's `held` line the disk
-    /// refused while it lived (see `nip_le::sim::Outcome::skipped_by_disk`).
-    pub skipped_by_disk: u64,
+    /// Mentions never answered, published before a harness child's record
+    /// that no `held` line names (see
+    /// `nip_le::sim::Outcome::skipped_after_ledgerless`).
+    pub skipped_after_ledgerless: u64,
     /// Mentions answered twice by a reply frozen on its way past a
     /// takeover (see `nip_le::sim::Outcome::frozen_reply`).
     pub frozen_reply: u64,
@@ -298,7 +299,7 @@ pub fn run_seeds(args: &SimArgs) -> Summary {
         sum.claims.0 += out.claims;
         sum.claims.1 += out.claims_honoured;
         sum.forced_by_disk += out.forced_by_disk;
-        sum.skipped_by_disk += out.skipped_by_disk;
+        sum.skipped_after_ledgerless += out.skipped_after_ledgerless;
         sum.frozen_reply += out.frozen_reply;
         sum.dropped_by_cap += out.dropped_by_cap;
         (sum.latencies).extend(out.latencies_ms.iter().map(|&(ms, n)| (ms, seed, n)));
@@ -436,10 +437,10 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
             sum.frozen_reply
         );
     }
-    if sum.skipped_by_disk > 0 {
+    if sum.skipped_after_ledgerless > 0 {
         println!(
-            "forced by the disk: {} mentions never answered, published before a harness child's record whose window's held line the disk refused while it lived (counted, not failed)",
-            sum.skipped_by_disk
+            "after a writer without a ledger: {} mentions never answered, published before a harness child's record that no held line names (its window's refused by the disk, or never written), which may have answered them (counted, not failed)",
+            sum.skipped_after_ledgerless
         );
     }
     if let Some(a) = sum.across {

@@ -196,10 +196,17 @@ pub struct State {
     /// since: a harness child's record naming one reads to a successor as
     /// a writer's without a ledger (see [`State::unkept_replaced`]).
     pub unkept: BTreeSet<String>,
+    /// Windows a `held` line on disk names: a harness child's record
+    /// naming any other reads to a successor as a writer's without a
+    /// ledger too (its window never held: it was paused, or killed, when
+    /// its child took the lock).
+    pub kept: BTreeSet<String>,
     /// When a record with an epoch replaced one without, naming a window
-    /// of [`State::unkept`] that was gone: from then on the new holder
-    /// owes only what is published after it (virtual ns). A mention
-    /// published before and never answered is forced by the disk.
+    /// of [`State::unkept`] or not of [`State::kept`] that was gone: from
+    /// then on the new holder owes only what is published after it
+    /// (virtual ns), since that writer may have answered the rest (Buzz's
+    /// harness drains its backlog when it gains). A mention published
+    /// before and never answered is counted, not failed.
     pub unkept_replaced: Vec<u64>,
     /// Every process ever started.
     pub procs: Vec<Proc>,
@@ -238,6 +245,7 @@ impl State {
             ledger_synced: BTreeMap::new(),
             ledger_peak: 0,
             unkept: BTreeSet::new(),
+            kept: BTreeSet::new(),
             unkept_replaced: Vec::new(),
             procs: Vec::new(),
             next_pid: 1000,

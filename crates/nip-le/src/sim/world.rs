@@ -312,7 +312,7 @@ impl LockStore for SimStore {
                     .filter(|r| r.epoch.is_none() && record.epoch.is_some());
                 let unkept = before.map(|r| r.instance_id.clone()).filter(|by| {
                     *by != record.instance_id
-                        && s.unkept.contains(by)
+                        && (s.unkept.contains(by) || !s.kept.contains(by))
                         && !(s.procs.iter()).any(|p| {
                             p.alive
                                 && matches!(p.kind, super::state::Kind::Window { .. })
@@ -392,6 +392,7 @@ fn written(s: &mut State, me: ProcId, bytes: &[u8]) {
     }
     for by in helds(bytes) {
         s.unkept.remove(&by);
+        s.kept.insert(by);
     }
 }
 

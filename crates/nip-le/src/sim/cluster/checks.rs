@@ -160,12 +160,12 @@ impl Sim {
         let t = self.now();
         let replaced = lock(&self.m).unkept_replaced.clone();
         for &(n, at) in &self.published {
-            // A window whose `held` line the disk refused while it lived:
-            // its harness child's record reads as a writer's without a
-            // ledger, who may have answered what was published before
-            // (see `State::unkept`). Counted, not failed.
+            // A harness child's record that no `held` line names reads as
+            // a writer's without a ledger, who may have answered what was
+            // published before (see `State::unkept_replaced`). Counted,
+            // not failed.
             if !self.answers.contains_key(&n) && replaced.iter().any(|&r| at < r) {
-                self.skipped_by_disk += 1;
+                self.skipped_after_ledgerless += 1;
                 continue;
             }
             if !self.answers.contains_key(&n) && self.cap_dropped.contains(&n) {

@@ -128,8 +128,8 @@ pub struct Sim {
     claims: (u64, u64),
     /// See [`Outcome::forced_by_disk`].
     forced_by_disk: u64,
-    /// See [`Outcome::skipped_by_disk`].
-    skipped_by_disk: u64,
+    /// See [`Outcome::skipped_after_ledgerless`].
+    skipped_after_ledgerless: u64,
     /// See [`Outcome::frozen_reply`].
     frozen_reply: u64,
     /// Mentions some app dropped from its capped queue
@@ -203,7 +203,7 @@ impl Sim {
             claims_open: Vec::new(),
             claims: (0, 0),
             forced_by_disk: 0,
-            skipped_by_disk: 0,
+            skipped_after_ledgerless: 0,
             frozen_reply: 0,
             cap_dropped: Default::default(),
             dropped_by_cap: 0,
@@ -427,7 +427,7 @@ impl Sim {
             longest_silence_ns: self.checker.tally.longest_silence_ns,
             rounds: self.rounds_run,
             forced_by_disk: self.forced_by_disk,
-            skipped_by_disk: self.skipped_by_disk,
+            skipped_after_ledgerless: self.skipped_after_ledgerless,
             frozen_reply: self.frozen_reply,
             dropped_by_cap: self.dropped_by_cap,
             ledger_peak_bytes: s.ledger_peak as u64,

@@ -31,12 +31,14 @@ pub struct Outcome {
     /// past the stale bound grants unrecorded, and no other window can
     /// know of it). Counted, not failed.
     pub forced_by_disk: u64,
-    /// Mentions never answered because a window's `held` line was refused
-    /// by the disk for as long as it lived, and its harness child held the
-    /// lock after it: the successor cannot tell that child from a writer
-    /// without a ledger, who may have answered what was published before.
-    /// Counted, not failed.
-    pub skipped_by_disk: u64,
+    /// Mentions never answered because a harness child held the lock
+    /// after its window, and no `held` line names that window (the disk
+    /// refused it for as long as the window lived, or the window never
+    /// held: paused or killed when its child took the lock): the successor
+    /// cannot tell that child from a writer without a ledger, who may have
+    /// answered what was published before (Buzz's harness drains its
+    /// backlog when it gains). Counted, not failed.
+    pub skipped_after_ledgerless: u64,
     /// Mentions answered twice because a reply, decided while its window
     /// could act, waited on its way for the window to run again (a SIGSTOP
     /// or a suspend between the check and the send) while a takeover
