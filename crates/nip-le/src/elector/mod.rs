@@ -431,7 +431,10 @@ impl Work {
     /// After a predecessor that kept no ledger (a spec-mode instance or the
     /// harness), or one on another host (feature `etcd`: its ledger is not
     /// ours), events published before this window began to act are left
-    /// out: it may have answered them.
+    /// out: it may have answered them; but not those queued after the
+    /// first call while it acts (a `published_ms` is the sender's clock),
+    /// nor those the ledger shows taken by a window that is gone, or given
+    /// back. Pass the whole queue every time.
     pub fn owed(&self, queue: &[QueuedEvent]) -> Result<Vec<String>> {
         if !self.may_act() {
             return Ok(Vec::new());
