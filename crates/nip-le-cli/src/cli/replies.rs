@@ -169,6 +169,11 @@ impl Turns {
             }
             let since = self.leader_since.load(Ordering::SeqCst);
             if !filtered || since != filtered_since {
+                // A new period judges the whole queue, what an earlier one
+                // parked included: the engine's first look is this call.
+                for m in parked.drain(..).rev() {
+                    queue.push_front(m);
+                }
                 let events: Vec<QueuedEvent> = queue.iter().map(|(_, e)| e.clone()).collect();
                 if let Ok(owed) = self.work.owed(&events) {
                     let (kept, left): (Vec<_>, Vec<_>) =
