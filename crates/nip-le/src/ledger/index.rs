@@ -342,14 +342,7 @@ pub fn grants_without_ledger(unreadable_since: u64, now_ms: u64, bound: Duration
 /// ledger); and, when `published_since` is set (the predecessor kept no
 /// ledger we can read: spec mode, the harness, another host, or ours is
 /// unreadable), only those published since then (or of unknown time):
-/// older ones it may have answered. An older one that `index` shows
-/// taken by a taker that is gone, or given back, is owed all the same: it
-/// was in our windows' hands and not answered by them, and the NIP prefers
-/// a duplicate to silence (the simulator, seeds 2946 and 1980: a holder
-/// took mentions and was killed, or gave one back as it lost the lock; a
-/// harness child's record without an epoch came between, and the next
-/// holder owed only what was published since it led: nobody answered
-/// them).
+/// older ones it may have answered.
 pub fn owed<'a>(
     queue: impl IntoIterator<Item = (&'a str, Option<u64>)>,
     index: Option<&Index>,
@@ -359,8 +352,8 @@ pub fn owed<'a>(
 ) -> Vec<String> {
     queue
         .into_iter()
-        .filter(|(id, p)| match (published_since, p) {
-            (Some(since), Some(p)) if *p < since => index.is_some_and(|ix| ix.state(id).is_some()),
+        .filter(|(_, p)| match (published_since, p) {
+            (Some(since), Some(p)) => *p >= since,
             _ => true,
         })
         .filter(|(id, _)| index.is_none_or(|ix| ix.verdict_with(id, epoch, lives) == Verdict::Owed))

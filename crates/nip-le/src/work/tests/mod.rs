@@ -295,12 +295,53 @@ fn what_is_queued_after_we_lead_is_owed_whatever_its_published_time() {
         ["late-clock", "after"],
         "queued since the first look: owed (seed 48)"
     );
+    // A gain from a host whose work is unknown since T + 4: what it
+    // received before then it may have answered, queued here late or not.
+    m.above(None, false, Some(T + 4), false);
+    let gain = queue(&[("late-clock", T - 3), ("there", T + 3), ("after", T + 5)]);
+    assert_eq!(m.owed(&gain, true, Some(&ix), NOBODY), ["after"]);
     // Lost, and led again after a ledgerless writer: a new first look.
     let _ = m.lead(T + 10, false, None, false);
     m.replaced(Some("harness".into()), Displaced::Token(None));
     let _ = m.lead(T + 10, true, Some(3), true);
     let _ = m.opened(Some(&ix), NOBODY, T + 10);
     assert!(m.owed(&later, true, Some(&ix), NOBODY).is_empty());
+}
+
+#[test]
+fn before_a_ledgerless_floor_our_windows_unanswered_takes_are_owed() {
+    // Taken by a window now gone, given back, taken by one that lives,
+    // and never taken: all published before we led.
+    let ix = index(&[
+        take_op("gone", 1, "tok-gone"),
+        take_op("back", 1, "tok-back"),
+        Op::GiveBack {
+            id: "back".into(),
+            epoch: 1,
+            at_ms: T - 2,
+        },
+        take_op("live", 1, "tok-live"),
+    ]);
+    let lives = |t: &str| t == "tok-live";
+    let q = queue(&[
+        ("gone", T - 5),
+        ("back", T - 5),
+        ("live", T - 5),
+        ("never", T - 5),
+    ]);
+    let mut m = machine();
+    m.replaced(Some("harness".into()), Displaced::Token(None));
+    let _ = m.lead(T, true, Some(2), true);
+    let _ = m.opened(Some(&ix), NOBODY, T);
+    assert_eq!(
+        m.owed(&q, true, Some(&ix), &lives),
+        ["gone", "back"],
+        "in our windows' hands and not answered (seed 2946)"
+    );
+    // Before another host's unknown start, that host may have answered
+    // them: left out all the same.
+    m.above(None, false, Some(T - 1), false);
+    assert!(m.owed(&q, true, Some(&ix), &lives).is_empty());
 }
 
 #[test]
