@@ -507,15 +507,15 @@ impl WorkMachine {
         // holder owed only what was published since it led).
         let above_since = self.above.since.unwrap_or(0);
         let ours = |id: &str| index.is_some_and(|ix| ix.state(id).is_some());
-        let events = (queue.iter()).filter(|e| !elsewhere(&e.id)).map(|e| {
-            let first_look = queued_at_lead.is_none_or(|q| q.contains(&ids.hash_one(&e.id)));
-            match e.published_ms {
-                Some(p) if p >= above_since && (!first_look || ours(&e.id)) => {
+        let late = |id: &str| queued_at_lead.is_some_and(|q| !q.contains(&ids.hash_one(id)));
+        let events = (queue.iter())
+            .filter(|e| !elsewhere(&e.id))
+            .map(|e| match e.published_ms {
+                Some(p) if (above_since..since).contains(&p) && (ours(&e.id) || late(&e.id)) => {
                     (e.id.as_str(), None)
                 }
                 p => (e.id.as_str(), p),
-            }
-        });
+            });
         let lives = self.lives(alive);
         match &self.held {
             Some(h) => {
