@@ -57,6 +57,20 @@ fn holding(epoch: u64) -> WorkMachine {
     m
 }
 
+/// `m` takes the lock over at `epoch`, at `at`, from the record of a
+/// writer without an epoch ("harness"), and opens the ledger `ix`.
+fn over_harness(
+    m: &mut WorkMachine,
+    epoch: u64,
+    at: u64,
+    ix: Option<&Index>,
+    takes_part: &dyn Fn(&str) -> bool,
+) {
+    m.replaced(Some("harness".into()), Displaced::Token(None));
+    let _ = m.lead(at, true, Some(epoch), true);
+    let _ = m.opened(ix, takes_part, at);
+}
+
 fn take(m: &WorkMachine, id: &str, ix: Option<&Index>, alive: &dyn Fn(&str) -> bool) -> TakeStep {
     // On a copy: a grant without a line would put it in hand.
     m.clone().take(id, true, T, ix, alive, "us", Some("tok-us"))
@@ -251,9 +265,7 @@ fn a_predecessor_without_a_ledger_leaves_only_what_was_published_since() {
     // A writer without an epoch that no `held` line names, not in the
     // election now: the harness, or spec mode.
     let mut m = machine();
-    m.replaced(Some("harness".into()), Displaced::Token(None));
-    let _ = m.lead(T, true, Some(2), true);
-    let _ = m.opened(Some(&Index::default()), NOBODY, T);
+    over_harness(&mut m, 2, T, Some(&Index::default()), NOBODY);
     assert_eq!(m.owed(&q, true, Some(&Index::default()), NOBODY), ["after"]);
     // A window that keeps the ledger (its child wrote that record).
     let kept = index(&[Op::Held {
@@ -262,15 +274,11 @@ fn a_predecessor_without_a_ledger_leaves_only_what_was_published_since() {
         at_ms: T,
     }]);
     let mut m = machine();
-    m.replaced(Some("harness".into()), Displaced::Token(None));
-    let _ = m.lead(T, true, Some(2), true);
-    let _ = m.opened(Some(&kept), NOBODY, T);
+    over_harness(&mut m, 2, T, Some(&kept), NOBODY);
     assert_eq!(m.owed(&q, true, Some(&kept), NOBODY), ["before", "after"]);
     // One that takes part in the election now.
     let mut m = machine();
-    m.replaced(Some("harness".into()), Displaced::Token(None));
-    let _ = m.lead(T, true, Some(2), true);
-    let _ = m.opened(Some(&Index::default()), &|by| by == "harness", T);
+    over_harness(&mut m, 2, T, Some(&Index::default()), &|by| by == "harness");
     let all = m.owed(&q, true, Some(&Index::default()), NOBODY);
     assert_eq!(all, ["before", "after"]);
     // Our own ledger unreadable: only what was published since we led.
@@ -283,9 +291,7 @@ fn what_is_queued_after_we_lead_is_owed_whatever_its_published_time() {
     // Our clock stepped ahead (or a sender's runs behind): a mention that
     // arrives after we led carries a time before it.
     let mut m = machine();
-    m.replaced(Some("harness".into()), Displaced::Token(None));
-    let _ = m.lead(T, true, Some(2), true);
-    let _ = m.opened(Some(&Index::default()), NOBODY, T);
+    over_harness(&mut m, 2, T, Some(&Index::default()), NOBODY);
     let ix = Index::default();
     let first = queue(&[("before", T - 5)]);
     assert!(m.owed(&first, true, Some(&ix), NOBODY).is_empty());
@@ -302,9 +308,7 @@ fn what_is_queued_after_we_lead_is_owed_whatever_its_published_time() {
     assert_eq!(m.owed(&gain, true, Some(&ix), NOBODY), ["after"]);
     // Lost, and led again after a ledgerless writer: a new first look.
     let _ = m.lead(T + 10, false, None, false);
-    m.replaced(Some("harness".into()), Displaced::Token(None));
-    let _ = m.lead(T + 10, true, Some(3), true);
-    let _ = m.opened(Some(&ix), NOBODY, T + 10);
+    over_harness(&mut m, 3, T + 10, Some(&ix), NOBODY);
     assert!(m.owed(&later, true, Some(&ix), NOBODY).is_empty());
 }
 
@@ -330,9 +334,7 @@ fn before_a_ledgerless_floor_our_windows_unanswered_takes_are_owed() {
         ("never", T - 5),
     ]);
     let mut m = machine();
-    m.replaced(Some("harness".into()), Displaced::Token(None));
-    let _ = m.lead(T, true, Some(2), true);
-    let _ = m.opened(Some(&ix), NOBODY, T);
+    over_harness(&mut m, 2, T, Some(&ix), NOBODY);
     assert_eq!(
         m.owed(&q, true, Some(&ix), &lives),
         ["gone", "back"],
