@@ -160,6 +160,13 @@ impl Sim {
         let t = self.now();
         let replaced = lock(&self.m).unkept_replaced.clone();
         for &(n, at) in &self.published {
+            // Answered after such a writer was replaced, though published
+            // before: it may have answered it (see
+            // `Outcome::answered_after_ledgerless`).
+            let first = (self.answers.get(&n)).and_then(|a| a.iter().map(|a| a.1).min());
+            if first.is_some_and(|f| replaced.iter().any(|&r| at < r && r <= f)) {
+                self.answered_after_ledgerless += 1;
+            }
             // A harness child's record that no `held` line names reads as
             // a writer's without a ledger, who may have answered what was
             // published before (see `State::unkept_replaced`). Counted,

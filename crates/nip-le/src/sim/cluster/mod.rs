@@ -130,6 +130,8 @@ pub struct Sim {
     forced_by_disk: u64,
     /// See [`Outcome::skipped_after_ledgerless`].
     skipped_after_ledgerless: u64,
+    /// See [`Outcome::answered_after_ledgerless`].
+    answered_after_ledgerless: u64,
     /// See [`Outcome::frozen_reply`].
     frozen_reply: u64,
     /// Mentions some app dropped from its capped queue
@@ -204,6 +206,7 @@ impl Sim {
             claims: (0, 0),
             forced_by_disk: 0,
             skipped_after_ledgerless: 0,
+            answered_after_ledgerless: 0,
             frozen_reply: 0,
             cap_dropped: Default::default(),
             dropped_by_cap: 0,
@@ -428,6 +431,7 @@ impl Sim {
             rounds: self.rounds_run,
             forced_by_disk: self.forced_by_disk,
             skipped_after_ledgerless: self.skipped_after_ledgerless,
+            answered_after_ledgerless: self.answered_after_ledgerless,
             frozen_reply: self.frozen_reply,
             dropped_by_cap: self.dropped_by_cap,
             ledger_peak_bytes: s.ledger_peak as u64,

@@ -39,6 +39,12 @@ pub struct Outcome {
     /// answered what was published before (Buzz's harness drains its
     /// backlog when it gains). Counted, not failed.
     pub skipped_after_ledgerless: u64,
+    /// Mentions published before a writer without a ledger was replaced
+    /// (as for [`Outcome::skipped_after_ledgerless`]) and first answered
+    /// after: that writer may have answered them already (Buzz's harness
+    /// drains its backlog when it gains; the simulator's answers nothing),
+    /// so each is a duplicate in Buzz's desktop. Counted, not failed.
+    pub answered_after_ledgerless: u64,
     /// Mentions answered twice because a reply, decided while its window
     /// could act, waited on its way for the window to run again (a SIGSTOP
     /// or a suspend between the check and the send) while a takeover
