@@ -52,6 +52,17 @@ pub struct Index {
     /// The holders that keep this ledger: the highest epoch of their
     /// `held` lines, and when.
     keepers: HashMap<String, (u64, u64)>,
+    /// The latest `floor` line (see [`Index::floor`]).
+    floor: Option<Floor>,
+}
+
+/// A `floor` line's facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Floor {
+    before_ms: u64,
+    epoch: u64,
+    by: String,
+    at_ms: u64,
 }
 
 impl Index {
@@ -107,9 +118,32 @@ impl Index {
             Op::Take { epoch, .. }
             | Op::Done { epoch, .. }
             | Op::GiveBack { epoch, .. }
-            | Op::Held { epoch, .. } => *epoch,
+            | Op::Held { epoch, .. }
+            | Op::Floor { epoch, .. } => *epoch,
         };
         self.max_epoch = self.max_epoch.max(epoch);
+        if let Op::Floor {
+            before_ms,
+            by,
+            epoch,
+            ..
+        } = op
+        {
+            // A floor is never later than its line (a hostile one near
+            // `u64::MAX` would silence the agent).
+            let newer = self.floor.as_ref().is_none_or(|f| *before_ms > f.before_ms);
+            if *before_ms <= at_ms && by.len() <= MAX_EVENT_ID_LEN && newer {
+                let (epoch, by) = (*epoch, by.clone());
+                let before_ms = *before_ms;
+                self.floor = Some(Floor {
+                    before_ms,
+                    epoch,
+                    by,
+                    at_ms,
+                });
+            }
+            return;
+        }
         if let Op::Held { by, .. } = op {
             if by.len() <= MAX_EVENT_ID_LEN {
                 let e = self.keepers.entry(by.clone()).or_insert((epoch, at_ms));
@@ -128,7 +162,7 @@ impl Index {
             (Op::Take { .. }, Some(State::Taken(e))) if e > epoch => None,
             (Op::Take { .. }, _) => Some(State::Taken(epoch)),
             (Op::GiveBack { .. }, Some(State::Taken(e))) if e == epoch => Some(State::GivenBack),
-            (Op::GiveBack { .. } | Op::Held { .. }, _) => None,
+            (Op::GiveBack { .. } | Op::Held { .. } | Op::Floor { .. }, _) => None,
         };
         if let Some(state) = next {
             let e = Entry { state, at_ms, live };
@@ -142,6 +176,17 @@ impl Index {
             now_ms.saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
         self.entries.retain(|_, e| e.at_ms >= horizon);
         self.keepers.retain(|_, (_, at_ms)| *at_ms >= horizon);
+        // The floor outlives the retention (what it skips was published
+        // before it, and stays possibly answered); one in the future is a
+        // hostile line or a clock stepped back: dropped, as if unwritten.
+        self.floor = self.floor.take().filter(|f| f.before_ms <= now_ms);
+    }
+
+    /// What was published before this (unix ms) and is not in the ledger
+    /// may have been answered by a writer that kept no ledger, which a
+    /// holder replaced (its `floor` line): owed to no holder.
+    pub fn floor(&self) -> Option<u64> {
+        self.floor.as_ref().map(|f| f.before_ms)
     }
 
     /// Whether the holder `by` keeps this ledger (a `held` line names it).
@@ -246,7 +291,7 @@ impl Index {
 
     /// After the file was rewritten with [`Index::snapshot`].
     pub(super) fn compacted(&mut self) {
-        self.lines = self.entries.len() + self.keepers.len();
+        self.lines = self.entries.len() + self.keepers.len() + usize::from(self.floor.is_some());
     }
 
     /// Forgets the oldest settled entries (done, given back) until the
@@ -302,6 +347,15 @@ impl Index {
             };
             out.extend(op.to_line());
         }
+        if let Some(f) = &self.floor {
+            let op = Op::Floor {
+                epoch: f.epoch,
+                by: f.by.clone(),
+                before_ms: f.before_ms,
+                at_ms: f.at_ms,
+            };
+            out.extend(op.to_line());
+        }
         out
     }
 }
@@ -342,7 +396,9 @@ pub fn grants_without_ledger(unreadable_since: u64, now_ms: u64, bound: Duration
 /// ledger); and, when `published_since` is set (the predecessor kept no
 /// ledger we can read: spec mode, the harness, another host, or ours is
 /// unreadable), only those published since then (or of unknown time):
-/// older ones it may have answered.
+/// older ones it may have answered. The ledger's [`Index::floor`] applies
+/// the same to what it does not show, for every holder after the one that
+/// wrote it.
 pub fn owed<'a>(
     queue: impl IntoIterator<Item = (&'a str, Option<u64>)>,
     index: Option<&Index>,
@@ -355,6 +411,12 @@ pub fn owed<'a>(
         .filter(|(_, p)| match (published_since, p) {
             (Some(since), Some(p)) => *p >= since,
             _ => true,
+        })
+        .filter(|(id, p)| {
+            index.is_none_or(|ix| match (ix.floor(), p) {
+                (Some(floor), Some(p)) if *p < floor => ix.state(id).is_some(),
+                _ => true,
+            })
         })
         .filter(|(id, _)| index.is_none_or(|ix| ix.verdict_with(id, epoch, lives) == Verdict::Owed))
         .map(|(id, _)| id.to_owned())

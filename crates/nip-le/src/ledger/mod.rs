@@ -12,13 +12,17 @@
 //! {"op":"done","id":"<event id>","epoch":7,"at_ms":…}
 //! {"op":"give_back","id":"<event id>","epoch":7,"at_ms":…}
 //! {"op":"held","epoch":7,"by":"<election id>","at_ms":…}
+//! {"op":"floor","epoch":7,"by":"<election id>","before_ms":…,"at_ms":…}
 //! ```
 //!
 //! A `held` line says that `by` keeps this ledger (written when a window
 //! joins the key, at epoch 0, and when it first leads at an epoch):
 //! a successor that finds a record without an epoch naming `by` (its agent
 //! harness child's, see `elector::machine::same_id`) knows the ledger
-//! covers it, not a writer that answered without one.
+//! covers it, not a writer that answered without one. A `floor` line says
+//! that the holder `by` found such a writer before it: what was published
+//! before `before_ms` and is not in the ledger may have been answered, so
+//! no later holder owes it either.
 //!
 //! Rules ([`Index::verdict`]):
 //! * an event is **done** once a `done` line names it;
@@ -136,6 +140,21 @@ pub enum Op {
         /// When, unix ms.
         at_ms: u64,
     },
+    /// Extension: the holder `by` at `epoch` replaced a writer that kept
+    /// no ledger (the harness, spec mode), who may have answered what was
+    /// published before `before_ms` (unix ms): an event published before
+    /// then that the ledger does not show is owed to no later holder
+    /// either, as it is not to `by` (see [`Index::floor`]).
+    Floor {
+        /// The holder's fencing epoch.
+        epoch: u64,
+        /// The holder's election id.
+        by: String,
+        /// What was published before this (unix ms) may have been answered.
+        before_ms: u64,
+        /// When, unix ms.
+        at_ms: u64,
+    },
     /// The turn was cancelled: the event is owed again.
     GiveBack {
         /// The event id.
@@ -151,7 +170,7 @@ impl Op {
     fn id(&self) -> &str {
         match self {
             Op::Take { id, .. } | Op::Done { id, .. } | Op::GiveBack { id, .. } => id,
-            Op::Held { by, .. } => by,
+            Op::Held { by, .. } | Op::Floor { by, .. } => by,
         }
     }
     fn at_ms(&self) -> u64 {
@@ -159,7 +178,8 @@ impl Op {
             Op::Take { at_ms, .. }
             | Op::Done { at_ms, .. }
             | Op::GiveBack { at_ms, .. }
-            | Op::Held { at_ms, .. } => *at_ms,
+            | Op::Held { at_ms, .. }
+            | Op::Floor { at_ms, .. } => *at_ms,
         }
     }
     /// The line written for it.
@@ -281,10 +301,14 @@ impl Ledger {
     /// ledger and owes only what is published after it (the simulator:
     /// seed 259, a power cut took the line of a window that had just
     /// joined, its child held the lock, and a mention given back before
-    /// was never answered). Refused lines that go out with it are synced.
+    /// was never answered). So does a `floor` line: lost, a later holder
+    /// owes again what a writer without a ledger may have answered.
+    /// Refused lines that go out with it are synced.
     fn durable(&self, op: &Op) -> bool {
-        matches!(op, Op::Done { .. } | Op::GiveBack { .. } | Op::Held { .. })
-            || !self.pending.is_empty()
+        matches!(
+            op,
+            Op::Done { .. } | Op::GiveBack { .. } | Op::Held { .. } | Op::Floor { .. }
+        ) || !self.pending.is_empty()
     }
 
     /// Appends one line and applies it only once the storage took it (with

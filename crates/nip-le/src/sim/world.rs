@@ -314,9 +314,13 @@ impl LockStore for SimStore {
                     *by != record.instance_id
                         && (s.unkept.contains(by) || !s.kept.contains(by))
                         && !(s.procs.iter()).any(|p| {
+                            // Its window takes part in the key (a presence
+                            // that lists it): the successor can tell.
                             p.alive
                                 && matches!(p.kind, super::state::Kind::Window { .. })
                                 && p.instance_id == *by
+                                && p.token.is_some()
+                                && p.presence_keys.contains(&self.pk)
                         })
                 });
                 if unkept.is_some() {

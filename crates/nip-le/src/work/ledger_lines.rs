@@ -1,7 +1,7 @@
 //! The ledger lines a work decision writes, as pure functions of the
 //! index: a take (with the give-back that lets the index apply it), a
-//! settle outside the epoch we hold, the `held` line, and the epoch floor a
-//! ledger gives. Apart from `machine.rs` so that the shells that write
+//! settle outside the epoch we hold, the `held` line, the `floor` line a
+//! writer without a ledger leaves, and the epoch floor a ledger gives. Apart from `machine.rs` so that the shells that write
 //! outside a decision (the unwritten settles, the holder's `held` line)
 //! build the same lines.
 
@@ -69,6 +69,23 @@ pub(crate) fn held_line(index: &Index, epoch: u64, by: &str, at_ms: u64) -> Opti
     (!index.kept_at(by, epoch)).then(|| Op::Held {
         epoch,
         by: by.to_owned(),
+        at_ms,
+    })
+}
+
+/// The `floor` line of `by` at `epoch` for what was published before
+/// `before_ms`, unless `index` has one as high.
+pub(crate) fn floor_line(
+    index: &Index,
+    epoch: u64,
+    by: &str,
+    before_ms: u64,
+    at_ms: u64,
+) -> Option<Op> {
+    (index.floor().is_none_or(|f| f < before_ms)).then(|| Op::Floor {
+        epoch,
+        by: by.to_owned(),
+        before_ms: before_ms.min(at_ms),
         at_ms,
     })
 }

@@ -12,6 +12,7 @@
 //! two windows' takes, replies, cancels, crashes, hangs, takeovers and
 //! hand-overs on one ledger.
 
+mod first_look;
 mod ledger_lines;
 mod machine;
 #[cfg(test)]

@@ -81,6 +81,11 @@ impl Key {
             if let Some(epoch) = epoch {
                 held(&mut l, &self.pubkey, epoch, &ctx.our_id, now_ms);
             }
+            // Unread when our first look left out what a writer without a
+            // ledger may have answered: its floor goes in now.
+            if let Some(op) = self.work.floor_line(&l.index, &ctx.our_id, now_ms) {
+                append(&mut l, &self.pubkey, op);
+            }
             self.ledger = Some(l);
             tracing::info!(pubkey = %self.pubkey, "the work ledger can be read again");
         }
@@ -267,6 +272,11 @@ impl Key {
             (WorkOp::Owed(queue), WorkReply::Owed(r)) => {
                 let index = self.ledger.as_ref().map(|l| &l.index);
                 let _ = r.send(Ok(self.work.owed(&queue, leads, index, &alive)));
+                if let Some(l) = self.ledger.as_mut() {
+                    if let Some(op) = self.work.floor_line(&l.index, &ctx.our_id, now_ms) {
+                        append(l, &self.pubkey, op);
+                    }
+                }
                 None
             }
             (_, reply) => {

@@ -11,6 +11,7 @@ use crate::elector::types::{QueuedEvent, TakeOutcome};
 use crate::ledger::{Index, Op};
 
 mod above;
+mod floor;
 
 const STALE: Duration = Duration::from_secs(10);
 const T: u64 = 1_000_000;

@@ -5,6 +5,8 @@ use std::io::Write;
 
 use super::*;
 
+mod floor;
+
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn take(id: &str, epoch: u64, at: u64) -> Op {
