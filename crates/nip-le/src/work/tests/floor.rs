@@ -31,9 +31,9 @@ fn a_ledgerless_writers_floor_binds_every_later_holder() {
         ["late", "after"]
     );
     // The next holder's ledger covers us, not the harness: it owes what
-    // the first look left out no more than we did (the simulator: 1,471 in
+    // the first look left out no more than we did (the simulator: 1,601 in
     // 3,000 seeds answered after a writer without a ledger, though
-    // published before it was replaced).
+    // published before it was replaced; 366 with the floor line).
     let mut next = holding(3);
     assert_eq!(next.owed(&q, true, Some(&ix), NOBODY), ["after"]);
     assert_eq!(next.floor_line(&ix, "us", T), None, "no floor of its own");
