@@ -129,6 +129,18 @@ fn seeds_found_beyond_the_budget_stay_fixed() {
     );
 }
 
+/// Seed 38: a window's harness child held the lock while its window was
+/// outside the key's presence, and the window that took over left out
+/// what was queued before; 43 mentions were answered again by the holders
+/// after it, whose ledger covered it and not the child (a duplicate in
+/// Buzz's desktop, where that child is the prompter) until the floor line.
+#[test]
+fn a_writer_without_a_ledger_leaves_its_floor_to_every_later_holder() {
+    let sum = assert_clean(&args(Cluster::Extended, 1, 38, Vec::new()));
+    assert!(sum.skipped_after_ledgerless > 0, "the floor's skip");
+    assert_eq!(sum.answered_after_ledgerless, 0);
+}
+
 /// Extended and spec windows beside a harness peer: leadership
 /// invariants (never two acting extended windows, epochs, no silence past
 /// the bound, no panic, no hot loop), the same faults as above.
