@@ -54,6 +54,11 @@ pub struct Summary {
     /// Cross-host runs: the same, of the mentions whose wait overlapped
     /// no span in which etcd counted as unreachable, sorted.
     pub latencies_reachable: Vec<u64>,
+    /// Runs with harness children: the same, of the mentions whose wait
+    /// overlapped no stop of a leading window whose child ran on (the
+    /// child keeps their shared record fresh, as INTEROP.md's writer does,
+    /// so the NIP replaces no one until the window resumes), sorted.
+    pub latencies_unfrozen: Vec<u64>,
     /// The missed mentions' ids.
     pub missing: Vec<String>,
 }
@@ -114,6 +119,10 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
             let across = out.lives.iter().any(|l| l.host > 0);
             if across && !unreachable {
                 s.latencies_reachable.push(first.saturating_sub(*at));
+            }
+            let children = out.lives.iter().any(|l| !l.fresh_stops.is_empty());
+            if children && !frozen_behind_fresh_record(out, *at, first) {
+                s.latencies_unfrozen.push(first.saturating_sub(*at));
             }
         }
         if r.len() > 1 && r.iter().any(|(who, _)| mode_of(who) == Some(Mode::Spec)) {
@@ -200,6 +209,15 @@ fn etcd_unreachable(out: &Outcome, t: u64) -> bool {
 fn sort_latencies(s: &mut Summary) {
     s.latencies.sort_unstable();
     s.latencies_reachable.sort_unstable();
+    s.latencies_unfrozen.sort_unstable();
+}
+
+/// Whether a window that led when it was stopped stayed stopped, its
+/// harness child running, during some of `from..to` (see
+/// [`Summary::latencies_unfrozen`]).
+fn frozen_behind_fresh_record(out: &Outcome, from: u64, to: u64) -> bool {
+    (out.lives.iter())
+        .any(|l| (l.fresh_stops.iter()).any(|&(s, c)| s < to && from < c && leads_at(l, s)))
 }
 
 fn leads_at(life: &Life, t: u64) -> bool {
@@ -274,6 +292,7 @@ mod tests {
             start: 0,
             end: Some(10_000),
             stops: Vec::new(),
+            fresh_stops: Vec::new(),
             views: views.to_vec(),
             said: Vec::new(),
         }
@@ -337,6 +356,27 @@ mod tests {
         ];
         let s = analyse(&o, &replies, 300);
         assert_eq!((s.dup_forced, s.dup_unexplained), (2, 0));
+    }
+
+    #[test]
+    fn a_leader_frozen_behind_its_childs_fresh_record_is_a_span_apart() {
+        let mut a = life("a", Mode::Extended, &[(0, true), (3200, false)]);
+        a.fresh_stops.push((1000, 3000));
+        let mut b = life("b", Mode::Extended, &[(0, false), (3200, true)]);
+        b.fresh_stops.push((4000, 4500));
+        let o = outcome(vec![a, b], &[("m0", 1500), ("m1", 3900), ("m2", 6000)]);
+        let replies = [
+            reply("m0", "b", 3300),
+            reply("m1", "b", 4600),
+            reply("m2", "b", 6100),
+        ];
+        let s = analyse(&o, &replies, 300);
+        assert_eq!(s.latencies, [100, 700, 1800]);
+        assert_eq!(
+            s.latencies_unfrozen,
+            [100],
+            "m0 waited on the frozen leader a, m1 on b"
+        );
     }
 
     #[test]

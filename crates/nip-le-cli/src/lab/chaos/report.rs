@@ -106,6 +106,13 @@ pub fn print_turns(s: &Summary, secs: u64, faults: &str, extended_only: bool) ->
             format!("{} / {}", r(0.5), r(0.99)),
         );
     }
+    if !s.latencies_unfrozen.is_empty() {
+        let r = |q: f64| nearest_rank(&s.latencies_unfrozen, q);
+        row(
+            "  no leader frozen behind its child: p50 / p99 (ms)",
+            format!("{} / {}", r(0.5), r(0.99)),
+        );
+    }
     let extended_dups = duplicated - s.dup_with_spec;
     if !s.missing.is_empty() {
         println!("  missed: {}", s.missing.join(", "));

@@ -30,6 +30,9 @@ pub struct Life {
     pub end: Option<u64>,
     /// (stop, cont) intervals, unix ms.
     pub stops: Vec<(u64, u64)>,
+    /// Of those, the ones its harness child ran through: their shared
+    /// record stayed fresh, so nothing could take the lock over.
+    pub fresh_stops: Vec<(u64, u64)>,
     /// Leadership reports: (at_ms, is_leader).
     pub views: Vec<(u64, bool)>,
     /// The same reports as said: (at_ms, "level reason"), to explain a
@@ -201,6 +204,7 @@ impl Runner {
             start: unix_ms(),
             end: None,
             stops: Vec::new(),
+            fresh_stops: Vec::new(),
             views: Vec::new(),
             said: Vec::new(),
         };
@@ -497,12 +501,17 @@ fn cont(slot: &mut Slot) {
     if let Some(inst) = &slot.inst {
         let _ = inst.signal(libc::SIGCONT);
     }
-    if let (Some(child), true) = (&slot.child, std::mem::take(&mut slot.child_stopped)) {
+    let child_stopped = std::mem::take(&mut slot.child_stopped);
+    if let (Some(child), true) = (&slot.child, child_stopped) {
         let _ = child.signal(libc::SIGCONT);
     }
     let since = slot.stopped_since.take().unwrap_or_else(unix_ms);
     if let Some(l) = slot.lives.last_mut() {
-        l.stops.push((since, unix_ms()));
+        let span = (since, unix_ms());
+        l.stops.push(span);
+        if slot.child.is_some() && !child_stopped {
+            l.fresh_stops.push(span);
+        }
     }
     slot.cont_at = None;
 }
