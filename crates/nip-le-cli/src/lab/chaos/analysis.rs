@@ -55,9 +55,13 @@ pub struct Summary {
     /// no span in which etcd counted as unreachable, sorted.
     pub latencies_reachable: Vec<u64>,
     /// Runs with harness children: the same, of the mentions whose wait
-    /// overlapped no stop of a leading window whose child ran on (the
-    /// child keeps their shared record fresh, as INTEROP.md's writer does,
-    /// so the NIP replaces no one until the window resumes), sorted.
+    /// overlapped no span in which a leading window's child held the lock
+    /// for it while the window could not answer: a stop of the window with
+    /// the child running (the child keeps their shared record fresh, as
+    /// INTEROP.md's writer does, so the NIP replaces no one until the
+    /// window resumes), or the window killed and its child not yet gone
+    /// (the NIP's own leader: in Buzz's desktop it is the harness that
+    /// answers), sorted.
     pub latencies_unfrozen: Vec<u64>,
     /// The missed mentions' ids.
     pub missing: Vec<String>,
@@ -212,12 +216,14 @@ fn sort_latencies(s: &mut Summary) {
     s.latencies_unfrozen.sort_unstable();
 }
 
-/// Whether a window that led when it was stopped stayed stopped, its
-/// harness child running, during some of `from..to` (see
+/// Whether a leading window's child held the lock for it while the window
+/// could not answer during some of `from..to` (see
 /// [`Summary::latencies_unfrozen`]).
 fn frozen_behind_fresh_record(out: &Outcome, from: u64, to: u64) -> bool {
+    let overlaps = |&(s, c): &(u64, u64)| s < to && from < c;
     (out.lives.iter())
-        .any(|l| (l.fresh_stops.iter()).any(|&(s, c)| s < to && from < c && leads_at(l, s)))
+        .any(|l| (l.fresh_stops.iter()).any(|span| overlaps(span) && leads_at(l, span.0)))
+        || out.orphan_holds.iter().any(overlaps)
 }
 
 fn leads_at(life: &Life, t: u64) -> bool {
@@ -293,6 +299,7 @@ mod tests {
             end: Some(10_000),
             stops: Vec::new(),
             fresh_stops: Vec::new(),
+            claims: Vec::new(),
             views: views.to_vec(),
             said: Vec::new(),
         }
@@ -359,23 +366,29 @@ mod tests {
     }
 
     #[test]
-    fn a_leader_frozen_behind_its_childs_fresh_record_is_a_span_apart() {
+    fn a_leader_held_for_by_its_child_is_a_span_apart() {
         let mut a = life("a", Mode::Extended, &[(0, true), (3200, false)]);
         a.fresh_stops.push((1000, 3000));
         let mut b = life("b", Mode::Extended, &[(0, false), (3200, true)]);
         b.fresh_stops.push((4000, 4500));
-        let o = outcome(vec![a, b], &[("m0", 1500), ("m1", 3900), ("m2", 6000)]);
+        let mut o = outcome(
+            vec![a, b],
+            &[("m0", 1500), ("m1", 3900), ("m2", 6000), ("m3", 7000)],
+        );
+        // b killed at 7,050 while it led: its child held the lock on.
+        o.orphan_holds.push((7050, 8000));
         let replies = [
             reply("m0", "b", 3300),
             reply("m1", "b", 4600),
             reply("m2", "b", 6100),
+            reply("m3", "a", 8100),
         ];
         let s = analyse(&o, &replies, 300);
-        assert_eq!(s.latencies, [100, 700, 1800]);
+        assert_eq!(s.latencies, [100, 700, 1100, 1800]);
         assert_eq!(
             s.latencies_unfrozen,
             [100],
-            "m0 waited on the frozen leader a, m1 on b"
+            "m0 waited on the frozen leader a, m1 on b, m3 on b's orphaned child"
         );
     }
 

@@ -109,7 +109,7 @@ pub fn print_turns(s: &Summary, secs: u64, faults: &str, extended_only: bool) ->
     if !s.latencies_unfrozen.is_empty() {
         let r = |q: f64| nearest_rank(&s.latencies_unfrozen, q);
         row(
-            "  no leader frozen behind its child: p50 / p99 (ms)",
+            "  no child holding for its leader: p50 / p99 (ms)",
             format!("{} / {}", r(0.5), r(0.99)),
         );
     }
@@ -160,6 +160,9 @@ pub fn timeline(out: &super::runner::Outcome) -> String {
         }
         for (stop, cont) in &l.stops {
             lines.push((*stop, format!("{who} stopped until {cont}")));
+        }
+        for at in &l.claims {
+            lines.push((*at, format!("{who} told to claim")));
         }
         for (at, said) in &l.said {
             lines.push((*at, format!("{who}: {said}")));

@@ -33,6 +33,8 @@ pub struct Life {
     /// Of those, the ones its harness child ran through: their shared
     /// record stayed fresh, so nothing could take the lock over.
     pub fresh_stops: Vec<(u64, u64)>,
+    /// When a claim was sent to it (its user claimed the agent), unix ms.
+    pub claims: Vec<u64>,
     /// Leadership reports: (at_ms, is_leader).
     pub views: Vec<(u64, bool)>,
     /// The same reports as said: (at_ms, "level reason"), to explain a
@@ -61,6 +63,11 @@ pub struct Outcome {
     /// (from, until) in unix ms; the majority still serves, so nothing is
     /// excused by them.
     pub etcd_member_faults: Vec<(u64, u64)>,
+    /// Runs with harness children: from the SIGKILL of a leading window
+    /// to its child's exit, unix ms. The child holds the lock with the
+    /// window's id meanwhile, as the NIP lets it, and answers nothing
+    /// here (in Buzz's desktop, the harness is what answers).
+    pub orphan_holds: Vec<(u64, u64)>,
 }
 
 /// A place in the cluster that an instance occupies, restarted after death.
@@ -85,6 +92,9 @@ struct Orphan {
     child: Instance,
     until: Instant,
     graceful: bool,
+    /// When its window was killed (unix ms), if it led then: the child
+    /// holds the lock on with the window's id until it exits.
+    led_from: Option<u64>,
 }
 
 /// The cluster under faults.
@@ -205,6 +215,7 @@ impl Runner {
             end: None,
             stops: Vec::new(),
             fresh_stops: Vec::new(),
+            claims: Vec::new(),
             views: Vec::new(),
             said: Vec::new(),
         };
@@ -265,7 +276,7 @@ impl Runner {
         }
         for o in std::mem::take(&mut self.orphans) {
             if o.until <= now {
-                end_orphan(o);
+                self.end_orphan(o);
             } else {
                 self.orphans.push(o);
             }
@@ -302,6 +313,7 @@ impl Runner {
                 let s = &mut self.slots[slot];
                 record_views(s);
                 let was = s.inst.as_ref().and_then(Instance::is_leader) == Some(true);
+                let led_from = was.then(unix_ms);
                 if let Some(mut inst) = s.inst.take() {
                     let _ = inst.kill_and_reap();
                 }
@@ -314,6 +326,7 @@ impl Runner {
                         child,
                         until: now + Duration::from_millis(orphan_ms),
                         graceful: orphan_graceful,
+                        led_from,
                     });
                     *self.out.counts.entry("orphaned child").or_default() += 1;
                 }
@@ -377,8 +390,12 @@ impl Runner {
                 }
             }
             Fault::Claim { slot } => {
-                if let Some(inst) = self.slots[slot].inst.as_mut() {
+                let s = &mut self.slots[slot];
+                if let Some(inst) = s.inst.as_mut() {
                     let _ = inst.send("claim");
+                    if let Some(l) = s.lives.last_mut() {
+                        l.claims.push(unix_ms());
+                    }
                 }
                 *self.out.counts.entry("claim").or_default() += 1;
             }
@@ -399,6 +416,13 @@ impl Runner {
             }
         }
         Ok(())
+    }
+
+    fn end_orphan(&mut self, o: Orphan) {
+        end_child(o.child, o.graceful);
+        if let Some(from) = o.led_from {
+            self.out.orphan_holds.push((from, unix_ms()));
+        }
     }
 
     fn cont_etcd(&mut self) {
@@ -444,7 +468,7 @@ impl Runner {
             }
         }
         for o in std::mem::take(&mut self.orphans) {
-            end_orphan(o);
+            self.end_orphan(o);
         }
         for i in 0..self.slots.len() {
             if self.slots[i].inst.is_none() {
@@ -491,10 +515,6 @@ fn end_child(mut child: Instance, graceful: bool) {
         }
     }
     let _ = child.kill_and_reap();
-}
-
-fn end_orphan(o: Orphan) {
-    end_child(o.child, o.graceful);
 }
 
 fn cont(slot: &mut Slot) {

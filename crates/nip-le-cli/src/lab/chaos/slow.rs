@@ -46,6 +46,9 @@ pub fn slowest(out: &Outcome, replies: &[ReplyLine], n: usize) -> Vec<String> {
                         events.push((rel(*s), format!("{who} stopped until {:+}", rel(*c))));
                     }
                 }
+                for c in l.claims.iter().filter(|c| within(**c)) {
+                    events.push((rel(*c), format!("{who} told to claim")));
+                }
                 for (s, v) in l.said.iter().filter(|(s, _)| within(*s)) {
                     events.push((rel(*s), format!("{who}: {v}")));
                 }
