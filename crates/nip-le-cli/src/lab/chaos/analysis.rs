@@ -99,14 +99,18 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
     };
     // A replier that acted at the host level only when it replied: across
     // hosts a window acts without etcd's key only under the fall-back (its
-    // contender had no answer from etcd for a whole TTL).
+    // contender had no answer from etcd for a whole TTL). On one host every
+    // leader acts at the host level: nothing is excused so.
+    let across = out.lives.iter().any(|l| l.host > 0);
     let fell_back = |id: &str, t: u64| {
-        out.lives
-            .iter()
-            .filter(|l| l.instance_id == id)
-            .flat_map(|l| l.said.iter())
-            .rfind(|(s, _)| *s <= t)
-            .is_some_and(|(_, v)| v.starts_with("Host "))
+        across
+            && out
+                .lives
+                .iter()
+                .filter(|l| l.instance_id == id)
+                .flat_map(|l| l.said.iter())
+                .rfind(|(s, _)| *s <= t)
+                .is_some_and(|(_, v)| v.starts_with("Host "))
     };
     let recently_resumed = |id: &str, t: u64, within: u64| {
         out.lives
@@ -120,7 +124,6 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
             s.latencies.push(first.saturating_sub(*at));
             let unreachable =
                 (out.etcd_pauses.iter()).any(|(p, c)| *p <= first && *at <= c + out.etcd_grace_ms);
-            let across = out.lives.iter().any(|l| l.host > 0);
             if across && !unreachable {
                 s.latencies_reachable.push(first.saturating_sub(*at));
             }
@@ -346,6 +349,22 @@ mod tests {
     }
 
     #[test]
+    fn on_one_host_acting_at_the_host_level_excuses_no_duplicate() {
+        let mut a = life("a", Mode::Extended, &[(0, true)]);
+        let mut b = life("b", Mode::Extended, &[(0, false), (2500, true)]);
+        a.said.push((0, "Host Acquired".into()));
+        b.said.push((2500, "Host Failover".into()));
+        let mut o = outcome(vec![a, b], &[("m0", 2000)]);
+        let replies = [reply("m0", "a", 2001), reply("m0", "b", 2600)];
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.dup_unexplained, s.dup_etcd_unreachable), (1, 0));
+        // Across hosts the same reports are the fall-back's.
+        o.lives[1].host = 1;
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.dup_unexplained, s.dup_etcd_unreachable), (0, 1));
+    }
+
+    #[test]
     fn a_late_or_resumed_spec_replier_is_the_nips_forced_duplicate() {
         let mut spec = life("s", Mode::Spec, &[(0, true)]);
         spec.stops.push((1000, 3900));
@@ -431,6 +450,7 @@ mod tests {
         );
         o.etcd_pauses.push((1000, 2800));
         o.etcd_grace_ms = 1000;
+        o.lives[1].host = 1;
         let replies = [
             reply("m0", "a", 3101),
             reply("m0", "b", 3102),
