@@ -32,6 +32,12 @@ pub struct Summary {
     /// only (the fall-back policy: each host leader acts for its host once
     /// etcd has not answered it for a whole TTL).
     pub dup_etcd_unreachable: usize,
+    /// `--fill-locks-fs-s`: duplicates with a replier that led by the
+    /// NIP's fail-safe (the lock file could not be locked or written)
+    /// while the lock directories' filesystem was full: no ledger line can
+    /// be written then, so the fail-safe leaders cannot know of each
+    /// other's answers, or a holder after them of theirs.
+    pub dup_disk_full: usize,
     /// Never answered.
     pub missed: usize,
     /// The unexplained duplicates, described.
@@ -112,6 +118,45 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                 .rfind(|(s, _)| *s <= t)
                 .is_some_and(|(_, v)| v.starts_with("Host "))
     };
+    // When the disk was freed after a reply of a replier that led by the
+    // fail-safe while it was full, if it did.
+    let full_fail_safe = |id: &str, t: u64| {
+        let said = (out.lives.iter())
+            .filter(|l| l.instance_id == id)
+            .flat_map(|l| l.said.iter())
+            .rfind(|(s, _)| *s <= t)?;
+        let (s, v) = said;
+        (v.ends_with(" FailSafe"))
+            .then(|| (out.disk_full.iter()).find(|(from, until)| *from <= t && *s <= *until))
+            .flatten()
+            .map(|(_, until)| *until)
+    };
+    // Whether `id` ran at all from `a` to `b` (alive, not stopped
+    // throughout): a refused line of its own would have gone out then.
+    let ran = |id: &str, a: u64, b: u64| {
+        a < b
+            && (out.lives.iter()).any(|l| {
+                l.instance_id == id
+                    && l.start <= a
+                    && l.end.is_none_or(|e| e >= b)
+                    && !l.stops.iter().any(|(s, c)| *s <= a && *c >= b)
+            })
+    };
+    // Every answer after the first forced by the full disk: its replier
+    // granted unrecorded as a fail-safe leader, or an earlier one did and
+    // had no chance to write its `done` before it (the simulator's
+    // "forced by the disk").
+    let forced_by_disk = |r: &[(&str, u64)]| {
+        let mut r = r.to_vec();
+        r.sort_by_key(|(_, t)| *t);
+        (1..r.len()).all(|j| {
+            let (who, t) = r[j];
+            full_fail_safe(who, t).is_some()
+                || r[..j]
+                    .iter()
+                    .any(|(w, ti)| full_fail_safe(w, *ti).is_some_and(|freed| !ran(w, freed, t)))
+        })
+    };
     let recently_resumed = |id: &str, t: u64, within: u64| {
         out.lives
             .iter()
@@ -147,6 +192,7 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
             {
                 s.dup_etcd_unreachable += 1
             }
+            _ if forced_by_disk(r) => s.dup_disk_full += 1,
             _ => {
                 let forced = r.iter().any(|(who, t)| {
                     mode_of(who) == Some(Mode::Spec)
@@ -362,6 +408,35 @@ mod tests {
         o.lives[1].host = 1;
         let s = analyse(&o, &replies, 300);
         assert_eq!((s.dup_unexplained, s.dup_etcd_unreachable), (0, 1));
+    }
+
+    #[test]
+    fn a_full_disk_forces_a_duplicate_only_where_no_line_could_go_out() {
+        let mut a = life("a", Mode::Extended, &[(0, true)]);
+        let mut b = life("b", Mode::Extended, &[(0, false), (3500, true)]);
+        let mut c = life("c", Mode::Extended, &[(0, false), (1100, true)]);
+        a.said.push((1000, "Host FailSafe".into()));
+        b.said.push((3500, "Host Claimed".into()));
+        c.said.push((1100, "Host FailSafe".into()));
+        let mut o = outcome(vec![a, b, c], &[("m0", 1200), ("m1", 1300)]);
+        o.disk_full.push((900, 3000));
+        // m0: a answered on the full disk, b after it was freed; m1: two
+        // fail-safe leaders on the full disk.
+        let replies = [
+            reply("m0", "a", 1500),
+            reply("m0", "b", 4000),
+            reply("m1", "a", 1400),
+            reply("m1", "c", 1450),
+        ];
+        let s = analyse(&o, &replies, 300);
+        assert_eq!(
+            (s.dup_disk_full, s.dup_unexplained),
+            (1, 1),
+            "a ran after the disk was freed: its done could go out before b's answer"
+        );
+        o.lives[0].end = Some(2000);
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.dup_disk_full, s.dup_unexplained), (2, 0), "a was gone");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! a handoff.
 
 pub mod analysis;
+pub mod disk_full;
 pub mod etcd_faults;
 pub mod harness;
 pub mod plan;
@@ -66,6 +67,21 @@ pub struct ChaosArgs {
     /// print its path.
     #[arg(long)]
     keep: bool,
+    /// Where the lock directories go (default: the run's temporary
+    /// directory): a filesystem that can fill up, as
+    /// `scripts/chaos-disk-full.sh` gives it, while the feed and the
+    /// replies stay where the run's own writes succeed.
+    #[arg(long)]
+    locks_on: Option<std::path::PathBuf>,
+    /// Fill the filesystem of `--locks-on` for this many seconds every
+    /// `--fill-every-s` (it must be one the run may fill: a small tmpfs,
+    /// see `scripts/chaos-disk-full.sh`). Duplicates answered by a window
+    /// leading by the NIP's fail-safe while it was full are counted apart.
+    #[arg(long, requires = "locks_on")]
+    fill_locks_fs_s: Option<u64>,
+    /// See `--fill-locks-fs-s`.
+    #[arg(long, default_value_t = 16)]
+    fill_every_s: u64,
     /// Simulated hosts (a lock dir and a host id each) sharing a real etcd
     /// on loopback (Debian's etcd-server): instances are dealt to hosts in
     /// turn and run with `--etcd`, and etcd itself is paused now and then.
@@ -107,7 +123,11 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         backend: a.backend,
     };
     // The same validation every instance will apply.
-    let cfg = crate::cli::config_from(Some(tmp.path().join("locks")), &timings, None)?;
+    let locks_on = a
+        .locks_on
+        .clone()
+        .unwrap_or_else(|| tmp.path().to_path_buf());
+    let cfg = crate::cli::config_from(Some(locks_on.join("locks")), &timings, None)?;
     let mentions = tmp.path().join("mentions.jsonl");
     let replies = tmp.path().join("replies.jsonl");
     for f in [&mentions, &replies] {
@@ -172,7 +192,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         let hosts = (0..a.hosts)
             .map(|h| {
                 let mut o = opts.clone();
-                o.lock_dir = tmp.path().join(format!("locks-host{h}"));
+                o.lock_dir = locks_on.join(format!("locks-host{h}"));
                 for url in etcd.urls_for(h) {
                     o.extra_args.extend(["--etcd".into(), url]);
                 }
@@ -201,6 +221,11 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         )
         .map_err(io(tmp.path().join("harness.py")))?;
         runner = runner.with_children(h).map_err(io("python3".into()))?;
+    }
+    if let (Some(full), Some(dir)) = (a.fill_locks_fs_s, &a.locks_on) {
+        let every = Duration::from_secs(a.fill_every_s);
+        let filler = disk_full::DiskFiller::new(dir.clone(), Duration::from_secs(full), every);
+        runner = runner.with_filler(filler);
     }
     runner
         .run(&mut plan, a.seconds, a.pace_ms)

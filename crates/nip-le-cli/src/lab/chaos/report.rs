@@ -94,6 +94,12 @@ pub fn print_turns(s: &Summary, secs: u64, faults: &str, extended_only: bool) ->
             s.dup_etcd_unreachable.to_string(),
         );
     }
+    if s.dup_disk_full > 0 {
+        row(
+            "duplicated by a fail-safe leader on a full disk (apart)",
+            s.dup_disk_full.to_string(),
+        );
+    }
     row("missed", s.missed.to_string());
     row(
         "mention → reply latency p50 / p99 (ms)",
@@ -128,7 +134,12 @@ pub fn print_turns(s: &Summary, secs: u64, faults: &str, extended_only: bool) ->
         );
         return false;
     }
-    if s.dup_etcd_unreachable > 0 {
+    if s.dup_disk_full > 0 {
+        println!(
+            "chaos passed: every mention answered exactly once, but {} answered again by fail-safe leaders while the disk was full (the NIP's fail-safe, counted apart)",
+            s.dup_disk_full
+        );
+    } else if s.dup_etcd_unreachable > 0 {
         println!(
             "chaos passed: every mention answered exactly once, but {} answered again while etcd was unreachable (the fall-back policy's, counted apart)",
             s.dup_etcd_unreachable

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use nip_le::Mode;
 
+use super::disk_full::DiskFiller;
 use super::etcd_faults::EtcdFaults;
 use super::harness::Harness;
 use super::plan::{Fault, Plan, View};
@@ -68,6 +69,9 @@ pub struct Outcome {
     /// window's id meanwhile, as the NIP lets it, and answers nothing
     /// here (in Buzz's desktop, the harness is what answers).
     pub orphan_holds: Vec<(u64, u64)>,
+    /// `--fill-locks-fs`: when the lock directories' filesystem was full,
+    /// (from, until) in unix ms.
+    pub disk_full: Vec<(u64, u64)>,
 }
 
 /// A place in the cluster that an instance occupies, restarted after death.
@@ -110,6 +114,8 @@ pub struct Runner {
     /// whose windows were killed.
     harness: Option<Harness>,
     orphans: Vec<Orphan>,
+    /// `--fill-locks-fs`: what fills the lock directories' filesystem.
+    filler: Option<DiskFiller>,
 }
 
 impl Runner {
@@ -155,6 +161,7 @@ impl Runner {
             etcd,
             harness: None,
             orphans: Vec::new(),
+            filler: None,
         };
         let modes = std::iter::repeat_n(Mode::Extended, extended)
             .chain(std::iter::repeat_n(Mode::Spec, spec));
@@ -263,8 +270,18 @@ impl Runner {
         View { running, leader }
     }
 
+    /// Fills the lock directories' filesystem now and then (see
+    /// [`DiskFiller`]).
+    pub fn with_filler(mut self, filler: DiskFiller) -> Self {
+        self.filler = Some(filler);
+        self
+    }
+
     /// Resumes stopped instances whose time has come; restarts dead ones.
     fn resume_and_restart(&mut self) -> std::io::Result<()> {
+        if let Some(f) = self.filler.as_mut() {
+            f.tick(&mut self.out);
+        }
         let now = Instant::now();
         if let Some(e) = self.etcd.as_mut() {
             e.tick(false, &mut self.out);
@@ -461,6 +478,9 @@ impl Runner {
         max_drain: Duration,
         drained: impl Fn(&Outcome) -> bool,
     ) -> std::io::Result<Outcome> {
+        if let Some(mut f) = self.filler.take() {
+            f.free(&mut self.out);
+        }
         self.cont_etcd();
         for slot in self.slots.iter_mut() {
             if slot.stopped_since.is_some() {
