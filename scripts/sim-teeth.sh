@@ -98,7 +98,20 @@ FILE[unseen_epoch]=$E/machine/same_id.rs; SUB[unseen_epoch]='s/let stale_holder 
 FILE[done_not_synced]=$L/mod.rs;         SUB[done_not_synced]='s/matches!\(op, Op::Done \{ .. \} \| Op::GiveBack \{ .. \}\) \|\| !self.pending.is_empty\(\)/!self.pending.is_empty()/'
 FILE[held_flush_unsynced]=$L/mod.rs;     SUB[held_flush_unsynced]='s/ \|\| !self.pending.is_empty\(\)\n/\n/'
 FILE[regain_drops_lines]=$E/writer/work.rs; SUB[regain_drops_lines]='s/(simulator: a give-back lost so, its event never answered\).\n\s*)self.drop_work\(\);/${1}self.work = None;/'
+# The work machine after a writer without a ledger (issue 30), with every
+# fault kind drawn: what is queued after our first look owed only by its
+# publishedMs, what our windows took and did not answer left to the
+# floor, no `floor` line for the holders after us (counted, not failed:
+# "published before it was replaced and answered after"); and a fail-safe
+# take under a gone taker's higher epoch written without the give-back
+# that lets the index apply it.
+W=crates/nip-le/src/work
+FILE[late_by_published]=$W/machine.rs;   SUB[late_by_published]='s/let late = \|id: &str\| first_look.is_some_and\(\|l\| l.late\(id\)\);/let late = |_id: \&str| false;/'
+FILE[taken_left_to_floor]=$W/machine.rs; SUB[taken_left_to_floor]='s/let ours = \|id: &str\| index.is_some_and\(\|ix\| ix.state\(id\).is_some\(\)\);/let ours = |_id: \&str| false;/'
+FILE[no_floor_line]=$W/machine.rs;       SUB[no_floor_line]='s/let floor = self.first_look.as_ref\(\)\?.floor\(\)\?;/let floor = self.first_look.as_ref()?.floor().filter(|_| false)?;/'
+FILE[hidden_take]=$W/ledger_lines.rs;    SUB[hidden_take]='s/Some\(\(gone, _\)\) if gone > epoch => \{/Some((gone, _)) if false \&\& gone > epoch => {/'
 declare -A RUNS
+for d in late_by_published taken_left_to_floor no_floor_line hidden_take; do RUNS[$d]="extended::3000:- mixed::250:-"; done
 for d in done_not_synced held_flush_unsynced regain_drops_lines take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch; do RUNS[$d]="extended::300:clocks mixed::250:clocks"; done
 for d in no_fence fallback_always steal early_handover revoke_claim revoke_sibling; do RUNS[$d]="hosts:fall-back:200 hosts:stay-silent:60"; done
 RUNS[pause_every_round]="extended::300:processes,holds,clocks,files,pids,children"
@@ -106,9 +119,9 @@ RUNS[pause_every_round]="extended::300:processes,holds,clocks,files,pids,childre
 RUNS[spec_ticks]="extended::300 mixed::250 spec::300"
 
 defects=("$@")
-[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back pause_every_round take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch done_not_synced held_flush_unsynced regain_drops_lines)
+[ ${#defects[@]} -gt 0 ] || defects=(none regained lost hang leave handoff busy_renew hot_loop spec_ticks no_fence fallback_always steal early_handover revoke_claim revoke_sibling child_ledger child_rewrite take_back child_epoch no_wait unknown_holder spec_clears no_release_mark childs_take ledgerless_child done_fenced no_in_flight no_tail stand_down_gives_back pause_every_round take_unsynced loss_drops_lines leave_drops_lines unsettled_lost failsafe_done failsafe_take unreadable_grants glued_line unseen_epoch done_not_synced held_flush_unsynced regain_drops_lines late_by_published taken_left_to_floor no_floor_line hidden_take)
 FILE[none]=; SUB[none]=
-RUNS[none]="extended::300 mixed::250 spec::300 hosts:fall-back:200 hosts:stay-silent:60 extended::300:clocks mixed::250:clocks"
+RUNS[none]="extended::300 mixed::250 spec::300 hosts:fall-back:200 hosts:stay-silent:60 extended::300:clocks mixed::250:clocks extended::3000:- mixed::250:-"
 for d in "${defects[@]}"; do
   git checkout -q -- .
   [ "$d" = none ] || perl -0pi -e "${SUB[$d]}" "${FILE[$d]}"
@@ -121,11 +134,15 @@ for d in "${defects[@]}"; do
     IFS=: read -r cluster policy seeds without <<<"$run"
     flags=(--cluster "$cluster")
     [ -z "$policy" ] || flags+=(--policy "$policy")
+    # `-`: every fault kind drawn.
+    without="${without:-files,clocks}"
+    [ "$without" = - ] || flags+=(--without "$without")
     out=$("$CARGO_TARGET_DIR/debug/nip-le" sim "${flags[@]}" --seeds "$seeds" --seconds 120 \
-      --without "${without:-files,clocks}" 2>/dev/null || true)
+      2>/dev/null || true)
     n=$(grep -c 'failed:' <<<"$out" || true)
     first=$(grep -m1 'failed:' <<<"$out" || true)
     claims=$(grep -m1 '^claims:' <<<"$out" || true)
-    echo "$d, $cluster${policy:+ $policy}: $n of $seeds seeds fail; first: ${first:-none}${claims:+; $claims}"
+    again=$(grep -m1 -o '[0-9]* mentions published before it was replaced' <<<"$out" || true)
+    echo "$d, $cluster${policy:+ $policy}: $n of $seeds seeds fail; first: ${first:-none}${claims:+; $claims}${again:+; $again and answered after}"
   done
 done
