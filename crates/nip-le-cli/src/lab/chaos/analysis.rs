@@ -131,30 +131,34 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
             .flatten()
             .map(|(_, until)| *until)
     };
-    // Whether `id` ran at all from `a` to `b` (alive, not stopped
-    // throughout): a refused line of its own would have gone out then.
+    // Whether `id` ran at some moment from `a` to `b` (alive, not
+    // stopped): a refused line of its own would have gone out then.
     let ran = |id: &str, a: u64, b: u64| {
-        a < b
-            && (out.lives.iter()).any(|l| {
-                l.instance_id == id
-                    && l.start <= a
-                    && l.end.is_none_or(|e| e >= b)
-                    && !l.stops.iter().any(|(s, c)| *s <= a && *c >= b)
-            })
+        (out.lives.iter()).any(|l| {
+            let (from, to) = (a.max(l.start), l.end.map_or(b, |e| e.min(b)));
+            l.instance_id == id && from < to && !l.stops.iter().any(|(s, c)| *s <= from && *c >= to)
+        })
+    };
+    // When the disk was freed after `t`, if it was full then.
+    let freed_after = |t: u64| {
+        (out.disk_full.iter())
+            .find(|(from, until)| *from <= t && t <= *until)
+            .map(|(_, until)| *until)
     };
     // Every answer after the first forced by the full disk: its replier
-    // granted unrecorded as a fail-safe leader, or an earlier one did and
-    // had no chance to write its `done` before it (the simulator's
-    // "forced by the disk").
+    // granted unrecorded as a fail-safe leader, or an earlier replier
+    // answered while the disk refused its `done` and did not run again
+    // before it (the simulator's "forced by the disk").
     let forced_by_disk = |r: &[(&str, u64)]| {
         let mut r = r.to_vec();
         r.sort_by_key(|(_, t)| *t);
         (1..r.len()).all(|j| {
             let (who, t) = r[j];
             full_fail_safe(who, t).is_some()
-                || r[..j]
-                    .iter()
-                    .any(|(w, ti)| full_fail_safe(w, *ti).is_some_and(|freed| !ran(w, freed, t)))
+                || r[..j].iter().any(|(w, ti)| {
+                    (full_fail_safe(w, *ti).or_else(|| freed_after(*ti)))
+                        .is_some_and(|freed| !ran(w, freed, t))
+                })
         })
     };
     let recently_resumed = |id: &str, t: u64, within: u64| {
@@ -437,6 +441,15 @@ mod tests {
         o.lives[0].end = Some(2000);
         let s = analyse(&o, &replies, 300);
         assert_eq!((s.dup_disk_full, s.dup_unexplained), (2, 0), "a was gone");
+        // A holder's reply whose done the full disk refused, its window
+        // gone before the disk took writes again: the same.
+        o.lives[0].said = vec![(1000, "Host Claimed".into())];
+        let replies = [reply("m0", "a", 1500), reply("m0", "b", 4000)];
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.dup_disk_full, s.dup_unexplained), (1, 0));
+        o.lives[0].end = Some(3500);
+        let s = analyse(&o, &replies, 300);
+        assert_eq!((s.dup_disk_full, s.dup_unexplained), (0, 1), "a ran after");
     }
 
     #[test]

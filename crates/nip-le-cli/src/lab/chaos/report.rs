@@ -185,6 +185,9 @@ pub fn timeline(out: &super::runner::Outcome) -> String {
     for (from, to) in &out.etcd_pauses {
         lines.push((*from, format!("etcd unreachable until {to}")));
     }
+    for (from, to) in &out.disk_full {
+        lines.push((*from, format!("lock directories' disk full until {to}")));
+    }
     for (from, to) in &out.etcd_member_faults {
         lines.push((*from, format!("etcd member fault until {to}")));
     }
