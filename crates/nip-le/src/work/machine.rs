@@ -13,6 +13,8 @@ use std::time::Duration;
 use crate::elector::types::{QueuedEvent, TakeOutcome};
 use crate::ledger::{self, Index, Op, Verdict};
 
+mod above;
+
 use super::first_look::FirstLook;
 use super::ledger_lines::{floor_line, record_take, taken_by};
 use super::steps::{Displaced, Lead, Settle, SettleStep, Spell, TakeStep};
@@ -74,6 +76,10 @@ pub(crate) struct WorkMachine {
     replaced_ledgerless: Option<String>,
     /// The holder our last take replaced.
     replaced: Option<Displaced>,
+    /// Our record is in the lock file: leading without an epoch (no
+    /// presence, so our records carry none), we are its one holder, not
+    /// one of the fail-safe's leaders (see [`WorkMachine::holds`]).
+    holds_lock: bool,
     held: Option<Held>,
     above: Above,
     /// Takes this window was granted and has not settled yet (see
@@ -112,6 +118,7 @@ impl WorkMachine {
             ledgerless_since: None,
             replaced_ledgerless: None,
             replaced: None,
+            holds_lock: false,
             held: None,
             above: Above::default(),
             in_hand: BTreeMap::new(),
@@ -140,6 +147,17 @@ impl WorkMachine {
     pub(crate) fn replaced(&mut self, ledgerless: Option<String>, holder: Displaced) {
         self.replaced_ledgerless = ledgerless;
         self.replaced = Some(holder);
+    }
+
+    /// Before [`WorkMachine::lead`]: whether our record is in the lock
+    /// file. Leading so without an epoch, a take is granted only once its
+    /// line is written, as a holder's (no other window leads meanwhile);
+    /// and after a holder that kept this ledger, the backlog is owed (the
+    /// disk-full chaos: a window that could not create its presence lock
+    /// led as the fail-safe does, and what was queued before it led was
+    /// never answered).
+    pub(crate) fn holds(&mut self, holds: bool) {
+        self.holds_lock = holds;
     }
 
     /// After each conclusion of the key machine: whether we lead, the epoch
@@ -373,8 +391,8 @@ impl WorkMachine {
     /// The take line of [`TakeStep::Record`] for `id` was written
     /// (`written`) or refused: a take that is not on disk is not granted (a
     /// successor, or we after a crash, would grant it again), unless we
-    /// lead by the fail-safe, past the stale bound already: then it is
-    /// granted unrecorded.
+    /// lead by the fail-safe (not holding the lock), past the stale bound
+    /// already: then it is granted unrecorded.
     pub(crate) fn take_written(
         &mut self,
         id: &str,
@@ -382,10 +400,11 @@ impl WorkMachine {
         now_ms: u64,
     ) -> (TakeOutcome, Spell) {
         let Some(h) = self.held.as_mut() else {
-            return (
-                self.grant(id, None, written.then_some(FAIL_SAFE_TAKE_EPOCH), now_ms),
-                Spell::Same,
-            );
+            let out = match (written, self.holds_lock) {
+                (false, true) => TakeOutcome::Unavailable,
+                _ => self.grant(id, None, written.then_some(FAIL_SAFE_TAKE_EPOCH), now_ms),
+            };
+            return (out, Spell::Same);
         };
         let spell = match (std::mem::replace(&mut h.refusing, !written), written) {
             (true, true) => Spell::Ended,
@@ -545,42 +564,17 @@ impl WorkMachine {
             }
             // The fail-safe: what the ledger shows taken or done is not
             // owed (see `take`), and of the rest only what was published
-            // since we led (whoever held may not keep a ledger).
-            None => ledger::owed(events, index, FAIL_SAFE_EPOCH, Some(since), &lives),
-        }
-    }
-
-    /// News from the level above: what it read of every host's records
-    /// (`records`, or `unread` when it could not), whether the gain was
-    /// from another host and what it may have answered unknown here (what
-    /// was published before `unknown_before_ms`), and whether we gave the
-    /// key up (`gave_up`).
-    pub(crate) fn above(
-        &mut self,
-        records: Option<Arc<SharedWork>>,
-        unread: bool,
-        unknown_before_ms: Option<u64>,
-        gave_up: bool,
-    ) {
-        let read = records.is_some() || unread;
-        if let Some(w) = records {
-            self.above.shared = Some(w);
-        }
-        self.above.unread = unread;
-        if read {
-            // What every host did is recorded above: it decides what is
-            // owed, not when we gained (a fall-back before left a start
-            // that would skip the backlog).
-            self.above.since = None;
-        } else if let Some(before) = unknown_before_ms {
-            // The other host's work before then is unknown here.
-            self.above.since = Some(before);
-        } else if gave_up {
-            // Given up (a fence that lifts again keeps it: nothing moved).
-            // What the records said stays until the next read replaces it:
-            // a permit reopened without a gain (a hand-over that failed,
-            // then a renewal) must not owe the whole backlog again.
-            self.above.since = None;
+            // since we led (whoever held may not keep a ledger), unless we
+            // hold the lock after a holder that kept this ledger.
+            None => {
+                let after_keeper = self.holds_lock && self.replaced_ledgerless.is_none();
+                let from = if after_keeper {
+                    self.above.since
+                } else {
+                    Some(since)
+                };
+                ledger::owed(events, index, FAIL_SAFE_EPOCH, from, &lives)
+            }
         }
     }
 }

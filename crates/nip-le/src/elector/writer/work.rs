@@ -23,6 +23,7 @@ impl Key {
         // The epoch we hold at, through a same-id child's record too: a
         // child's rewrite is not a change of holder and costs no ledger.
         let epoch = self.m.held_epoch();
+        self.work.holds(self.m.holds_lock());
         match self.work.lead(now_ms, leader, epoch, takeover) {
             Lead::Keep => {}
             Lead::Forget => self.drop_ledger(),

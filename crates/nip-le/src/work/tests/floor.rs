@@ -43,3 +43,34 @@ fn a_ledgerless_writers_floor_binds_every_later_holder() {
     let _ = empty.owed(&queue(&[("after", T + 5)]), true, Some(&ix), NOBODY);
     assert_eq!(empty.floor_line(&Index::default(), "us", T), None);
 }
+
+#[test]
+fn a_lock_holder_without_an_epoch_owes_what_a_ledger_keeper_left_and_grants_only_written() {
+    // Our records carry no epoch (no presence: a full disk kept us from
+    // creating it), and we took the lock from a holder that keeps this
+    // ledger: it covers that holder, so the backlog is owed.
+    let q = queue(&[("before", T - 5), ("after", T + 5)]);
+    let ix = Index::default();
+    let mut m = machine();
+    m.replaced(None, Displaced::Token(Some("tok-old".into())));
+    m.holds(true);
+    assert_eq!(m.lead(T, true, None, true), Lead::OpenFailSafe);
+    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["before", "after"]);
+    // The one holder: a take the disk refused is not granted.
+    let (out, _) = m.take_written("before", false, T + 20_000);
+    assert_eq!(out, TakeOutcome::Unavailable);
+    // After a writer without a ledger, only what was published since we
+    // led; and so for the fail-safe's leaders (the lock file cannot be
+    // read or locked: whoever held is unknown), whose refused takes are
+    // granted past the stale bound (the agent is never silenced).
+    let mut m = machine();
+    m.replaced(Some("harness".into()), Displaced::Token(None));
+    m.holds(true);
+    let _ = m.lead(T, true, None, true);
+    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["after"]);
+    let mut m = machine();
+    let _ = m.lead(T, true, None, false);
+    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["after"]);
+    let (out, _) = m.take_written("after", false, T + 20_000);
+    assert_eq!(out, TakeOutcome::Granted { epoch: None });
+}
