@@ -52,17 +52,8 @@ pub struct Index {
     /// The holders that keep this ledger: the highest epoch of their
     /// `held` lines, and when.
     keepers: HashMap<String, (u64, u64)>,
-    /// The latest `floor` line (see [`Index::floor`]).
-    floor: Option<Floor>,
-}
-
-/// A `floor` line's facts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Floor {
-    before_ms: u64,
-    epoch: u64,
-    by: String,
-    at_ms: u64,
+    /// The highest `floor` line, as read (see [`Index::floor`]).
+    floor: Option<Op>,
 }
 
 impl Index {
@@ -122,25 +113,12 @@ impl Index {
             | Op::Floor { epoch, .. } => *epoch,
         };
         self.max_epoch = self.max_epoch.max(epoch);
-        if let Op::Floor {
-            before_ms,
-            by,
-            epoch,
-            ..
-        } = op
-        {
+        if let Op::Floor { before_ms, .. } = op {
             // A floor is never later than its line (a hostile one near
             // `u64::MAX` would silence the agent).
-            let newer = self.floor.as_ref().is_none_or(|f| *before_ms > f.before_ms);
-            if *before_ms <= at_ms && by.len() <= MAX_EVENT_ID_LEN && newer {
-                let (epoch, by) = (*epoch, by.clone());
-                let before_ms = *before_ms;
-                self.floor = Some(Floor {
-                    before_ms,
-                    epoch,
-                    by,
-                    at_ms,
-                });
+            let newer = self.floor().is_none_or(|f| *before_ms > f);
+            if *before_ms <= at_ms && newer {
+                self.floor = Some(op.clone());
             }
             return;
         }
@@ -179,14 +157,19 @@ impl Index {
         // The floor outlives the retention (what it skips was published
         // before it, and stays possibly answered); one in the future is a
         // hostile line or a clock stepped back: dropped, as if unwritten.
-        self.floor = self.floor.take().filter(|f| f.before_ms <= now_ms);
+        if self.floor().is_some_and(|f| f > now_ms) {
+            self.floor = None;
+        }
     }
 
     /// What was published before this (unix ms) and is not in the ledger
     /// may have been answered by a writer that kept no ledger, which a
     /// holder replaced (its `floor` line): owed to no holder.
     pub fn floor(&self) -> Option<u64> {
-        self.floor.as_ref().map(|f| f.before_ms)
+        match &self.floor {
+            Some(Op::Floor { before_ms, .. }) => Some(*before_ms),
+            _ => None,
+        }
     }
 
     /// Whether the holder `by` keeps this ledger (a `held` line names it).
@@ -348,13 +331,7 @@ impl Index {
             out.extend(op.to_line());
         }
         if let Some(f) = &self.floor {
-            let op = Op::Floor {
-                epoch: f.epoch,
-                by: f.by.clone(),
-                before_ms: f.before_ms,
-                at_ms: f.at_ms,
-            };
-            out.extend(op.to_line());
+            out.extend(f.to_line());
         }
         out
     }
