@@ -108,24 +108,14 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
     // contender had no answer from etcd for a whole TTL). On one host every
     // leader acts at the host level: nothing is excused so.
     let across = out.lives.iter().any(|l| l.host > 0);
+    let children = out.lives.iter().any(|l| !l.fresh_stops.is_empty());
     let fell_back = |id: &str, t: u64| {
-        across
-            && out
-                .lives
-                .iter()
-                .filter(|l| l.instance_id == id)
-                .flat_map(|l| l.said.iter())
-                .rfind(|(s, _)| *s <= t)
-                .is_some_and(|(_, v)| v.starts_with("Host "))
+        across && last_said(out, id, t).is_some_and(|(_, v)| v.starts_with("Host "))
     };
     // When the disk was freed after a reply of a replier that led by the
     // fail-safe while it was full, if it did.
     let full_fail_safe = |id: &str, t: u64| {
-        let said = (out.lives.iter())
-            .filter(|l| l.instance_id == id)
-            .flat_map(|l| l.said.iter())
-            .rfind(|(s, _)| *s <= t)?;
-        let (s, v) = said;
+        let (s, v) = last_said(out, id, t)?;
         (v.ends_with(" FailSafe"))
             .then(|| (out.disk_full.iter()).find(|(from, until)| *from <= t && *s <= *until))
             .flatten()
@@ -176,7 +166,6 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
             if across && !unreachable {
                 s.latencies_reachable.push(first.saturating_sub(*at));
             }
-            let children = out.lives.iter().any(|l| !l.fresh_stops.is_empty());
             if children && !frozen_behind_fresh_record(out, *at, first) {
                 s.latencies_unfrozen.push(first.saturating_sub(*at));
             }
@@ -226,15 +215,9 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                                 })
                                 .collect();
                             // What it last said before the reply.
-                            let said = out
-                                .lives
-                                .iter()
-                                .filter(|l| l.instance_id == *w)
-                                .flat_map(|l| l.said.iter())
-                                .rfind(|(s, _)| s <= t)
-                                .map_or(String::new(), |(s, v)| {
-                                    format!(" [{v} at {:+} ms]", *s as i64 - *at as i64)
-                                });
+                            let said = last_said(out, w, *t).map_or(String::new(), |(s, v)| {
+                                format!(" [{v} at {:+} ms]", *s as i64 - *at as i64)
+                            });
                             format!(
                                 "{w} [{mode}]{said} +{} ms{}",
                                 t.saturating_sub(*at),
@@ -267,6 +250,14 @@ fn sort_latencies(s: &mut Summary) {
     s.latencies.sort_unstable();
     s.latencies_reachable.sort_unstable();
     s.latencies_unfrozen.sort_unstable();
+}
+
+/// What `id` said last, at `t` or before: (when, "level reason").
+fn last_said<'a>(out: &'a Outcome, id: &str, t: u64) -> Option<&'a (u64, String)> {
+    (out.lives.iter())
+        .filter(|l| l.instance_id == id)
+        .flat_map(|l| l.said.iter())
+        .rfind(|(s, _)| *s <= t)
 }
 
 /// Whether a leading window's child held the lock for it while the window
