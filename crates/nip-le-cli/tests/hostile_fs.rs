@@ -7,7 +7,7 @@
 mod support;
 
 use nip_le::ChangeReason;
-use nip_le_cli::lines::Line;
+use nip_le_cli::lines::{Line, ReplyLine};
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
@@ -54,13 +54,18 @@ fn root_owned_lock(file_mode: u32) -> (Scratch, Unrelated) {
     (s, unrelated)
 }
 
-#[test]
-fn full_disk_fails_safe_and_recovers_when_space_returns() {
-    if !is_root() {
-        eprintln!("skipped: needs root to mount a tmpfs");
-        return;
+/// Unmounts the tiny tmpfs on drop.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
-    let s = Scratch::new();
+}
+
+/// Mounts a 16 KiB tmpfs on the lock directory and fills it: returns the
+/// guard and the filler, whose removal gives the space back.
+fn full_lock_dir(s: &Scratch) -> (Unmount, std::path::PathBuf) {
     std::fs::create_dir_all(&s.lock_dir).unwrap();
     let mounted = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"])
@@ -68,16 +73,20 @@ fn full_disk_fails_safe_and_recovers_when_space_returns() {
         .status()
         .unwrap();
     assert!(mounted.success(), "mount tmpfs");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(s.lock_dir.clone());
-    // Fill the disk.
+    let guard = Unmount(s.lock_dir.clone());
     let filler = s.lock_dir.join("filler");
     let _ = std::fs::write(&filler, vec![0u8; 64 * 1024]);
+    (guard, filler)
+}
+
+#[test]
+fn full_disk_fails_safe_and_recovers_when_space_returns() {
+    if !is_root() {
+        eprintln!("skipped: needs root to mount a tmpfs");
+        return;
+    }
+    let s = Scratch::new();
+    let (_guard, filler) = full_lock_dir(&s);
     let a = s.spawn("a");
     let r = a
         .wait_for(Duration::from_secs(5), |r| {
@@ -96,6 +105,69 @@ fn full_disk_fails_safe_and_recovers_when_space_returns() {
             == Some(a.instance_id.as_str())),
         "no record once space returned"
     );
+}
+
+/// A window that leads by the fail-safe is owed only what was published
+/// since it led (whoever held may keep no ledger); once the disk takes
+/// writes and it holds the lock at an epoch, the backlog is owed, and no
+/// change event says so (it led before and leads after). `nip-le run`, the
+/// reference app, must keep asking: it once dropped what was left out after
+/// a settle time, and the backlog was never answered.
+#[test]
+fn a_fail_safe_leader_answers_the_backlog_once_it_holds_the_lock() {
+    if !is_root() {
+        eprintln!("skipped: needs root to mount a tmpfs");
+        return;
+    }
+    let s = Scratch::new();
+    let (_guard, filler) = full_lock_dir(&s);
+    // The backlog, published a moment before the window starts.
+    let at = nip_le_cli::unix_ms() - 1_000;
+    let backlog: Vec<String> = (0..3).map(|i| format!("backlog{i}")).collect();
+    let first: String = backlog
+        .iter()
+        .map(|id| format!("{{\"id\":\"{id}\",\"at_ms\":{at}}}\n"))
+        .collect();
+    let (mut opts, _mentions, replies) = s.fed_opts(first.as_bytes());
+    opts.extra_args = vec!["--turn-ms".into(), "20".into()];
+    let a = s.spawn_with("a", opts);
+    let r = a
+        .wait_for(Duration::from_secs(5), |r| {
+            r.iter().find(|r| r.event() == "leadership").cloned()
+        })
+        .expect("a leadership report despite the full disk");
+    assert_eq!(
+        (r.is_leader(), r.reason()),
+        (Some(true), Some(ChangeReason::FailSafe))
+    );
+    assert!(wait_until(Duration::from_secs(5), || a
+        .reports()
+        .iter()
+        .filter(|r| r.event() == "mention")
+        .count()
+        == backlog.len()));
+    // The disk stays full for twice the stale bound (past what the old
+    // settle time was), and nothing of the backlog is owed meanwhile.
+    std::thread::sleep(ms(STALE_MS * 2));
+    assert!(ReplyLine::read_all(&replies).is_empty());
+    std::fs::remove_file(&filler).unwrap();
+    let answered = |id: &String| {
+        ReplyLine::read_all(&replies)
+            .iter()
+            .filter(|r| r.mention_id() == *id)
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || backlog
+            .iter()
+            .all(|id| answered(id) >= 1)),
+        "the backlog was not answered once the window held the lock: {:?}",
+        ReplyLine::read_all(&replies)
+    );
+    std::thread::sleep(ms(REFRESH_MS * 2));
+    for id in &backlog {
+        assert_eq!(answered(id), 1, "{id}");
+    }
 }
 
 #[test]

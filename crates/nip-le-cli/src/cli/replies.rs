@@ -104,13 +104,17 @@ pub(super) struct Turns {
     pub(super) mentions: PathBuf,
     pub(super) replies: PathBuf,
     pub(super) turn: Duration,
-    /// How long a mention the ledger did not owe us when we began to lead
-    /// waits to be owed after all (see [`Turns::run`]).
-    pub(super) settle: Duration,
+    /// How long a mention the ledger did not owe us is asked about again
+    /// (see [`Turns::run`]): the ledger's retention, past which it could
+    /// not tell a done mention from a new one.
+    pub(super) forget_after: Duration,
     pub(super) work: Work,
     pub(super) leader_since: Arc<AtomicU64>,
     pub(super) id: InstanceId,
 }
+
+/// How often mentions the ledger did not owe us are asked about again.
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// The text of a mention id (ids are strings in every feed we write).
 fn id_text(v: &Value) -> String {
@@ -134,12 +138,15 @@ impl Turns {
         // can be ahead of `leader_since`, set by the change thread).
         let mut filtered_since = u64::MAX;
         let mut filtered = false;
-        // What `owed` left out when we began to lead: a mention done, or
-        // one still in flight with the window we took over from (after a
-        // claim its turn ends, and gives the mention back, a moment later).
-        // Asked again until `settle` has passed, then dropped.
-        let mut parked: Vec<(Value, QueuedEvent)> = Vec::new();
-        let mut parked_until = std::time::Instant::now();
+        // What `owed` left out: a mention done, one still in flight with
+        // the window we took over from (after a claim its turn ends, and
+        // gives the mention back, a moment later), or one published before
+        // we began to lead after a writer without a ledger. The last kind
+        // becomes owed when we hold the lock at an epoch (the fail-safe's
+        // leader once the disk takes writes again), and no change event
+        // marks that: asked again every `RECHECK` until owed or forgotten.
+        let mut parked: Vec<(Value, QueuedEvent, std::time::Instant)> = Vec::new();
+        let mut rechecked = std::time::Instant::now();
         loop {
             for v in feed.poll() {
                 let Ok(m) = serde_json::from_value::<MentionLine>(v) else {
@@ -171,32 +178,31 @@ impl Turns {
             if !filtered || since != filtered_since {
                 // A new period judges the whole queue, what an earlier one
                 // parked included: the engine's first look is this call.
-                for m in parked.drain(..).rev() {
-                    queue.push_front(m);
+                let now = std::time::Instant::now();
+                for (raw, e, _) in parked.drain(..).rev() {
+                    queue.push_front((raw, e));
                 }
                 let events: Vec<QueuedEvent> = queue.iter().map(|(_, e)| e.clone()).collect();
                 if let Ok(owed) = self.work.owed(&events) {
                     let (kept, left): (Vec<_>, Vec<_>) =
                         queue.drain(..).partition(|(_, e)| owed.contains(&e.id));
                     queue.extend(kept);
-                    parked = left;
-                    parked_until = std::time::Instant::now() + self.settle;
+                    parked = left.into_iter().map(|(raw, e)| (raw, e, now)).collect();
+                    rechecked = now;
                     (filtered, filtered_since) = (true, since);
                 }
                 continue;
             }
-            if !parked.is_empty() {
-                if std::time::Instant::now() >= parked_until {
-                    parked.clear();
-                } else {
-                    let events: Vec<QueuedEvent> = parked.iter().map(|(_, e)| e.clone()).collect();
-                    if let Ok(owed) = self.work.owed(&events) {
-                        let (back, left): (Vec<_>, Vec<_>) =
-                            parked.drain(..).partition(|(_, e)| owed.contains(&e.id));
-                        parked = left;
-                        for m in back.into_iter().rev() {
-                            queue.push_front(m);
-                        }
+            if !parked.is_empty() && rechecked.elapsed() >= RECHECK {
+                rechecked = std::time::Instant::now();
+                parked.retain(|(_, _, at)| at.elapsed() < self.forget_after);
+                let events: Vec<QueuedEvent> = parked.iter().map(|(_, e, _)| e.clone()).collect();
+                if let Ok(owed) = self.work.owed(&events) {
+                    let (back, left): (Vec<_>, Vec<_>) =
+                        parked.drain(..).partition(|(_, e, _)| owed.contains(&e.id));
+                    parked = left;
+                    for (raw, e, _) in back.into_iter().rev() {
+                        queue.push_front((raw, e));
                     }
                 }
             }

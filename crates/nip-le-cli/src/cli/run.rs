@@ -151,10 +151,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode, nip_le::Error> {
                     mentions: m,
                     replies: r,
                     turn: Duration::from_millis(ms),
-                    // A predecessor's turn ends within a turn of its
-                    // cancel, and a hung one is judged within the stale
-                    // bound.
-                    settle: Duration::from_millis(ms) * 2 + elector.config().stale,
+                    forget_after: elector.config().work_retention,
                     work: elector.work(&pubkey)?,
                     leader_since: Arc::clone(&leader_since),
                     id: id.clone(),
