@@ -33,6 +33,13 @@ const working = new Set<string>()
 const rerun = new Set<string>()
 /** Per agent, the leadership the queue was last filtered for. */
 const filteredFor = new Map<string, number>()
+/**
+ * Per agent, what the ledger did not owe this window when it looked: done,
+ * in flight with another window (owed once given back), or published before
+ * a fail-safe lead (owed once this window holds the lock at an epoch). No
+ * change event marks the last two: asked again every few seconds.
+ */
+const parked = new Map<string, Mention[]>()
 let openMenu: string | null = null
 
 function toast(text: string): void {
@@ -184,12 +191,15 @@ async function work(agent: string): Promise<void> {
     while (gate.isLeader(agent) && queueOf(agent).length > 0) {
       const since = leaderSince.get(agent) ?? 0
       if (filteredFor.get(agent) !== since) {
+        // A new leadership judges the whole queue, what was parked included.
+        queues.set(agent, [...(parked.get(agent) ?? []), ...queueOf(agent)])
         const asked = queueOf(agent).slice()
         const owed = new Set(await gate.dispatchable(agent, asked.map((m) => ({ id: m.id, publishedMs: m.atMs }))))
         // Mentions that arrived while the ledger was asked were not in the
         // question: keep them (dropping them lost an owed mention).
         const askedIds = new Set(asked.map((m) => m.id))
         queues.set(agent, queueOf(agent).filter((m) => !askedIds.has(m.id) || owed.has(m.id)))
+        parked.set(agent, asked.filter((m) => !owed.has(m.id)))
         filteredFor.set(agent, since)
         renderQueue()
         continue
@@ -228,6 +238,18 @@ async function work(agent: string): Promise<void> {
   // it running and returned: run again for it, or the queue waits for the
   // next mention.
   if (rerun.delete(agent)) void work(agent)
+}
+
+/** Asks the ledger again about what it did not owe: what it owes now goes back in the queue. */
+async function recheckParked(agent: string): Promise<void> {
+  const left = parked.get(agent) ?? []
+  if (left.length === 0 || !gate.isLeader(agent) || filteredFor.get(agent) !== (leaderSince.get(agent) ?? 0)) return
+  const owed = new Set(await gate.dispatchable(agent, left.map((m) => ({ id: m.id, publishedMs: m.atMs }))))
+  if (owed.size === 0) return
+  parked.set(agent, (parked.get(agent) ?? []).filter((m) => !owed.has(m.id)))
+  queues.set(agent, [...left.filter((m) => owed.has(m.id)), ...queueOf(agent)])
+  renderQueue()
+  void work(agent)
 }
 
 /** Since when (the change's atMs) this window has led each agent. */
@@ -313,6 +335,7 @@ async function main(): Promise<void> {
   await renderFeed()
   setInterval(() => void refreshStatus(), 1000)
   setInterval(() => void renderFeed(), 1000)
+  setInterval(() => config.agents.forEach((a) => void recheckParked(a.pubkey)), 2000)
   document.body.dataset.ready = 'true'
 }
 
