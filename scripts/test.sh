@@ -86,10 +86,10 @@ NIP_LE_BACKEND=portable cargo test -p nip-le-cli --test multiprocess --test paus
   --test mixed --test turns --test children --test interop --test hostile_fs --test agent
 
 echo "== the engine links no CLI dependency, and no etcd client unless asked"
-if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile|ureq) '; then
+if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile|tonic|prost) '; then
   echo "the plugin pulls a CLI-only or etcd-only crate (above)" >&2; exit 1
 fi
-cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^ureq ' \
+cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^tonic ' \
   || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
 cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
 echo "== one dirs and one windows-sys: the engine's are Tauri's (on every target)"
@@ -99,6 +99,10 @@ for c in dirs windows-sys; do
     grep -qx "${v/@/ }" <<<"$theirs" || { echo "the engine's ${v/@/ } is not the one Tauri uses: $theirs" >&2; exit 1; }
   done
 done
+echo "== etcd's gRPC code in the engine is what scripts/etcd-proto.sh generates from crates/nip-le/proto (no build needs protoc)"
+bash scripts/etcd-proto.sh --check
+echo "== the etcd suites on the newest etcd release too (3.7.2 from crates.io; Debian's 3.4 ran above): TLS with client certificates and users together, the contender, a 3-member cluster"
+NIP_LE_ETCD=$(bash scripts/etcd-newest.sh) NIP_LE_REQUIRE_ETCD=1 cargo test -p nip-le-cli --test etcd_security --test etcd --test etcd_cluster
 echo "== the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
 cargo test -p tauri-plugin-leader-election --features etcd --test etcd
 

@@ -114,6 +114,11 @@ impl Setup {
 
     /// A window of its own host `host`, with `flags` after `--etcd URL`.
     fn window(&self, host: &str, flags: &[&str]) -> Instance {
+        self.window_n(host, 1, flags)
+    }
+
+    /// Window `n` of host `host` (`host-wN`).
+    fn window_n(&self, host: &str, n: usize, flags: &[&str]) -> Instance {
         let mut o = RunOptions::new(
             env!("CARGO_BIN_EXE_nip-le"),
             self.tmp.path().join(host),
@@ -126,7 +131,7 @@ impl Setup {
             .chain(flags.iter().copied())
             .map(str::to_owned)
             .collect();
-        let id = format!("{host}-w1");
+        let id = format!("{host}-w{n}");
         Instance::spawn(&id, o.command(Some(&id)), Duration::from_secs(10))
             .expect("nip-le run starts")
     }
@@ -297,7 +302,12 @@ fn without_a_client_certificate_or_with_a_wrong_ca_no_window_leads_and_status_sa
     // connection already closed.
     refused(
         &mut no_cert,
-        &["Certificate", "Broken pipe", "Connection reset"],
+        &[
+            "Certificate",
+            "Broken pipe",
+            "broken pipe",
+            "Connection reset",
+        ],
     );
     refused(&mut http, &["127.0.0.1"]);
     // A malformed key is refused before anything starts.
@@ -325,9 +335,44 @@ fn without_a_client_certificate_or_with_a_wrong_ca_no_window_leads_and_status_sa
     assert!(!err.contains("panicked"), "{err}");
 }
 
-/// One call to etcd's JSON API as `token` (`None`: anonymous).
-fn api(url: &str, path: &str, body: Value, token: Option<&str>) -> Result<Value, String> {
-    let mut req = ureq::post(&format!("{url}{path}")).timeout(Duration::from_secs(5));
+/// An agent for etcd's JSON API over TLS, presenting `tls`'s client
+/// certificate (before authentication is on, the gateway takes it).
+fn tls_agent(tls: &EtcdTls) -> ureq::Agent {
+    use ureq::rustls::pki_types::pem::PemObject as _;
+    use ureq::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = ureq::rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&tls.ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain = CertificateDer::pem_file_iter(tls.cert.as_ref().unwrap())
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(tls.key.as_ref().unwrap()).unwrap();
+    let provider = std::sync::Arc::new(ureq::rustls::crypto::ring::default_provider());
+    let config = ureq::rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    ureq::AgentBuilder::new()
+        .tls_config(std::sync::Arc::new(config))
+        .build()
+}
+
+/// One call to etcd's JSON API through `agent` as `token` (`None`:
+/// anonymous).
+fn api_with(
+    agent: &ureq::Agent,
+    url: &str,
+    path: &str,
+    body: Value,
+    token: Option<&str>,
+) -> Result<Value, String> {
+    let mut req = agent
+        .post(&format!("{url}{path}"))
+        .timeout(Duration::from_secs(5));
     if let Some(t) = token {
         req = req.set("authorization", t);
     }
@@ -351,6 +396,14 @@ fn b64(s: &str) -> String {
 /// Users `nip` (role: read-write on `PREFIX/`) and `other` (role: read-write
 /// on `/elsewhere/` only), root, and authentication enabled.
 fn enable_auth(url: &str) {
+    enable_auth_with(&ureq::Agent::new(), url);
+}
+
+/// [`enable_auth`] through `agent`.
+fn enable_auth_with(agent: &ureq::Agent, url: &str) {
+    let api = |url: &str, path: &str, body: Value, token: Option<&str>| {
+        api_with(agent, url, path, body, token)
+    };
     let ok = |path: &str, body: Value| {
         api(url, path, body.clone(), None).unwrap_or_else(|e| panic!("{path} {body}: {e}"));
     };
@@ -417,4 +470,87 @@ fn etcd_users_lead_with_the_right_password_and_a_role_on_the_prefix_only() {
             "{text}"
         );
     }
+}
+
+/// The setup docs/cross-host.md recommends, all of it at once: TLS with a
+/// client certificate *and* an etcd user whose role covers the prefix
+/// only. etcd's JSON gateway refuses a client certificate once users are
+/// on (each window then fell back to acting for its host: three leaders);
+/// over gRPC, three hosts of two windows settle on one acting leader.
+/// `scripts/test.sh` runs it on Debian's etcd and on the newest release.
+#[test]
+fn tls_with_client_certificates_and_users_together_settle_on_one_leader_across_three_hosts() {
+    let Some((etcd, pki, (cert, key), _certs)) = tls_etcd() else {
+        return;
+    };
+    let client = EtcdTls::new(&pki.ca).with_client_cert(&cert, &key);
+    enable_auth_with(&tls_agent(&client), &etcd.url());
+    let s = Setup::new(etcd.url(), tempfile::tempdir().unwrap());
+    let good = s.file("nip.pw", "s3cret\n");
+    let bad = s.file("bad.pw", "guess\n");
+    let tls = [
+        "--etcd-ca",
+        path(&pki.ca),
+        "--etcd-cert",
+        path(&cert),
+        "--etcd-key",
+        path(&key),
+    ];
+    let user = ["--etcd-user", "nip", "--etcd-password-file", &good];
+    let flags: Vec<&str> = tls.iter().chain(user.iter()).copied().collect();
+    let windows: Vec<Instance> = ["h1", "h2", "h3"]
+        .into_iter()
+        .flat_map(|h| [(h, 1), (h, 2)])
+        .map(|(h, n)| s.window_n(h, n, &flags))
+        .collect();
+    let acting = |windows: &[Instance]| -> Vec<String> {
+        windows
+            .iter()
+            .filter(|w| {
+                w.reports()
+                    .iter()
+                    .filter_map(|r| r.leadership())
+                    .next_back()
+                    .is_some_and(|l| l.is_leader && l.level == Level::Global)
+            })
+            .map(|w| w.name.clone())
+            .collect()
+    };
+    assert!(
+        nip_le_cli::lab::cluster::wait_until(Duration::from_secs(15), || acting(&windows).len()
+            == 1),
+        "acting: {:?}",
+        acting(&windows)
+    );
+    // Two TTLs later it is still one, and no window reports an error.
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < until {
+        let a = acting(&windows);
+        assert!(a.len() <= 1, "two hosts act at once: {a:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(acting(&windows).len(), 1);
+    let mut windows = windows;
+    for w in &mut windows {
+        assert_eq!(status_error(w), "", "{}", w.name);
+    }
+    // The same certificate with a wrong password: refused, said so.
+    let wrong: Vec<&str> = tls
+        .iter()
+        .copied()
+        .chain(["--etcd-user", "nip", "--etcd-password-file", &bad])
+        .collect();
+    let mut w = s.window("h4", &wrong);
+    refused(&mut w, &["authentication failed"]);
+    // And a status tool reads the holder with the same setup.
+    let mut audit = nip_le::global::EtcdConfig {
+        prefix: PREFIX.into(),
+        ..etcd.config("audit")
+    };
+    audit.auth = Some(nip_le::global::EtcdAuth::new("nip", "s3cret"));
+    let holder = nip_le::global::read_holder(&audit, &s.pubkey).unwrap();
+    assert_eq!(
+        holder.map(|h| h.instance_id),
+        acting(&windows).first().cloned()
+    );
 }

@@ -187,6 +187,15 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
+/// Whether a file is generated (`scripts/etcd-proto.sh` marks its output
+/// so, and checks in CI that it is what the generator makes): read by no
+/// one, it keeps the generator's shape.
+fn generated(text: &str) -> bool {
+    text.lines()
+        .next()
+        .is_some_and(|l| l.starts_with("// @generated"))
+}
+
 #[test]
 fn no_engine_file_is_over_600_lines() {
     let mut mods = BTreeMap::new();
@@ -194,8 +203,9 @@ fn no_engine_file_is_over_600_lines() {
     let long: Vec<String> = mods
         .values()
         .filter_map(|p| {
-            let n = std::fs::read_to_string(p).unwrap().lines().count();
-            (n > MAX_LINES).then(|| format!("{} ({n} lines)", p.display()))
+            let text = std::fs::read_to_string(p).unwrap();
+            let n = text.lines().count();
+            (n > MAX_LINES && !generated(&text)).then(|| format!("{} ({n} lines)", p.display()))
         })
         .collect();
     assert!(long.is_empty(), "over {MAX_LINES} lines: {long:#?}");

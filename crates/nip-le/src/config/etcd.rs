@@ -108,17 +108,18 @@ impl EtcdTls {
         }
     }
 
-    /// The rustls configuration of these files: an error names the file
-    /// and what is wrong with it.
+    /// The TLS configuration of these files for the gRPC client, checked
+    /// first with rustls (that the files parse, the CA is usable, the key
+    /// fits the certificate): an error names the file and what is wrong
+    /// with it.
     #[cfg(feature = "etcd-tls")]
-    pub(crate) fn client_config(
-        &self,
-    ) -> Result<std::sync::Arc<ureq::rustls::ClientConfig>, String> {
-        use ureq::rustls::pki_types::pem::PemObject as _;
-        use ureq::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        use ureq::rustls::{ClientConfig, RootCertStore};
+    pub(crate) fn client_config(&self) -> Result<tonic::transport::ClientTlsConfig, String> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use rustls::{ClientConfig, RootCertStore};
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-        let certs = |path: &Path| -> Result<Vec<CertificateDer<'static>>, String> {
+        let certs = |path: &Path| -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), String> {
             let pem = read_file(path, "etcd TLS")?;
             let certs = CertificateDer::pem_slice_iter(&pem)
                 .collect::<Result<Vec<_>, _>>()
@@ -129,38 +130,37 @@ impl EtcdTls {
                     path.display()
                 ));
             }
-            Ok(certs)
+            Ok((pem, certs))
         };
+        let (ca_pem, ca) = certs(&self.ca)?;
         let mut roots = RootCertStore::empty();
-        for c in certs(&self.ca)? {
+        for c in ca {
             roots
                 .add(c)
                 .map_err(|e| format!("etcd TLS CA {}: {e}", self.ca.display()))?;
         }
-        let provider = std::sync::Arc::new(ureq::rustls::crypto::ring::default_provider());
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("etcd TLS: {e}"))?
             .with_root_certificates(roots);
-        let config = match (&self.cert, &self.key) {
-            (None, None) => builder.with_no_client_auth(),
+        let config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
+        match (&self.cert, &self.key) {
+            (None, None) => Ok(config),
             (Some(cert), Some(key)) => {
-                let chain = certs(cert)?;
-                let pem = read_file(key, "etcd TLS key")?;
-                let key_der = PrivateKeyDer::from_pem_slice(&pem)
+                let (cert_pem, chain) = certs(cert)?;
+                let key_pem = read_file(key, "etcd TLS key")?;
+                let key_der = PrivateKeyDer::from_pem_slice(&key_pem)
                     .map_err(|e| format!("etcd TLS key {}: {e}", key.display()))?;
                 builder
                     .with_client_auth_cert(chain, key_der)
-                    .map_err(|e| format!("etcd TLS client certificate {}: {e}", cert.display()))?
+                    .map_err(|e| format!("etcd TLS client certificate {}: {e}", cert.display()))?;
+                Ok(config.identity(Identity::from_pem(cert_pem, key_pem)))
             }
-            _ => {
-                return Err(
-                    "etcd TLS: a client certificate needs its key, and a key its certificate"
-                        .into(),
-                )
-            }
-        };
-        Ok(std::sync::Arc::new(config))
+            _ => Err(
+                "etcd TLS: a client certificate needs its key, and a key its certificate".into(),
+            ),
+        }
     }
 
     fn validate(&self) -> Result<(), String> {

@@ -1,22 +1,69 @@
-//! The etcd calls the contender makes, behind a trait: etcd's JSON gateway
-//! over HTTP ([`super::gateway::Gateway`]) in an app, an in-memory etcd
+//! The etcd calls the contender makes, behind a trait: etcd's gRPC API
+//! ([`super::grpc::Grpc`]) in an app, an in-memory etcd
 //! ([`super::memory::MemoryEtcd`]) in tests. The contender never names
 //! which.
 
 use std::time::Duration;
 
-/// Why a call failed.
+/// Why a call failed: etcd could not be reached, or it answered no.
+///
+/// Only [`ErrorKind::Unreachable`] may count towards the fall-back (a host
+/// acting alone while etcd is out of reach): an answer etcd gives (a wrong
+/// password, a role without access, a request it rejects) says etcd is
+/// there, and acting alone on it would turn a misconfiguration into one
+/// leader per host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct GatewayError(pub String);
+pub(crate) struct EtcdError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
 
-impl std::fmt::Display for GatewayError {
+/// See [`EtcdError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorKind {
+    /// No answer: no connection, a TLS handshake that never ended, a
+    /// timeout, a connection lost mid-call, or a member that cannot serve
+    /// (no leader: the cluster is out of reach from here).
+    Unreachable,
+    /// etcd's answer: authentication failed, permission denied, a request
+    /// it rejects, an answer we cannot use.
+    Refused,
+}
+
+impl EtcdError {
+    /// etcd could not be reached.
+    pub(crate) fn unreachable(message: impl Into<String>) -> Self {
+        Self {
+            kind: ErrorKind::Unreachable,
+            message: message.into(),
+        }
+    }
+
+    /// etcd answered no.
+    pub(crate) fn refused(message: impl Into<String>) -> Self {
+        Self {
+            kind: ErrorKind::Refused,
+            message: message.into(),
+        }
+    }
+
+    /// The same kind, with `context` before the message.
+    pub(crate) fn context(self, context: impl std::fmt::Display) -> Self {
+        Self {
+            message: format!("{context}: {}", self.message),
+            ..self
+        }
+    }
+}
+
+impl std::fmt::Display for EtcdError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
 /// What an etcd call returns.
-pub(crate) type Result<T> = std::result::Result<T, GatewayError>;
+pub(crate) type Result<T> = std::result::Result<T, EtcdError>;
 
 /// One key-value pair as etcd returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]

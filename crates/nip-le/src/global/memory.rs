@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::etcd::{Change, Etcd, GatewayError, Kv, Result, Txn, Watch, WatchMessage};
+use super::etcd::{Change, Etcd, EtcdError, Kv, Result, Txn, Watch, WatchMessage};
 
 #[derive(Debug, Default)]
 struct Store {
@@ -68,7 +68,7 @@ impl Store {
 
     fn put_at(&mut self, key: &str, value: &[u8], lease: i64) -> Result<()> {
         if lease != 0 && !self.leases.contains_key(&lease) {
-            return Err(GatewayError(format!("lease {lease} not found")));
+            return Err(EtcdError::refused(format!("lease {lease} not found")));
         }
         let kv = Kv {
             key: key.to_owned(),
@@ -272,7 +272,7 @@ impl Etcd for MemoryEtcd {
             .take(limit.saturating_add(1))
             .collect();
         if kvs.len() > limit {
-            return Err(GatewayError(format!(
+            return Err(EtcdError::refused(format!(
                 "more than {limit} keys under {prefix}"
             )));
         }
@@ -372,7 +372,7 @@ impl Watch for MemoryWatch {
             }
             let now = (self.etcd.now)();
             if now >= end {
-                return Err(GatewayError("watch: silent".into()));
+                return Err(EtcdError::unreachable("watch: silent"));
             }
             // Leases expire with time alone: look again at least every
             // 20 ms.

@@ -22,16 +22,16 @@
 //!   keeps running through suspend.
 //! * While etcd cannot be reached, [`WhenUnreachable`] decides.
 //!
-//! The client is etcd's v3 JSON gateway over HTTP (`ureq`; HTTPS with
-//! [`EtcdTls`] and cargo feature `etcd-tls`, etcd users with [`EtcdAuth`]:
-//! see docs/cross-host.md, "Transport security and trust model"), not a
-//! gRPC crate: a few hundred kilobytes of blocking HTTP on the contender's
-//! own thread instead of tonic, prost, a protobuf toolchain and an async
-//! runtime in every app that enables the feature.
+//! The client speaks etcd's gRPC API (`tonic`, with the protobuf code
+//! generated once and kept in the source, so no build needs `protoc`;
+//! TLS with [`EtcdTls`] and cargo feature `etcd-tls`, etcd users with
+//! [`EtcdAuth`]: see docs/cross-host.md, "Transport security and trust
+//! model"). etcd's JSON gateway, which it used before, refuses a client
+//! certificate together with users.
 
 pub(crate) mod contender;
 pub(crate) mod etcd;
-mod gateway;
+mod grpc;
 mod host_id;
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod memory;
@@ -55,7 +55,7 @@ pub fn read_holder(
     pubkey: &AgentPubkey,
 ) -> Result<Option<GlobalHolder>, String> {
     config.validate()?;
-    let gw = gateway::Gateway::new(config, Duration::from_secs(2));
+    let gw = grpc::Grpc::new(config, Duration::from_secs(2));
     let kv = gw
         .get(&config.leader_key(pubkey))
         .map_err(|e| e.to_string())?;
@@ -77,7 +77,7 @@ pub struct KeyWrite {
 /// (`config` is validated first: an invalid one is an error).
 pub fn key_history(config: &EtcdConfig, pubkey: &AgentPubkey) -> Result<Vec<KeyWrite>, String> {
     config.validate()?;
-    let gw = gateway::Gateway::new(config, Duration::from_secs(2));
+    let gw = grpc::Grpc::new(config, Duration::from_secs(2));
     let key = config.leader_key(pubkey);
     let (_, now) = gw.get_at(&key).map_err(|e| e.to_string())?;
     let mut stream = gw
@@ -128,7 +128,7 @@ pub struct WorkRecord {
 /// status tools (`config` is validated first; hostile records are skipped).
 pub fn work_records(config: &EtcdConfig, pubkey: &AgentPubkey) -> Result<Vec<WorkRecord>, String> {
     config.validate()?;
-    let gw = gateway::Gateway::new(config, Duration::from_secs(2));
+    let gw = grpc::Grpc::new(config, Duration::from_secs(2));
     contender::work::records(config, &gw, pubkey).map_err(|e| e.to_string())
 }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::global::etcd::{Etcd, GatewayError, Kv, Result, Txn, Watch, WatchMessage};
+use crate::global::etcd::{Etcd, EtcdError, Kv, Result, Txn, Watch, WatchMessage};
 use crate::global::memory::MemoryEtcd;
 
 use super::rng::Rng;
@@ -177,7 +177,7 @@ impl SimEtcd {
         let t = self.now();
         if link.cut_until > t {
             self.failed.fetch_add(1, Ordering::Relaxed);
-            return Err(GatewayError("simulated: etcd unreachable".into()));
+            return Err(EtcdError::unreachable("simulated: etcd unreachable"));
         }
         if link.flaky_until > t {
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,9 +187,9 @@ impl SimEtcd {
                     drop(rng);
                     self.lost_answers.fetch_add(1, Ordering::Relaxed);
                     let _ = f(&self.etcd);
-                    return Err(GatewayError("simulated: the answer was lost".into()));
+                    return Err(EtcdError::unreachable("simulated: the answer was lost"));
                 }
-                return Err(GatewayError("simulated: the request was lost".into()));
+                return Err(EtcdError::unreachable("simulated: the request was lost"));
             }
         }
         f(&self.etcd)
@@ -280,6 +280,6 @@ impl Etcd for Client {
     fn watch(&self, _: &str, _: bool, _: u64, _: Duration) -> Result<Box<dyn Watch>> {
         // The simulator feeds each contender's watch cursor itself
         // ([`SimEtcd::watch_message`]).
-        Err(GatewayError("simulated: no watch stream".into()))
+        Err(EtcdError::unreachable("simulated: no watch stream"))
     }
 }

@@ -23,7 +23,7 @@ use crate::elector::GlobalHolder;
 use crate::pubkey::AgentPubkey;
 
 use super::etcd::{Change, Etcd, Kv};
-use super::gateway::Gateway;
+use super::grpc::Grpc;
 use super::EtcdConfig;
 
 mod book;
@@ -105,7 +105,7 @@ enum Message {
 
 impl Contender {
     /// Starts the contender and its watch for `cfg` (validated), on etcd's
-    /// JSON gateway.
+    /// gRPC API.
     /// `retention`: how long etcd keeps the agent's done records.
     pub(crate) fn start(
         cfg: EtcdConfig,
@@ -114,8 +114,8 @@ impl Contender {
         tell: Tell,
     ) -> std::io::Result<Self> {
         let timeout = (cfg.ttl / 4).min(Duration::from_secs(1));
-        let calls = Arc::new(Gateway::new(&cfg, timeout));
-        let watches = Arc::new(Gateway::new(&cfg, Duration::from_secs(1)));
+        let calls = Arc::new(Grpc::new(&cfg, timeout));
+        let watches = Arc::new(Grpc::new(&cfg, Duration::from_secs(1)));
         Self::start_on(cfg, our_id, (stand_down, retention), tell, calls, watches)
     }
 

@@ -15,7 +15,7 @@ use crate::elector::upper::{Permit, SharedWork, Tell, UpperNews};
 use crate::elector::{ChangeReason, GlobalHolder, GlobalStatus};
 use crate::pubkey::AgentPubkey;
 
-use super::super::etcd::{Etcd, GatewayError};
+use super::super::etcd::{Etcd, EtcdError};
 use super::super::EtcdConfig;
 use super::book::WorkBook;
 use super::{Inbox, Value};
@@ -427,13 +427,13 @@ impl Task {
 
     /// Records a call's outcome for `pk`: contact on success, a retry
     /// delay and the error on failure.
-    pub(super) fn noted<T>(&mut self, pk: AgentPubkey, r: Result<T, GatewayError>) -> Option<T> {
+    pub(super) fn noted<T>(&mut self, pk: AgentPubkey, r: Result<T, EtcdError>) -> Option<T> {
         // An answer from a new cluster is not acted on: the caller checked
         // `may_take` before it knew.
         let r = if self.same_cluster() {
             r
         } else {
-            Err(GatewayError("etcd answered as a new cluster".into()))
+            Err(EtcdError::refused("etcd answered as a new cluster"))
         };
         let now = self.clock.now();
         let retry = self.retry_delay();

@@ -1,6 +1,6 @@
-//! etcd user authentication: a token from `/v3/auth/authenticate`, sent as
-//! the `Authorization` header of every call and watch, taken again when
-//! etcd refuses it (expired, or the auth store changed). Attempts are
+//! etcd user authentication: a token from `Auth.Authenticate`, sent as
+//! the `token` metadata of every call and watch, taken again when etcd
+//! refuses it (expired, or the auth store changed, or a restart forgot it). Attempts are
 //! spaced: a wrong password costs one request per [`RETRY`], not a loop.
 
 use std::sync::{Mutex, MutexGuard};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::etcd::EtcdAuth;
 
-use super::super::etcd::{GatewayError, Result};
+use super::super::etcd::{EtcdError, Result};
 
 /// The least time between two failed authentications.
 pub(super) const RETRY: Duration = Duration::from_secs(1);
@@ -23,7 +23,7 @@ pub(crate) struct Auth {
 struct State {
     token: Option<String>,
     /// The last failed authentication: when, and why.
-    failed: Option<(Instant, GatewayError)>,
+    failed: Option<(Instant, EtcdError)>,
 }
 
 impl Auth {
@@ -79,12 +79,6 @@ impl Auth {
     }
 }
 
-/// Whether an answer (HTTP `status`, 0 for a watch message, and its text)
-/// says the token is not (or no longer) valid.
-pub(crate) fn token_refused(status: u16, text: &str) -> bool {
-    status == 401 || text.contains("invalid auth token") || text.contains("auth store is old")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,7 +91,7 @@ mod tests {
             let r = a.token(|u, p| {
                 tries += 1;
                 assert_eq!((u, p), ("u", "p"));
-                Err(GatewayError("authentication failed".into()))
+                Err(EtcdError::refused("authentication failed"))
             });
             assert!(r.is_err());
         }
@@ -113,11 +107,5 @@ mod tests {
         assert_eq!(a.token(|_, _| panic!("still valid")).unwrap(), "t1");
         a.forget("t1");
         assert_eq!(a.token(|_, _| Ok("t2".into())).unwrap(), "t2");
-        assert!(token_refused(401, ""));
-        assert!(token_refused(
-            0,
-            r#"{"error":"etcdserver: invalid auth token"}"#
-        ));
-        assert!(!token_refused(403, "etcdserver: permission denied"));
     }
 }

@@ -1,8 +1,7 @@
-//! Name resolution with a deadline. ureq's timeout starts before the
-//! lookup but cannot interrupt it, and the system resolver can hang for
-//! many seconds (a dead DNS server): a lookup runs on its own thread and
-//! the call gives up on it at the bound, so a call never outlasts its
-//! timeout and an app's exit never waits on DNS.
+//! Name resolution with a deadline. The system resolver can hang for many
+//! seconds (a dead DNS server) and nothing interrupts it: a lookup runs on
+//! its own thread and the call gives up on it at the bound, so a call
+//! never outlasts its timeout and an app's exit never waits on DNS.
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -40,8 +39,9 @@ impl Bounded {
     }
 }
 
-impl ureq::Resolver for Bounded {
-    fn resolve(&self, netloc: &str) -> io::Result<Vec<SocketAddr>> {
+impl Bounded {
+    /// `netloc`'s addresses, or an error once the bound has passed.
+    pub(super) fn resolve(&self, netloc: &str) -> io::Result<Vec<SocketAddr>> {
         // An address needs no lookup (and no thread).
         if let Ok(addr) = netloc.parse::<SocketAddr>() {
             return Ok(vec![addr]);
@@ -83,7 +83,6 @@ impl ureq::Resolver for Bounded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ureq::Resolver as _;
 
     #[test]
     fn addresses_need_no_lookup_and_names_are_bounded() {

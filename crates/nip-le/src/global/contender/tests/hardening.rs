@@ -19,8 +19,8 @@ struct Twisted {
 impl Twisted {
     fn writes(&self) -> EtcdResult<()> {
         if self.no_space.load(Ordering::SeqCst) {
-            return Err(GatewayError(
-                "etcdserver: mvcc: database space exceeded".into(),
+            return Err(EtcdError::refused(
+                "etcdserver: mvcc: database space exceeded",
             ));
         }
         Ok(())
@@ -65,7 +65,7 @@ impl Etcd for TwistedEtcd {
         self.how.writes()?;
         let r = self.etcd.create_if(g, rev, k, v, lease);
         if self.how.lose_answer_once.swap(false, Ordering::SeqCst) {
-            return Err(GatewayError("simulated: the answer was lost".into()));
+            return Err(EtcdError::unreachable("simulated: the answer was lost"));
         }
         r
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::super::etcd::{Etcd, GatewayError, Result as EtcdResult, Txn, Watch};
+use super::super::etcd::{Etcd, EtcdError, Result as EtcdResult, Txn, Watch};
 use super::task::Clock;
 use super::watch::Cursor;
 use super::*;
@@ -80,7 +80,7 @@ struct Cut {
 impl Cut {
     fn check(&self) -> EtcdResult<()> {
         if self.cut.load(Ordering::SeqCst) {
-            Err(GatewayError("unreachable".into()))
+            Err(EtcdError::unreachable("unreachable"))
         } else {
             Ok(())
         }

@@ -87,7 +87,7 @@ fn a_watch_stream_closed_at_once_is_reopened_with_a_growing_backoff() {
     struct Closed;
     impl Watch for Closed {
         fn next_message(&mut self) -> EtcdResult<WatchMessage> {
-            Err(GatewayError("closed by etcd".into()))
+            Err(EtcdError::unreachable("closed by etcd"))
         }
     }
     let gw = WatchOnly::new(|| Box::new(Closed));
