@@ -554,3 +554,76 @@ fn tls_with_client_certificates_and_users_together_settle_on_one_leader_across_t
         acting(&windows).first().cloned()
     );
 }
+
+/// Issue 31: a refusal is never an outage. Three hosts whose windows etcd
+/// refuses (a wrong password, a role on another prefix, no user at all)
+/// once each fell back to acting for their host after a TTL: three
+/// leaders at once. Now none acts, each says why, for four TTLs.
+#[test]
+fn three_hosts_that_etcd_refuses_never_act_at_once() {
+    if !have_etcd() {
+        return;
+    }
+    let etcd = Etcd::start().expect("etcd starts");
+    enable_auth(&etcd.url());
+    let groups: Vec<(Setup, Vec<&str>, &str)> = [
+        ("nip", "guess\n", "authentication failed"),
+        ("other", "0ther\n", "permission denied"),
+        ("", "", "user name is empty"),
+    ]
+    .into_iter()
+    .map(|(user, password, why)| {
+        let s = Setup::new(etcd.url(), tempfile::tempdir().unwrap());
+        let flags = if user.is_empty() {
+            Vec::new()
+        } else {
+            let pw = s.file("pw", password);
+            vec![
+                "--etcd-user".to_owned(),
+                user.to_owned(),
+                "--etcd-password-file".to_owned(),
+                pw,
+            ]
+        };
+        let flags: Vec<&str> = flags.into_iter().map(|f| &*f.leak()).collect();
+        (s, flags, why)
+    })
+    .collect();
+    let mut windows: Vec<(usize, Instance)> = Vec::new();
+    for (g, (s, flags, _)) in groups.iter().enumerate() {
+        for h in ["h1", "h2", "h3"] {
+            windows.push((g, s.window(h, flags)));
+        }
+    }
+    let acting = |windows: &[(usize, Instance)], g: usize| -> Vec<String> {
+        windows
+            .iter()
+            .filter(|(wg, w)| {
+                *wg == g
+                    && w.reports()
+                        .iter()
+                        .filter_map(|r| r.leadership())
+                        .next_back()
+                        .is_some_and(|l| l.is_leader)
+            })
+            .map(|(_, w)| w.name.clone())
+            .collect()
+    };
+    // Four TTLs of 2 s: the fall-back came after one.
+    let until = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < until {
+        for (g, (_, _, why)) in groups.iter().enumerate() {
+            let a = acting(&windows, g);
+            assert!(a.len() <= 1, "{why}: {a:?} act at once");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for g in 0..groups.len() {
+        assert!(acting(&windows, g).is_empty(), "{}", groups[g].2);
+    }
+    for (g, w) in &mut windows {
+        let why = groups[*g].2;
+        let e = etcd_error(w, &[why]);
+        assert!(e.contains(why), "{}: {e:?}, expected {why:?}", w.name);
+    }
+}

@@ -171,7 +171,7 @@ impl EtcdTls {
     }
 }
 
-/// etcd user authentication: the gateway takes a token for `user` and
+/// etcd user authentication: the client takes a token for `user` and
 /// sends it with every call. The password is never printed: `Debug` shows
 /// it redacted.
 #[derive(Clone, PartialEq, Eq)]

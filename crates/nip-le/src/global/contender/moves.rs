@@ -181,15 +181,7 @@ impl Task {
     }
 
     pub(super) fn acquire(&mut self, pk: AgentPubkey, after_another: bool) {
-        let taken = self.try_acquire(pk, after_another);
-        let now = self.clock.now();
-        if let Some(e) = self.entries.get_mut(&pk) {
-            if taken == Some(false) {
-                e.stuck_since.get_or_insert(now);
-            } else {
-                e.stuck_since = None;
-            }
-        }
+        self.try_acquire(pk, after_another);
     }
 
     /// [`Task::acquire`]: `Some(true)` taken, `Some(false)` refused by
@@ -486,19 +478,14 @@ impl Task {
     /// have survived that, and the policy decides whether the host leader
     /// acts anyway.
     pub(super) fn check_unreachable(&mut self, pk: AgentPubkey) {
-        let now = self.clock.now();
         let ttl = self.cfg.ttl;
         let policy = self.cfg.when_unreachable;
-        let quiet = self.silence() >= ttl;
+        // Only silence counts: an etcd that answers no (a wrong password, a
+        // role without access, its NOSPACE alarm) is there, and acting
+        // alone on it would make one leader per host of a misconfiguration
+        // (`Task::noted` keeps its answers from the silence).
+        let silent = self.silence() >= ttl && !self.refused;
         let e = self.entries.get_mut(&pk).expect("caller checked");
-        // A key nobody holds that we could not take for a whole TTL (etcd
-        // answers, but refuses every grant and write: its NOSPACE alarm, a
-        // role without write access) is as good as an etcd out of reach.
-        let stuck = e.held.is_none()
-            && e.holder.is_none()
-            && e.stuck_since
-                .is_some_and(|t| now.saturating_duration_since(t) >= ttl);
-        let silent = quiet || stuck;
         // Whether we held the key when etcd went quiet: if not, another
         // host did (or nobody), and what it answered is in no ledger of
         // ours.

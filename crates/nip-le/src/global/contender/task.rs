@@ -15,7 +15,7 @@ use crate::elector::upper::{Permit, SharedWork, Tell, UpperNews};
 use crate::elector::{ChangeReason, GlobalHolder, GlobalStatus};
 use crate::pubkey::AgentPubkey;
 
-use super::super::etcd::{Etcd, EtcdError};
+use super::super::etcd::{ErrorKind, Etcd, EtcdError};
 use super::super::EtcdConfig;
 use super::book::WorkBook;
 use super::{Inbox, Value};
@@ -58,6 +58,9 @@ pub(super) struct Held {
     pub until: u64,
 }
 
+/// The longest wait between two calls that etcd refuses in a row.
+pub(super) const MAX_REFUSAL_WAIT: Duration = Duration::from_secs(10);
+
 pub(super) struct Entry {
     /// We lead our host for this key.
     pub leads: bool,
@@ -74,8 +77,9 @@ pub(super) struct Entry {
     pub claim_lease: Option<i64>,
     /// Don't call etcd for this key before (after a failure).
     pub retry_at: Option<Instant>,
-    /// Since when etcd has refused to let us take the free key.
-    pub stuck_since: Option<Instant>,
+    /// etcd's refusals in a row (its answers, not an outage): each doubles
+    /// the wait before the next call, up to [`MAX_REFUSAL_WAIT`].
+    pub refusals: u32,
     /// Look again even if we hold (after the watch lost track).
     pub verify: bool,
     /// The latest revision at which we know the leader key's state.
@@ -83,6 +87,9 @@ pub(super) struct Entry {
     /// The host of the last holder we saw (kept across deletions).
     pub last_holder_host: Option<String>,
     pub last_error: Option<String>,
+    /// The error the writer was last told of: a new refusal (or its end)
+    /// is told at once, though no permit changes.
+    pub told_error: Option<String>,
     /// The permit we grant the writer now, and the last one we told it.
     pub permit: Permit,
     pub told: Permit,
@@ -114,6 +121,9 @@ pub(crate) struct Task {
     pub(super) entries: BTreeMap<AgentPubkey, Entry>,
     /// The last time etcd answered anything.
     pub(super) last_contact: Instant,
+    /// etcd's last word was no: it is there, and waiting out the backoff
+    /// before asking again is no silence.
+    pub(super) refused: bool,
     /// The highest store revision etcd has shown us: one below it means
     /// etcd lost data.
     pub(super) known_revision: u64,
@@ -143,6 +153,7 @@ impl Task {
     ) -> Self {
         Self {
             last_contact: clock.now(),
+            refused: false,
             cfg,
             our_id: our_id.to_owned(),
             stand_down,
@@ -205,7 +216,11 @@ impl Task {
         let quiet: Vec<AgentPubkey> = self
             .entries
             .iter()
-            .filter(|(_, e)| e.permit != e.told)
+            .filter(|(_, e)| {
+                let refusal_news =
+                    e.last_error != e.told_error && (e.refusals > 0 || e.last_error.is_none());
+                e.permit != e.told || refusal_news
+            })
             .map(|(pk, _)| *pk)
             .collect();
         for pk in quiet {
@@ -422,6 +437,7 @@ impl Task {
         (self.tell)(pk, news);
         if let Some(e) = self.entries.get_mut(&pk) {
             e.told = e.permit;
+            e.told_error.clone_from(&e.last_error);
         }
     }
 
@@ -441,10 +457,31 @@ impl Task {
         match r {
             Ok(v) => {
                 self.last_contact = now;
+                self.refused = false;
                 e.last_error = None;
+                e.refusals = 0;
                 Some(v)
             }
+            Err(err) if err.kind == ErrorKind::Refused => {
+                // etcd answered: it is there, so its silence (the only road
+                // to the fall-back) does not grow, and nothing is acted on
+                // across hosts until it says yes. Said once, retried with
+                // backoff.
+                self.last_contact = now;
+                self.refused = true;
+                let text = err.to_string();
+                if e.last_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(pubkey = %pk, "etcd refused: {text} (not acting across hosts, and not falling back: etcd answers)");
+                }
+                e.last_error = Some(text);
+                let wait = retry.saturating_mul(1 << e.refusals.min(8));
+                e.refusals = e.refusals.saturating_add(1);
+                e.retry_at = Some(now + wait.min(MAX_REFUSAL_WAIT));
+                None
+            }
             Err(err) => {
+                self.refused = false;
+                e.refusals = 0;
                 tracing::debug!(pubkey = %pk, "etcd: {err}");
                 e.last_error = Some(err.to_string());
                 e.retry_at = Some(now + retry);
@@ -493,10 +530,6 @@ impl Entry {
         if let Some(h) = holder.as_ref().filter(|h| !h.host_id.is_empty()) {
             self.last_holder_host = Some(h.host_id.clone());
         }
-        if holder.is_some() {
-            // Someone could take it: a refusal before says nothing now.
-            self.stuck_since = None;
-        }
         self.holder = holder;
     }
 
@@ -511,11 +544,12 @@ impl Entry {
             claim_until: None,
             claim_lease: None,
             retry_at: None,
-            stuck_since: None,
+            refusals: 0,
             verify: false,
             seen: 0,
             last_holder_host: None,
             last_error: None,
+            told_error: None,
             permit: Permit::NOT_HELD,
             told: Permit::NOT_HELD,
             handing: None,

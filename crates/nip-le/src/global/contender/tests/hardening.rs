@@ -375,14 +375,15 @@ fn a_newer_claim_is_never_deleted_by_the_hand_over_of_an_older_one() {
     assert!(c.acts() && !a.acts() && !b.acts());
 }
 
-/// Item 7: under etcd's NOSPACE alarm every grant and write is refused,
-/// while reads, keep-alives and lease expiry go on. A holder that goes
-/// leaves the key free and nobody can take it, yet etcd answers: no
-/// fall-back ever came, and the agent fell silent. A host leader that
-/// finds the key free and cannot take it for a whole TTL now acts as if
-/// etcd were out of reach: the policy decides.
+/// Under etcd's NOSPACE alarm every grant and write is refused, while
+/// reads, keep-alives and lease expiry go on. A holder that goes leaves the
+/// key free and nobody can take it. This once fell back after a TTL (as if
+/// etcd were out of reach); but etcd answers, and every host that acts on
+/// an answer acts alone: one leader per host (issue 31, a refusal is never
+/// an outage). The agent is silent until an operator clears the alarm, and
+/// the status says why.
 #[test]
-fn under_etcds_nospace_alarm_a_free_key_nobody_can_take_falls_back_after_a_ttl() {
+fn under_etcds_nospace_alarm_a_free_key_nobody_can_take_is_not_an_outage() {
     for policy in [WhenUnreachable::FallBack, WhenUnreachable::StaySilent] {
         let (clock, etcd) = rig();
         let how = Arc::new(Twisted::default());
@@ -394,75 +395,24 @@ fn under_etcds_nospace_alarm_a_free_key_nobody_can_take_falls_back_after_a_ttl()
         assert!(a.acts() && !b.acts());
         how.no_space.store(true, Ordering::SeqCst);
         a.lead(false, true);
-        let mut b_from = None;
-        for step in 0..400u64 {
+        for _ in 0..400u64 {
             clock.advance(Duration::from_millis(10));
             pump_all(&mut [&mut a, &mut b]);
-            if b.acts() && b_from.is_none() {
-                b_from = Some(step * 10);
-            }
+            assert!(!b.acts(), "{policy:?}: b acted on a refusal");
         }
-        match policy {
-            WhenUnreachable::FallBack => {
-                let ms = b_from.expect("b never fell back: the agent is silent");
-                assert!(ms >= TTL.as_millis() as u64 - 20, "fell back after {ms} ms");
-                assert!(
-                    ms <= TTL.as_millis() as u64 + 1100,
-                    "fell back after {ms} ms"
-                );
-                assert_eq!(b.cell.level_on(&clock), Level::Host);
-                let last = b.task.entries[&pk()].last_error.clone().unwrap_or_default();
-                assert!(last.contains("space"), "the status says why: {last:?}");
-            }
-            WhenUnreachable::StaySilent => assert_eq!(b_from, None, "acted under stay-silent"),
+        let last = b.task.entries[&pk()].last_error.clone().unwrap_or_default();
+        assert!(last.contains("space"), "the status says why: {last:?}");
+        // The alarm cleared: b takes the key.
+        how.no_space.store(false, Ordering::SeqCst);
+        for _ in 0..1200u64 {
+            clock.advance(Duration::from_millis(10));
+            pump_all(&mut [&mut a, &mut b]);
         }
+        assert!(
+            b.acts(),
+            "{policy:?}: b never took the key once etcd took writes"
+        );
     }
-}
-
-/// Item 1: under the fall-back, a host leader that did not hold the key
-/// acts without knowing what the holder (on another host) answered: its
-/// own ledger covers none of that. Its fall-back gain was told as one of
-/// its own, so its writer owed the whole backlog again; it is now told as
-/// a gain from another host (the writer then owes only what is published
-/// from now on). The holder's own fall-back is not: its ledger covers all
-/// it answered.
-///
-/// What the other host may have answered is unknown only up to a TTL
-/// before etcd went quiet: a mention published then that the holder, cut
-/// off, never answered is owed here (real-process chaos across hosts, about
-/// 1 run in 5: it was never answered when only what was published after the
-/// fall-back was owed).
-#[test]
-fn a_fall_back_gain_is_from_another_host_unless_we_held_the_key() {
-    let (clock, _etcd, mut a, mut b) = two_hosts(WhenUnreachable::FallBack);
-    assert!(a.acts() && !b.acts());
-    a.cut.store(true, Ordering::SeqCst);
-    b.cut.store(true, Ordering::SeqCst);
-    let cut_ms = clock.unix_ms();
-    let mut fell = [None, None];
-    for _ in 0..300 {
-        clock.advance(Duration::from_millis(10));
-        for (i, h) in [&mut a, &mut b].into_iter().enumerate() {
-            h.task.step(None);
-            let news = std::mem::take(&mut *h.news.lock().unwrap());
-            for n in news {
-                h.cell.set_global(n.permit.state, n.permit.until);
-                if n.permit.state == global_state::FALLBACK {
-                    fell[i].get_or_insert((n.unknown_before_ms, clock.unix_ms()));
-                }
-            }
-        }
-    }
-    let (a_fell, b_fell) = (fell[0].expect("a fell back"), fell[1].expect("b fell back"));
-    assert_eq!(a_fell.0, None, "the holder's own ledger covers its work");
-    let before = b_fell.0.expect("b gained from another host");
-    let ttl_ms = TTL.as_millis() as u64;
-    assert!(b_fell.1 >= cut_ms + ttl_ms, "a whole TTL of silence first");
-    assert!(
-        before <= cut_ms.saturating_sub(ttl_ms) && before + 2 * ttl_ms >= cut_ms,
-        "owed from a TTL before the last answer: {before} (cut at {cut_ms})"
-    );
-    assert!(a.acts() && b.acts(), "both act for their host");
 }
 
 /// Review of item 7: a refusal long ago (a grant that timed out once) was

@@ -510,5 +510,6 @@ fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
 }
 
 mod hardening;
+mod refusals;
 mod watching;
 mod work;
