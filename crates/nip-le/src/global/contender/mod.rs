@@ -6,12 +6,15 @@
 //! on each input, on an injected clock and an [`Etcd`] behind a trait, no
 //! thread), `moves` and `claims` its moves on etcd, [`watch`] how a watch stream
 //! becomes inputs; this file is the shell an app runs: one thread for the
-//! task, one for the watch stream, both fed through a channel. Every etcd
+//! task, and one watch per agent the writer told of (its keys only: no
+//! window reads another agent's work records), all fed through one
+//! channel, the watches' share of it bounded. Every etcd
 //! call is bounded by a timeout, and a permit ends on its own at the
 //! lease's deadline whether or not a thread is running. The task only
 //! tells the writer: the writer alone sets permits.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -92,7 +95,20 @@ pub(crate) struct Contender {
     tx: mpsc::Sender<Message>,
     thread: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
+    cfg: EtcdConfig,
+    /// The client the watches use.
+    watches: Arc<dyn Etcd>,
+    /// The agents a watch follows.
+    watched: HashSet<AgentPubkey>,
+    /// Watch inputs sent and not yet taken by the task.
+    backlog: Arc<AtomicUsize>,
 }
+
+/// The most watch inputs waiting for the task: past it a watch stops
+/// reading (etcd keeps the rest, or ends the watch, which resumes from
+/// where it left off), so a burst of changes never grows memory without
+/// bound while the task is busy.
+const MAX_WATCH_BACKLOG: usize = 1024;
 
 /// The longest [`UpperLevel::shutdown`] waits for the leases to be given up.
 pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_secs(3);
@@ -100,6 +116,8 @@ pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_secs(3);
 /// What the task's thread receives.
 enum Message {
     In(Inbox),
+    /// From a watch (counted in the backlog).
+    Watched(Inbox),
     Shutdown(mpsc::SyncSender<()>),
 }
 
@@ -140,23 +158,47 @@ impl Contender {
             Box::new(SystemClock),
         );
         task.retention = retention;
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&backlog);
         let thread = std::thread::Builder::new()
             .name("nip-le-etcd".into())
-            .spawn(move || run(task, &rx))?;
-        let (wtx, wstop, wcfg) = (tx.clone(), Arc::clone(&stop), cfg.clone());
-        std::thread::Builder::new()
-            .name("nip-le-etcd-watch".into())
-            .spawn(move || {
-                watch::follow(&wcfg, &*watches, &wstop, |i| {
-                    wtx.send(Message::In(i)).is_ok()
-                })
-            })?;
+            .spawn(move || run(task, &rx, &counted))?;
         Ok(Self {
-            host_id: cfg.host_id,
+            host_id: cfg.host_id.clone(),
             tx,
             thread: Some(thread),
             stop,
+            cfg,
+            watches,
+            watched: HashSet::new(),
+            backlog,
         })
+    }
+
+    /// Follows `pk`'s keys from now on (once per agent).
+    fn watch(&mut self, pk: AgentPubkey) {
+        if !self.watched.insert(pk) {
+            return;
+        }
+        let (tx, stop, backlog) = (
+            self.tx.clone(),
+            Arc::clone(&self.stop),
+            Arc::clone(&self.backlog),
+        );
+        let (cfg, gw) = (self.cfg.clone(), Arc::clone(&self.watches));
+        let spawned = std::thread::Builder::new()
+            .name("nip-le-etcd-watch".into())
+            .spawn(move || {
+                let prefix = format!("{}/{pk}/", cfg.prefix);
+                watch::follow(&*gw, &prefix, &stop, |i| {
+                    room(&backlog, &stop) && tx.send(Message::Watched(i)).is_ok()
+                })
+            });
+        if let Err(e) = spawned {
+            // Without a watch the task still looks at etcd every half TTL.
+            tracing::warn!(pubkey = %pk, "etcd watch: no thread: {e}");
+            self.watched.remove(&pk);
+        }
     }
 
     fn send(&self, i: Inbox) {
@@ -164,8 +206,21 @@ impl Contender {
     }
 }
 
+/// Waits until the watches' backlog is under [`MAX_WATCH_BACKLOG`] and
+/// counts one more input in it; `false`: stopping.
+fn room(backlog: &AtomicUsize, stop: &AtomicBool) -> bool {
+    while backlog.load(Ordering::Acquire) >= MAX_WATCH_BACKLOG {
+        if stop.load(Ordering::Acquire) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    backlog.fetch_add(1, Ordering::AcqRel);
+    true
+}
+
 /// The task's thread: each input, then whatever is due, until shutdown.
-fn run(mut task: Task, rx: &mpsc::Receiver<Message>) {
+fn run(mut task: Task, rx: &mpsc::Receiver<Message>, backlog: &AtomicUsize) {
     loop {
         let wait = task.wait();
         match rx.recv_timeout(wait) {
@@ -175,6 +230,10 @@ fn run(mut task: Task, rx: &mpsc::Receiver<Message>) {
                 return;
             }
             Ok(Message::In(i)) => task.step(Some(i)),
+            Ok(Message::Watched(i)) => {
+                backlog.fetch_sub(1, Ordering::AcqRel);
+                task.step(Some(i));
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => task.step(None),
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
@@ -194,6 +253,7 @@ impl UpperLevel for Contender {
         revoke: bool,
         tenure: u64,
     ) {
+        self.watch(pk);
         self.send(Inbox::Lead {
             pk,
             leads,

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::super::etcd::{Etcd, WatchMessage};
-use super::super::EtcdConfig;
 use super::Inbox;
 
 /// Where a watch resumes.
@@ -93,26 +92,26 @@ impl Backoff {
     }
 }
 
-/// Follows every key under the prefix, from where it left off, handing
-/// each input to `send` (false: nobody listens any more).
+/// Follows every key under `prefix` (one agent's: `<prefix>/<pubkey>/`),
+/// from where it left off, handing each input to `send` (false: nobody
+/// listens any more).
 pub(crate) fn follow(
-    cfg: &EtcdConfig,
     gw: &dyn Etcd,
+    prefix: &str,
     stop: &AtomicBool,
     send: impl FnMut(Inbox) -> bool,
 ) {
-    follow_with(cfg, gw, stop, send, pause);
+    follow_with(gw, prefix, stop, send, pause);
 }
 
 /// [`follow`], waiting between failed streams with `wait` (a test counts).
 pub(crate) fn follow_with(
-    cfg: &EtcdConfig,
     gw: &dyn Etcd,
+    prefix: &str,
     stop: &AtomicBool,
     mut send: impl FnMut(Inbox) -> bool,
     mut wait: impl FnMut(&AtomicBool, Duration),
 ) {
-    let prefix = format!("{}/", cfg.prefix);
     let mut cursor = Cursor::default();
     let mut backoff = Backoff::default();
     // The first stream opens at once, and so does one after a stream that
@@ -124,7 +123,7 @@ pub(crate) fn follow_with(
         if !std::mem::take(&mut at_once) {
             wait(stop, backoff.failed());
         }
-        let mut stream = match gw.watch(&prefix, true, cursor.start(), Duration::from_secs(5)) {
+        let mut stream = match gw.watch(prefix, true, cursor.start(), Duration::from_secs(5)) {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!("etcd watch: {e}");

@@ -91,12 +91,11 @@ fn a_watch_stream_closed_at_once_is_reopened_with_a_growing_backoff() {
         }
     }
     let gw = WatchOnly::new(|| Box::new(Closed));
-    let cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
     let stop = AtomicBool::new(false);
     let mut waits = Vec::new();
     follow_with(
-        &cfg,
         &gw,
+        "/nip-le/ab/",
         &stop,
         |_| true,
         |stop, d| {
@@ -136,12 +135,11 @@ fn a_watch_etcd_refuses_backs_off_like_a_failed_one() {
             })
         }
     }
-    let cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
     let stop = AtomicBool::new(false);
     let mut waits = Vec::new();
     follow_with(
-        &cfg,
         &WatchOnly::new(|| Box::new(Refused)),
+        "/nip-le/ab/",
         &stop,
         |_| true,
         |stop, d| {
