@@ -12,7 +12,7 @@
 //!   continues the same lease: etcd leases are not tied to a connection, so
 //!   the agent moves within the host in milliseconds and only the loss of a
 //!   whole host costs the TTL.
-//! * A host leader watches the prefix: a released key (lease revoked on a
+//! * A window watches its agents' keys: a released key (lease revoked on a
 //!   graceful exit) is taken at once; a claim is a put of
 //!   `<prefix>/<pubkey>/claim`, and the holder stands down and rewrites the
 //!   key for the claimant in one transaction.
