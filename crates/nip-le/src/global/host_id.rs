@@ -4,6 +4,15 @@
 //! share one ("ubuntu", "MacBook-Pro"), and a host that sees its own id on
 //! the agent's key continues the lease it is bound to, so two such hosts
 //! took the key from each other every renewal.
+//!
+//! A lock directory is meant to be local, but a home on NFS, synced
+//! dotfiles or a cloned disk share one between machines, and with it the
+//! id. So the id is bound to the machine that made it (a fingerprint of the
+//! OS's machine id, [`super::machine`], on the file's second line), and a
+//! machine that finds another's fingerprint there derives an id of its own
+//! from both, the same for every window of it, without writing anything.
+//! A cloned disk whose machine id was not made anew (systemd's
+//! `machine-id` is meant to be) stays undetectable.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -37,15 +46,25 @@ fn path_in(lock_dir: &Path) -> PathBuf {
 /// that are no id) is an error naming the file, never replaced silently:
 /// another host id would let another host's lease be continued.
 pub fn persisted(lock_dir: &Path) -> Result<String, String> {
+    persisted_on(lock_dir, super::machine::fingerprint().as_deref())
+}
+
+/// [`persisted`] on the machine whose fingerprint is `machine` (`None`:
+/// the OS keeps no machine id, and the file is trusted as it is).
+fn persisted_on(lock_dir: &Path, machine: Option<&str>) -> Result<String, String> {
     let path = path_in(lock_dir);
     match read(&path) {
-        Ok(Some(id)) => return Ok(id),
+        Ok(Some(kept)) => return Ok(ours(kept, machine, &path)),
         Ok(None) => {}
         Err(e) => return Err(e),
     }
     crate::lockfile::ensure_dir(lock_dir)
         .map_err(|e| format!("{}: cannot write the host id: {e}", path.display()))?;
     let id = format!("h-{}", uuid::Uuid::new_v4().simple());
+    let text = match machine {
+        Some(m) => format!("{id}\nmachine {m}\n"),
+        None => id.clone(),
+    };
     let tmp = lock_dir.join(format!(
         ".{HOST_ID_FILE}.{}.tmp",
         uuid::Uuid::new_v4().simple()
@@ -53,14 +72,16 @@ pub fn persisted(lock_dir: &Path) -> Result<String, String> {
     // Durable before it is linked into place: a power loss must not leave
     // an empty id (read as "not a host id").
     let written = open_regular_file(&tmp, Create::New)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, id.as_bytes()).and(f.sync_all()))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()).and(f.sync_all()))
         .and_then(|()| std::fs::hard_link(&tmp, &path));
     let _ = std::fs::remove_file(&tmp);
     match written {
         Ok(()) => Ok(id),
         // Another window wrote its id first: that one is the host's.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            read(&path)?.ok_or_else(|| format!("{}: vanished while read", path.display()))
+            let kept =
+                read(&path)?.ok_or_else(|| format!("{}: vanished while read", path.display()))?;
+            Ok(ours(kept, machine, &path))
         }
         Err(e) => Err(format!("{}: cannot write the host id: {e}", path.display())),
     }
@@ -72,8 +93,34 @@ pub fn is_hostile(e: &str) -> bool {
     e.contains("not a host id")
 }
 
-/// The id in `path`, `None` when there is no file.
-fn read(path: &Path) -> Result<Option<String>, String> {
+/// A host id as kept: the id, and the fingerprint of the machine that
+/// made it (none in a file written by hand or by an older version).
+struct Kept {
+    id: String,
+    machine: Option<String>,
+}
+
+/// The host id of machine `machine` from what the file keeps: the file's
+/// own, unless another machine made it; then one derived from both.
+fn ours(kept: Kept, machine: Option<&str>, path: &Path) -> String {
+    match (kept.machine.as_deref(), machine) {
+        (Some(theirs), Some(mine)) if theirs != mine => {
+            tracing::info!(
+                "{}: the host id of another machine (a lock directory shared over a network or synced filesystem, or a cloned disk): using one of this machine's",
+                path.display()
+            );
+            let name = format!("{} {mine}", kept.id);
+            format!(
+                "h-{}",
+                uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).simple()
+            )
+        }
+        _ => kept.id,
+    }
+}
+
+/// What `path` keeps, `None` when there is no file.
+fn read(path: &Path) -> Result<Option<Kept>, String> {
     let f = match open_regular_file(path, Create::No) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -83,14 +130,27 @@ fn read(path: &Path) -> Result<Option<String>, String> {
     f.take(MAX_LEN + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("{}: cannot read the host id: {e}", path.display()))?;
-    let id = std::str::from_utf8(&bytes).map(str::trim).unwrap_or("");
-    if bytes.len() as u64 > MAX_LEN || !plausible(id) {
+    let text = std::str::from_utf8(&bytes).unwrap_or("");
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let id = lines.next().unwrap_or("");
+    let machine = lines.next().map(|l| {
+        l.strip_prefix("machine ")
+            .filter(|m| m.len() == 16 && m.chars().all(|c| c.is_ascii_hexdigit()))
+    });
+    if bytes.len() as u64 > MAX_LEN
+        || !plausible(id)
+        || machine == Some(None)
+        || lines.next().is_some()
+    {
         return Err(format!(
             "{}: not a host id (remove it to have a new one made, or write one by hand)",
             path.display()
         ));
     }
-    Ok(Some(id.to_owned()))
+    Ok(Some(Kept {
+        id: id.to_owned(),
+        machine: machine.flatten().map(str::to_owned),
+    }))
 }
 
 #[cfg(test)]
@@ -106,6 +166,35 @@ mod tests {
         assert_ne!(persisted(b.path()).unwrap(), first, "another host");
         let left: Vec<_> = std::fs::read_dir(a.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "no temporary file left");
+    }
+
+    /// Issue 31: a lock directory on NFS or in synced dotfiles is shared by
+    /// machines, and so was the host id: two hosts as one.
+    #[test]
+    fn a_lock_directory_shared_by_two_machines_gives_each_its_own_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m1, m2) = ("0123456789abcdef", "fedcba9876543210");
+        let first = persisted_on(dir.path(), Some(m1)).unwrap();
+        let text = std::fs::read_to_string(path_in(dir.path())).unwrap();
+        assert_eq!(text, format!("{first}\nmachine {m1}\n"));
+        assert_eq!(persisted_on(dir.path(), Some(m1)).unwrap(), first, "kept");
+        let second = persisted_on(dir.path(), Some(m2)).unwrap();
+        assert_ne!(second, first, "the other machine's id");
+        assert!(plausible(&second) && second.starts_with("h-"), "{second}");
+        assert_eq!(
+            persisted_on(dir.path(), Some(m2)).unwrap(),
+            second,
+            "stable"
+        );
+        assert_eq!(
+            std::fs::read_to_string(path_in(dir.path())).unwrap(),
+            text,
+            "nothing written"
+        );
+        // A machine without a machine id, and an id written by hand: trusted.
+        assert_eq!(persisted_on(dir.path(), None).unwrap(), first);
+        std::fs::write(path_in(dir.path()), "laptop-7\n").unwrap();
+        assert_eq!(persisted_on(dir.path(), Some(m2)).unwrap(), "laptop-7");
     }
 
     #[test]
@@ -142,6 +231,8 @@ mod tests {
             &b"../../etc/passwd"[..],
             b"",
             b"a\nb",
+            b"h-1\nmachine ../../x\n",
+            b"h-1\nmachine 0123456789abcdef\nmore\n",
             b"\xff\xfe",
             &[b'a'; 200],
         ] {

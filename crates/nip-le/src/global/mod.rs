@@ -33,6 +33,7 @@ pub(crate) mod contender;
 pub(crate) mod etcd;
 mod grpc;
 mod host_id;
+mod machine;
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod memory;
 
