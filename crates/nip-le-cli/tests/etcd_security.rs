@@ -618,8 +618,8 @@ fn three_hosts_that_etcd_refuses_never_act_at_once() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    for g in 0..groups.len() {
-        assert!(acting(&windows, g).is_empty(), "{}", groups[g].2);
+    for (g, (_, _, why)) in groups.iter().enumerate() {
+        assert!(acting(&windows, g).is_empty(), "{why}");
     }
     for (g, w) in &mut windows {
         let why = groups[*g].2;

@@ -221,3 +221,19 @@ fn forged_ttls_and_revisions_never_make_two_holders_across_200_seeds() {
     };
     assert_clean(&a);
 }
+
+/// Data loss (issue 31, item 4): etcd restored from an old snapshot or
+/// recreated. A window that first reached etcd after the loss saw nothing
+/// wrong and took the free key at once beside a window whose permit the
+/// forgotten lease still backed (seeds 101 and 130 of 300: two holders).
+/// What a host's windows saw of etcd (highest revision, cluster id, losses
+/// noticed) is now kept beside its lock files, and every later window of
+/// the host starts from it.
+#[test]
+fn every_window_notices_a_data_loss_its_host_saw_the_store_before_across_300_seeds() {
+    let a = SimArgs {
+        with: vec![ExtraKind::DataLoss],
+        ..hosts(Policy::FallBack, 300)
+    };
+    assert_clean(&a);
+}

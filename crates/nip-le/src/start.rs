@@ -47,7 +47,7 @@ fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
                 }
             };
         }
-        let contender = crate::global::Contender::start(etcd, &id, timings, tell)
+        let contender = crate::global::Contender::start(etcd, &id, timings, tell, &lock_dir)
             .map_err(|e| crate::Error::io("<etcd thread>", e))?;
         Ok(Some(Box::new(contender) as Box<dyn upper::UpperLevel>))
     })

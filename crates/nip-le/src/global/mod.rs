@@ -36,6 +36,7 @@ mod host_id;
 mod machine;
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod memory;
+pub(crate) mod seen;
 
 use std::time::Duration;
 
@@ -44,6 +45,7 @@ pub use crate::config::etcd::{
 };
 pub(crate) use contender::Contender;
 pub use host_id::{is_hostile as host_id_is_hostile, persisted as persisted_host_id, HOST_ID_FILE};
+pub use seen::SEEN_FILE;
 
 use crate::elector::GlobalHolder;
 use crate::pubkey::AgentPubkey;

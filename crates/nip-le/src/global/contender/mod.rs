@@ -31,6 +31,7 @@ use super::EtcdConfig;
 
 mod book;
 mod claims;
+mod losses;
 mod moves;
 pub(crate) mod task;
 pub(crate) mod watch;
@@ -125,20 +126,32 @@ impl Contender {
     /// Starts the contender and its watch for `cfg` (validated), on etcd's
     /// gRPC API.
     /// `retention`: how long etcd keeps the agent's done records.
+    /// `lock_dir`: where the host keeps what its windows saw of etcd.
     pub(crate) fn start(
         cfg: EtcdConfig,
         our_id: &str,
         (stand_down, retention): (Duration, Duration),
         tell: Tell,
+        lock_dir: &std::path::Path,
     ) -> std::io::Result<Self> {
         let timeout = (cfg.ttl / 4).min(Duration::from_secs(1));
         let calls = Arc::new(Grpc::new(&cfg, timeout));
         let watches = Arc::new(Grpc::new(&cfg, Duration::from_secs(1)));
-        Self::start_on(cfg, our_id, (stand_down, retention), tell, calls, watches)
+        let seen = Some(super::seen::path_in(lock_dir));
+        Self::start_on(
+            cfg,
+            our_id,
+            (stand_down, retention),
+            tell,
+            calls,
+            watches,
+            seen,
+        )
     }
 
     /// [`Contender::start`] on any etcd: `calls` for the task, `watches`
-    /// for the watch thread.
+    /// for the watch thread; what was seen of etcd kept in `seen` (`None`:
+    /// not kept).
     pub(crate) fn start_on(
         cfg: EtcdConfig,
         our_id: &str,
@@ -146,6 +159,7 @@ impl Contender {
         tell: Tell,
         calls: Arc<dyn Etcd>,
         watches: Arc<dyn Etcd>,
+        seen: Option<std::path::PathBuf>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -158,11 +172,14 @@ impl Contender {
             Box::new(SystemClock),
         );
         task.retention = retention;
+        if let Some(p) = &seen {
+            task.remember(super::seen::read(p));
+        }
         let backlog = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&backlog);
         let thread = std::thread::Builder::new()
             .name("nip-le-etcd".into())
-            .spawn(move || run(task, &rx, &counted))?;
+            .spawn(move || run(task, &rx, &counted, seen.as_deref()))?;
         Ok(Self {
             host_id: cfg.host_id.clone(),
             tx,
@@ -220,12 +237,26 @@ fn room(backlog: &AtomicUsize, stop: &AtomicBool) -> bool {
 }
 
 /// The task's thread: each input, then whatever is due, until shutdown.
-fn run(mut task: Task, rx: &mpsc::Receiver<Message>, backlog: &AtomicUsize) {
+fn run(
+    mut task: Task,
+    rx: &mpsc::Receiver<Message>,
+    backlog: &AtomicUsize,
+    seen: Option<&std::path::Path>,
+) {
+    let keep = |task: &mut Task| {
+        if let (Some(p), Some(s)) = (seen, task.seen_to_keep()) {
+            if let Err(e) = super::seen::keep(p, s) {
+                tracing::debug!("{}: {e}", p.display());
+            }
+        }
+    };
     loop {
+        keep(&mut task);
         let wait = task.wait();
         match rx.recv_timeout(wait) {
             Ok(Message::Shutdown(done)) => {
                 task.give_up_all();
+                keep(&mut task);
                 let _ = done.send(());
                 return;
             }

@@ -16,6 +16,7 @@ use crate::elector::{ChangeReason, GlobalHolder, GlobalStatus};
 use crate::pubkey::AgentPubkey;
 
 use super::super::etcd::{ErrorKind, Etcd, EtcdError};
+use super::super::seen::Seen;
 use super::super::EtcdConfig;
 use super::book::WorkBook;
 use super::{Inbox, Value};
@@ -57,6 +58,9 @@ pub(super) struct Held {
     /// The permit's deadline ([`cache::boot_nanos`]).
     pub until: u64,
 }
+
+/// How often what was seen of etcd is kept at most.
+pub(crate) const KEEP_EVERY: Duration = Duration::from_millis(100);
 
 /// The longest wait between two calls that etcd refuses in a row.
 pub(super) const MAX_REFUSAL_WAIT: Duration = Duration::from_secs(10);
@@ -133,6 +137,11 @@ pub(crate) struct Task {
     /// The cluster id etcd answered with (0: none yet): another one is a
     /// new cluster, which lost whatever the old one held.
     pub(super) known_cluster: u64,
+    /// Data losses noticed, this host's windows counted (see
+    /// [`crate::global::seen`]).
+    pub(super) losses: u64,
+    /// What was last handed out to be kept, and when.
+    pub(super) kept: (Seen, Option<Instant>),
     /// Our work records in etcd (see [`super::work`]).
     pub(super) work: WorkBook,
     /// How long done records are kept.
@@ -164,6 +173,8 @@ impl Task {
             known_revision: 0,
             rewound_until: None,
             known_cluster: 0,
+            losses: 0,
+            kept: (Seen::default(), None),
             work: WorkBook::default(),
             retention: crate::config::DEFAULT_WORK_RETENTION,
             shutting_down: false,
@@ -254,6 +265,7 @@ impl Task {
         for t in self
             .work_due()
             .into_iter()
+            .chain(self.keep_due())
             .chain(swaps)
             .filter(|t| *t > now)
         {
@@ -321,65 +333,6 @@ impl Task {
                 self.known_revision = self.known_revision.max(c.revision);
                 self.changed(c)
             }
-        }
-    }
-
-    /// A store revision etcd answered with: below one it showed before,
-    /// etcd lost data (restored empty or from an old snapshot).
-    pub(super) fn store_at(&mut self, revision: u64) {
-        if revision < self.known_revision {
-            self.rewound(revision);
-        }
-        self.known_revision = self.known_revision.max(revision);
-    }
-
-    /// Whether etcd still answers as the cluster it did: a new cluster id
-    /// is a data loss even when the new store's revisions have already
-    /// climbed past what we saw (the work records write two per mention).
-    pub(super) fn same_cluster(&mut self) -> bool {
-        let id = self.gw.cluster_id();
-        if id == 0 || id == self.known_cluster {
-            return true;
-        }
-        let was = std::mem::replace(&mut self.known_cluster, id);
-        if was != 0 {
-            tracing::warn!(was, now = id, "etcd answers as another cluster");
-            self.rewound(0);
-            return false;
-        }
-        true
-    }
-
-    /// etcd lost data: what we knew of its revisions means nothing now,
-    /// every key is looked at again, and nobody takes one for a TTL. A
-    /// lease etcd forgot was renewed last before the loss, so any permit it
-    /// backed ends within 0.9 TTL of now (see [`Task::deadline`]).
-    pub(super) fn rewound(&mut self, revision: u64) {
-        tracing::warn!(
-            known = self.known_revision,
-            now = revision,
-            "etcd's revisions went back: it lost data; no key is taken for a TTL"
-        );
-        self.known_revision = revision;
-        self.rewound_until = Some(self.clock.now() + self.cfg.ttl);
-        let mut held = Vec::new();
-        for (pk, e) in &mut self.entries {
-            e.seen = 0;
-            e.verify = true;
-            e.retry_at = None;
-            e.claim_lease = None;
-            // Our lease is gone with the data: stop acting now, not at the
-            // permit's deadline (a renewal that just failed would leave it
-            // open until then, while a window that first reached etcd after
-            // the loss takes the key).
-            if e.held.take().is_some() || e.handing.take().is_some() {
-                e.swap_at = None;
-                e.grant(NOT_HELD, 0);
-                held.push(*pk);
-            }
-        }
-        for pk in held {
-            self.tell(pk, Some(ChangeReason::Lost));
         }
     }
 

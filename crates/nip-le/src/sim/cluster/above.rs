@@ -16,6 +16,7 @@ use crate::global::{EtcdConfig, WhenUnreachable};
 
 use super::super::etcd::SimEtcd;
 use super::*;
+use crate::global::seen::Seen;
 
 /// A host's part in a run across hosts.
 pub(crate) struct HostLink {
@@ -31,6 +32,9 @@ pub(crate) struct HostLink {
     contenders: BTreeMap<ProcId, Contended>,
     /// Per process: its scheduled contender step (generation).
     due: BTreeMap<ProcId, (u64, u64)>,
+    /// What the host's windows kept of etcd (the lock directory's
+    /// `etcd-seen`, which outlives every window).
+    seen: Seen,
 }
 
 impl HostLink {
@@ -52,6 +56,7 @@ impl HostLink {
             pk,
             contenders: BTreeMap::new(),
             due: BTreeMap::new(),
+            seen: Seen::default(),
         }
     }
 }
@@ -152,7 +157,7 @@ impl Sim {
             s.procs[proc].inbox.push(Command::Upper(pk, news));
             s.wakeups.push((proc, t));
         });
-        let task = Task::new(
+        let mut task = Task::new(
             cfg,
             id,
             self.opts.stand_down,
@@ -160,6 +165,7 @@ impl Sim {
             tell,
             Box::new(HostClock(Arc::clone(&self.m))),
         );
+        task.remember(h.seen);
         let slot = Arc::new(Mutex::new(Slot::default()));
         h.contenders.insert(
             proc,
@@ -292,6 +298,9 @@ impl Sim {
                 c.task.step(Some(i));
             }
             c.task.step(None);
+            if let Some(kept) = c.task.seen_to_keep() {
+                h.seen = h.seen.merge(kept);
+            }
             c.task.next_due()
         }));
         super::IN_WRITER.with(|s| s.set(false));
