@@ -2,7 +2,7 @@
 //! step by step on a manual clock (each test is deterministic), and the
 //! thread shell once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -72,17 +72,34 @@ fn rig() -> (ManualClock, MemoryEtcd) {
 }
 
 /// An etcd a host can be cut off from.
+#[derive(Default)]
 struct Cut {
     etcd: MemoryEtcd,
     cut: Arc<AtomicBool>,
+    /// While set, every call fails with it (etcd's answer, not an outage).
+    refuse: Arc<Mutex<Option<EtcdError>>>,
+    /// Calls made.
+    calls: Arc<AtomicUsize>,
+    /// Every watch opened: its key, and whether a prefix.
+    watches: Mutex<Vec<String>>,
 }
 
 impl Cut {
+    fn on(etcd: &MemoryEtcd) -> Self {
+        Self {
+            etcd: etcd.clone(),
+            ..Self::default()
+        }
+    }
+
     fn check(&self) -> EtcdResult<()> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         if self.cut.load(Ordering::SeqCst) {
-            Err(EtcdError::unreachable("unreachable"))
-        } else {
-            Ok(())
+            return Err(EtcdError::unreachable("unreachable"));
+        }
+        match self.refuse.lock().unwrap().clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 }
@@ -139,6 +156,7 @@ impl Etcd for Cut {
         self.etcd.revoke(lease)
     }
     fn watch(&self, k: &str, p: bool, s: u64, t: Duration) -> EtcdResult<Box<dyn Watch>> {
+        self.watches.lock().unwrap().push(format!("{k} {p}"));
         self.check()?;
         self.etcd.watch(k, p, s, t)
     }
@@ -172,11 +190,8 @@ impl Host {
         id: &str,
         policy: WhenUnreachable,
     ) -> Self {
-        let cut = Arc::new(AtomicBool::new(false));
-        let gw = Arc::new(Cut {
-            etcd: etcd.clone(),
-            cut: Arc::clone(&cut),
-        });
+        let gw = Arc::new(Cut::on(etcd));
+        let cut = Arc::clone(&gw.cut);
         Self::on(etcd, clock, name, id, policy, gw, cut)
     }
 

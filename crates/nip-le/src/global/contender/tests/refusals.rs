@@ -4,86 +4,10 @@
 //! silence may start the fall-back. The same three hosts cut off from etcd
 //! do fall back, one leader each: the count can fail.
 
-use std::sync::atomic::AtomicUsize;
-
 use super::*;
 
-/// An etcd whose every call fails with `error` while it is set.
-struct Refusing {
-    etcd: MemoryEtcd,
-    error: Arc<Mutex<Option<EtcdError>>>,
-    calls: Arc<AtomicUsize>,
-}
-
-impl Refusing {
-    fn check(&self) -> EtcdResult<()> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        match self.error.lock().unwrap().clone() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Etcd for Refusing {
-    fn get_at(&self, key: &str) -> EtcdResult<(Option<Kv>, u64)> {
-        self.check()?;
-        self.etcd.get_at(key)
-    }
-    fn create(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<Txn> {
-        self.check()?;
-        self.etcd.create(key, value, lease)
-    }
-    fn swap(
-        &self,
-        k: &str,
-        rev: u64,
-        v: &[u8],
-        lease: i64,
-        also: Option<(&str, u64)>,
-    ) -> EtcdResult<Txn> {
-        self.check()?;
-        self.etcd.swap(k, rev, v, lease, also)
-    }
-    fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
-        self.check()?;
-        self.etcd.put(key, value, lease)
-    }
-    fn cluster_id(&self) -> u64 {
-        self.etcd.cluster_id()
-    }
-    fn create_if(&self, g: &str, rev: u64, k: &str, v: &[u8], lease: i64) -> EtcdResult<Txn> {
-        self.check()?;
-        self.etcd.create_if(g, rev, k, v, lease)
-    }
-    fn delete_if(&self, key: &str, rev: u64) -> EtcdResult<bool> {
-        self.check()?;
-        self.etcd.delete_if(key, rev)
-    }
-    fn range(&self, prefix: &str, limit: usize) -> EtcdResult<Vec<Kv>> {
-        self.check()?;
-        self.etcd.range(prefix, limit)
-    }
-    fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
-        self.check()?;
-        self.etcd.grant(ttl)
-    }
-    fn keep_alive(&self, lease: i64) -> EtcdResult<Duration> {
-        self.check()?;
-        self.etcd.keep_alive(lease)
-    }
-    fn revoke(&self, lease: i64) -> EtcdResult<()> {
-        self.check()?;
-        self.etcd.revoke(lease)
-    }
-    fn watch(&self, k: &str, p: bool, s: u64, t: Duration) -> EtcdResult<Box<dyn Watch>> {
-        self.check()?;
-        self.etcd.watch(k, p, s, t)
-    }
-}
-
-/// Three host leaders on one etcd, each behind its own [`Refusing`]
-/// sharing `error`; the first holds the key before anything fails.
+/// Three host leaders on one etcd, each behind its own [`Cut`] sharing
+/// one refusal; the first holds the key before anything fails.
 struct Three {
     clock: ManualClock,
     hosts: Vec<Host>,
@@ -98,16 +22,15 @@ impl Three {
         let mut hosts = Vec::new();
         let mut calls = Vec::new();
         for name in ["a", "b", "c"] {
-            let n = Arc::new(AtomicUsize::new(0));
-            let gw = Arc::new(Refusing {
-                etcd: etcd.clone(),
-                error: Arc::clone(&error),
-                calls: Arc::clone(&n),
+            let gw = Arc::new(Cut {
+                refuse: Arc::clone(&error),
+                ..Cut::on(&etcd)
             });
-            let cut = Arc::new(AtomicBool::new(false));
+            calls.push(Arc::clone(&gw.calls));
             let id = format!("{name}-window");
+            // The watch is the pump's, which `cut` silences.
+            let cut = Arc::new(AtomicBool::new(false));
             hosts.push(Host::on(&etcd, &clock, name, &id, policy, gw, cut));
-            calls.push(n);
         }
         for h in &mut hosts {
             h.lead(true, false);

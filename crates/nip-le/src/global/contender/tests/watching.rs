@@ -211,71 +211,16 @@ impl Etcd for WatchOnly {
 /// first tells of the agent, and its inputs wait for room past a bound.
 #[test]
 fn a_watch_follows_only_the_agents_told_of_and_its_backlog_is_bounded() {
-    struct Prefixes {
-        etcd: MemoryEtcd,
-        seen: Mutex<Vec<String>>,
-    }
-    impl Prefixes {
-        fn etcd(&self) -> &MemoryEtcd {
-            &self.etcd
-        }
-    }
-    impl Etcd for Prefixes {
-        fn get_at(&self, key: &str) -> EtcdResult<(Option<Kv>, u64)> {
-            self.etcd().get_at(key)
-        }
-        fn create(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<Txn> {
-            self.etcd().create(key, value, lease)
-        }
-        fn swap(
-            &self,
-            k: &str,
-            rev: u64,
-            v: &[u8],
-            lease: i64,
-            also: Option<(&str, u64)>,
-        ) -> EtcdResult<Txn> {
-            self.etcd().swap(k, rev, v, lease, also)
-        }
-        fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
-            self.etcd().put(key, value, lease)
-        }
-        fn create_if(&self, g: &str, rev: u64, k: &str, v: &[u8], lease: i64) -> EtcdResult<Txn> {
-            self.etcd().create_if(g, rev, k, v, lease)
-        }
-        fn delete_if(&self, key: &str, rev: u64) -> EtcdResult<bool> {
-            self.etcd().delete_if(key, rev)
-        }
-        fn range(&self, prefix: &str, limit: usize) -> EtcdResult<Vec<Kv>> {
-            self.etcd().range(prefix, limit)
-        }
-        fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
-            self.etcd().grant(ttl)
-        }
-        fn keep_alive(&self, lease: i64) -> EtcdResult<Duration> {
-            self.etcd().keep_alive(lease)
-        }
-        fn revoke(&self, lease: i64) -> EtcdResult<()> {
-            self.etcd().revoke(lease)
-        }
-        fn watch(&self, k: &str, p: bool, s: u64, t: Duration) -> EtcdResult<Box<dyn Watch>> {
-            self.seen.lock().unwrap().push(format!("{k} {p}"));
-            self.etcd().watch(k, p, s, t)
-        }
-    }
     let etcd = MemoryEtcd::default();
-    let watches = Arc::new(Prefixes {
-        etcd: etcd.clone(),
-        seen: Mutex::default(),
-    });
+    let watches = Arc::new(Cut::on(&etcd));
     let (mut c, _cell) = shell_holding(Arc::new(etcd.clone()), watches.clone());
     c.host_leader(pk(), true, true, false, 1);
     let end = Instant::now() + Duration::from_secs(5);
-    while watches.seen.lock().unwrap().is_empty() && Instant::now() < end {
+    while watches.watches.lock().unwrap().is_empty() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
     c.shutdown();
-    let seen = watches.seen.lock().unwrap().clone();
+    let seen = watches.watches.lock().unwrap().clone();
     assert!(!seen.is_empty(), "no watch opened");
     let ours = format!("/nip-le/{}/ true", pk());
     assert!(seen.iter().all(|s| *s == ours), "{seen:?}");
