@@ -425,6 +425,25 @@ impl Grpc {
             .map_err(|_| EtcdError::refused("etcd authentication: a token that is not ASCII"))
     }
 
+    /// A [`Line`] to the endpoint in use (its turn with it), a token taken
+    /// first when there is none; an endpoint out of reach is left.
+    pub(super) fn line(&self) -> Result<(usize, Line)> {
+        let (at, channel) = self.channel()?;
+        let token = self.token(&channel).inspect_err(|e| {
+            if e.kind == super::etcd::ErrorKind::Unreachable {
+                self.failed(at);
+            }
+        })?;
+        Ok((at, Line { channel, token }))
+    }
+
+    /// Forgets the token `line` carried: etcd refused it.
+    pub(super) fn forget_token(&self, line: &Line) {
+        if let (Some(auth), Some(t)) = (&self.auth, &line.token) {
+            auth.forget(t.to_str().unwrap_or_default());
+        }
+    }
+
     /// One call: `f` with a [`Line`] to the endpoint in use, bounded by the
     /// timeout; a refused token is taken again once; a transport failure
     /// moves to the next endpoint.
@@ -436,21 +455,8 @@ impl Grpc {
     {
         let mut retried = false;
         loop {
-            let (at, channel) = self.channel()?;
-            let token = match self.token(&channel) {
-                Ok(t) => t,
-                Err(e) => {
-                    if e.kind == super::etcd::ErrorKind::Unreachable {
-                        self.failed(at);
-                    }
-                    return Err(e);
-                }
-            };
-            let line = Line {
-                channel,
-                token: token.clone(),
-            };
-            match self.rt.run(self.timeout, f(line)) {
+            let (at, line) = self.line()?;
+            match self.rt.run(self.timeout, f(line.clone())) {
                 Ok((v, header)) => {
                     if let Some(h) = header.filter(|h| h.cluster_id != 0) {
                         self.cluster.store(h.cluster_id, Ordering::Relaxed);
@@ -458,9 +464,7 @@ impl Grpc {
                     return Ok(v);
                 }
                 Err(s) if token_refused(&s) && !retried => {
-                    if let (Some(auth), Some(t)) = (&self.auth, &token) {
-                        auth.forget(t.to_str().unwrap_or_default());
-                    }
+                    self.forget_token(&line);
                     retried = true;
                 }
                 Err(s) => {

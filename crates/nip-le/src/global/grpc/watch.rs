@@ -10,7 +10,7 @@ use tonic::Streaming;
 use super::auth::Auth;
 use super::kv::{kv_of, prefix_end};
 use super::proto::{etcdserverpb as pb, mvccpb};
-use super::{classify, describe, leave, token_refused, Grpc, Line, Runtime};
+use super::{classify, describe, leave, token_refused, Grpc, Runtime};
 use crate::global::etcd::{Change, ErrorKind, EtcdError, Result, Watch, WatchMessage};
 
 /// How long opening a watch may take.
@@ -51,16 +51,8 @@ impl Grpc {
         start: u64,
         read_timeout: Duration,
     ) -> Result<Box<dyn Watch>> {
-        let (at, channel) = self.channel()?;
-        let token = self.token(&channel).inspect_err(|e| {
-            if e.kind == ErrorKind::Unreachable {
-                self.failed(at);
-            }
-        })?;
-        let line = Line {
-            channel,
-            token: token.clone(),
-        };
+        let (at, line) = self.line()?;
+        let token = line.token.clone();
         let create = pb::WatchCreateRequest {
             key: key.as_bytes().to_vec(),
             range_end: if prefix { prefix_end(key) } else { Vec::new() },
@@ -73,8 +65,9 @@ impl Grpc {
         let requests =
             tokio_stream::StreamExt::chain(tokio_stream::once(first), tokio_stream::pending());
         let req = line.request(requests);
+        let mut client = line.watch();
         let opened = self.rt.run(OPEN, async move {
-            let answers = line.watch().watch(req).await?.into_inner();
+            let answers = client.watch(req).await?.into_inner();
             Ok(answers)
         });
         let answers = match opened {
@@ -82,9 +75,7 @@ impl Grpc {
             Err(s) => {
                 let e = classify(&s).context(format!("{} watch", self.name(at)));
                 if token_refused(&s) {
-                    if let (Some(auth), Some(t)) = (&self.auth, &token) {
-                        auth.forget(t.to_str().unwrap_or_default());
-                    }
+                    self.forget_token(&line);
                 } else if e.kind == ErrorKind::Unreachable {
                     self.failed(at);
                 }
