@@ -11,9 +11,10 @@ cd "$(dirname "$0")/.."
 # Tauri v2 on Linux needs the WebKitGTK 4.1 / GTK 3 / libsoup 3 dev packages,
 # even for the mock-runtime tests; python3 runs the independent foreign
 # writer of the interop tests; etcd-server is the real etcd of the
-# cross-host tests (each test starts its own on loopback and stops it).
+# cross-host tests (each test starts its own on loopback and stops it);
+# etcd-client's etcdctl fills one with work records for the slow-link test.
 . scripts/lib.sh
-ensure_packages pkg-config libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev librsvg2-dev python3 etcd-server
+ensure_packages pkg-config libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev librsvg2-dev python3 etcd-server etcd-client
 # Debian's package starts a system etcd on the default ports; the tests
 # need none (they pick free ports), so it may stay or go.
 export NIP_LE_REQUIRE_ETCD=1

@@ -463,3 +463,91 @@ fn two_hosts_without_a_host_id_get_their_own_and_never_take_the_key_from_each_ot
     );
     one_global_leader(&insts, Duration::from_secs(1));
 }
+
+/// Writes `n` filler records under the agent's work prefix (in batches,
+/// with etcdctl, straight to etcd) and one open take of a window of
+/// another host, so that a holder reads the records again every TTL/3.
+fn fill_work_records(h: &Hosts, n: usize) -> bool {
+    let Some(etcdctl) = ["/usr/bin/etcdctl", "/usr/local/bin/etcdctl"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+    else {
+        assert!(
+            std::env::var_os("NIP_LE_REQUIRE_ETCD").is_none(),
+            "NIP_LE_REQUIRE_ETCD is set but etcdctl (Debian's etcd-client) is missing"
+        );
+        eprintln!("no etcdctl: skipping");
+        return false;
+    };
+    let prefix = format!("/nip-le/{}/work/", h.pubkey);
+    let ctl = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut c = std::process::Command::new(etcdctl)
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(h.etcd.url())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("etcdctl starts");
+        c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        assert!(c.wait().unwrap().success(), "etcdctl {args:?}");
+    };
+    for batch in (0..n).collect::<Vec<_>>().chunks(128) {
+        let puts: String = batch
+            .iter()
+            .map(|i| format!("put {prefix}filler-{i:06} x\n"))
+            .collect();
+        ctl(&["txn", "--interactive=false"], &format!("\n{puts}\n\n"));
+    }
+    let take = r#"{"op":"take","host_id":"b","instance_id":"b-w1","at_ms":1}"#;
+    ctl(&["put", &format!("{prefix}open-take"), take], "");
+    true
+}
+
+/// Renewals never wait behind work records: etcd 100 ms away each way, and
+/// 10,000 records of the agent (20 pages, a round trip each: about two
+/// TTLs to read them all) that the holder reads when it gains the key and
+/// again every TTL/3 while another window's take is open. Its lease is
+/// renewed beside the reads, so for three TTLs it acts without a break and
+/// the key is written once. (Without the renewer the lease expired during
+/// the first read: the key was written again and again and the window
+/// never acted for long.)
+#[test]
+fn over_a_slow_link_a_holder_busy_reading_many_work_records_keeps_its_lease() {
+    let Some(h) = Hosts::new() else { return };
+    if !fill_work_records(&h, 10_000) {
+        return;
+    }
+    let etcd_addr = h.etcd.url().trim_start_matches("http://").parse().unwrap();
+    let link = nip_le_cli::lab::slow_link::SlowLink::start(etcd_addr, Duration::from_millis(100))
+        .expect("the proxy starts");
+    let mut o = h.opts("a", &[]);
+    for (i, a) in o.extra_args.clone().iter().enumerate() {
+        if a == "--etcd" {
+            o.extra_args[i + 1] = link.url();
+        }
+    }
+    let w = Instance::spawn("a-w1", o.command(Some("a-w1")), Duration::from_secs(10))
+        .expect("nip-le run starts");
+    one_global_leader(&[&w], Duration::from_secs(30));
+    let cursor = w.cursor();
+    let since = now_ms();
+    std::thread::sleep(Duration::from_secs(3 * TTL_S));
+    let breaks: Vec<Leadership> = w.reports()[cursor..]
+        .iter()
+        .filter_map(|r| r.leadership().cloned())
+        .collect();
+    assert!(
+        breaks.iter().all(acts_globally),
+        "acting was interrupted: {breaks:#?}"
+    );
+    assert!(acts_globally(&latest(&w).unwrap()));
+    let writes = key_history(&h.config(), &h.pubkey).unwrap();
+    assert_eq!(
+        writes.len(),
+        1,
+        "the key was written again (its lease expired) after {since}: {writes:#?}"
+    );
+}

@@ -29,7 +29,7 @@ fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
         (config.stand_down, config.work_retention),
     );
     let lock_dir = config.lock_dir.clone();
-    Box::new(move |tell| {
+    Box::new(move |tell, renewed| {
         if etcd.host_id.is_empty() {
             // No host id given: the one kept in the lock directory. One
             // that is there but no id is refused (someone wrote it); one
@@ -47,8 +47,9 @@ fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
                 }
             };
         }
-        let contender = crate::global::Contender::start(etcd, &id, timings, tell, &lock_dir)
-            .map_err(|e| crate::Error::io("<etcd thread>", e))?;
+        let contender =
+            crate::global::Contender::start(etcd, &id, timings, (tell, renewed), &lock_dir)
+                .map_err(|e| crate::Error::io("<etcd thread>", e))?;
         Ok(Some(Box::new(contender) as Box<dyn upper::UpperLevel>))
     })
 }

@@ -6,6 +6,7 @@
 //! * [`bench`](mod@bench): every latency and cost row, spec and extended side by side;
 //! * [`chaos`]: random faults on a mixed cluster, with a pure analysis.
 //! * [`etcd`]: a real etcd on loopback for the cross-host tests;
+//! * [`slow_link`]: a TCP proxy that delays every byte (etcd far away);
 //! * [`sim`]: seeds of the deterministic simulator (`nip_le::sim`), in
 //!   virtual time;
 //! * [`stand_in`]: a stand-in for upstream's agent harness and its
@@ -20,4 +21,5 @@ pub mod etcd;
 pub mod feed;
 mod ports;
 pub mod sim;
+pub mod slow_link;
 pub mod stand_in;

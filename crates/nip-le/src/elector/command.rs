@@ -29,6 +29,9 @@ pub(crate) enum Command {
     /// News from the level above the host.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     Upper(AgentPubkey, UpperNews),
+    /// A renewal made beside the level above's task.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Renewed(AgentPubkey, super::upper::Renewed),
 }
 
 /// A work-ledger operation (see [`crate::Work`]).

@@ -130,7 +130,12 @@ impl Elector {
         let tell: upper::Tell = Box::new(move |pk, news| {
             let _ = tell_mailbox.send(Msg::Command(Command::Upper(pk, news)));
         });
-        let upper = upper(tell)?;
+        let renewed_mailbox = std::sync::Mutex::new(mailbox.clone());
+        let renewed: upper::TellRenewed = Arc::new(move |pk, r| {
+            let tx = renewed_mailbox.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = tx.send(Msg::Command(Command::Renewed(pk, r)));
+        });
+        let upper = upper(tell, renewed)?;
         let world = Box::new(world::SystemWorld::new(&config, sources, stores));
         let writer = Writer::new(
             config.clone(),

@@ -286,7 +286,7 @@ fn a_host_leader_that_fenced_itself_no_longer_leads_for_the_level_above() {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let told = Arc::clone(&calls);
     let above: upper::UpperBuilder =
-        Box::new(move |_| Ok(Some(Box::new(Told(told)) as Box<dyn upper::UpperLevel>)));
+        Box::new(move |_, _| Ok(Some(Box::new(Told(told)) as Box<dyn upper::UpperLevel>)));
     let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores, above).unwrap();
     let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
     e.join(&k).unwrap();

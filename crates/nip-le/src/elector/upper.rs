@@ -7,13 +7,16 @@
 //! A permit ends on its own at its deadline, so news that arrives late
 //! never extends what etcd granted; an upper level that must know the
 //! permit is closed before it acts (a hand-over to another host) asks the
-//! writer to confirm ([`UpperLevel::withdrawn`]).
+//! writer to confirm ([`UpperLevel::withdrawn`]). A renewal made beside
+//! the upper level's task ([`Renewed`]) only raises the deadline of the
+//! permit the writer holds now, for the same lease: it opens nothing.
 
 use std::sync::Arc;
 
 use crate::error::Result;
 use crate::pubkey::AgentPubkey;
 
+use super::cache::global_state::HELD;
 use super::types::{ChangeReason, GlobalStatus};
 
 /// What the upper level lets this window do for a key: one of
@@ -23,6 +26,9 @@ use super::types::{ChangeReason, GlobalStatus};
 pub(crate) struct Permit {
     pub state: u8,
     pub until: u64,
+    /// The lease a `HELD` permit stands on (0: none): a [`Renewed`] of
+    /// another lease raises nothing.
+    pub lease: i64,
 }
 
 impl Permit {
@@ -30,7 +36,39 @@ impl Permit {
     pub(crate) const NOT_HELD: Self = Self {
         state: super::cache::global_state::NOT_HELD,
         until: 0,
+        lease: 0,
     };
+
+    /// The permit news grants (`self`), where `now` is the one set: a
+    /// renewal beside the task may have raised the same lease's deadline
+    /// past what the task knows yet, and the later deadline stands.
+    pub(crate) fn over(self, now: Self) -> Self {
+        let same = self.state == HELD && now.state == HELD && self.lease == now.lease;
+        Self {
+            until: if same {
+                self.until.max(now.until)
+            } else {
+                self.until
+            },
+            ..self
+        }
+    }
+
+    /// This permit once `r` is applied at `now_nanos`: raised when it is
+    /// open (held, not past its deadline) on `r`'s lease; otherwise
+    /// unchanged (a lapsed permit is reopened by the task, which says so).
+    /// The caller checks that `r` belongs to the current host leadership.
+    pub(crate) fn renewed(self, r: &Renewed, now_nanos: u64) -> Self {
+        let open = self.state == HELD && now_nanos < self.until;
+        Self {
+            until: if open && r.lease == self.lease {
+                self.until.max(r.until)
+            } else {
+                self.until
+            },
+            ..self
+        }
+    }
 }
 
 /// A level above the host.
@@ -112,15 +150,91 @@ pub(crate) struct UpperNews {
 /// The agent's work as the level above records it (its rules: [`crate::work`]).
 pub(crate) use crate::work::SharedWork;
 
+/// A lease renewed beside the upper level's task, while the task was busy
+/// (see `global::contender::renewer`): lease `lease` lives until `until`
+/// (a [`super::cache::boot_nanos`] deadline) and the key still named us.
+/// The writer raises the deadline of a permit that is still open on that
+/// lease within `tenure`, and does nothing else: the task alone opens and
+/// closes permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Renewed {
+    pub tenure: u64,
+    pub lease: i64,
+    pub until: u64,
+}
+
 /// How the upper level tells the writer (through its mailbox).
 pub(crate) type Tell = Box<dyn Fn(AgentPubkey, UpperNews) + Send>;
+
+/// How renewals beside the task reach the writer (through its mailbox).
+pub(crate) type TellRenewed = Arc<dyn Fn(AgentPubkey, Renewed) + Send + Sync>;
 
 /// Builds the level above the host once the writer's mailbox exists. The
 /// elector never names the etcd level: its caller (`crate::start`) hands
 /// the builder in.
-pub(crate) type UpperBuilder = Box<dyn FnOnce(Tell) -> Result<Option<Box<dyn UpperLevel>>>>;
+pub(crate) type UpperBuilder =
+    Box<dyn FnOnce(Tell, TellRenewed) -> Result<Option<Box<dyn UpperLevel>>>>;
 
 /// No level above the host: leading the host is all there is.
 pub(crate) fn none() -> UpperBuilder {
-    Box::new(|_| Ok(None))
+    Box::new(|_, _| Ok(None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn held(lease: i64, until: u64) -> Permit {
+        Permit {
+            state: HELD,
+            until,
+            lease,
+        }
+    }
+
+    const fn renewal(lease: i64, until: u64) -> Renewed {
+        Renewed {
+            tenure: 1,
+            lease,
+            until,
+        }
+    }
+
+    #[test]
+    fn a_renewal_raises_only_an_open_permit_on_its_lease() {
+        assert_eq!(held(7, 100).renewed(&renewal(7, 200), 50), held(7, 200));
+        assert_eq!(
+            held(7, 100).renewed(&renewal(8, 200), 50),
+            held(7, 100),
+            "another lease"
+        );
+        assert_eq!(
+            held(7, 100).renewed(&renewal(7, 200), 100),
+            held(7, 100),
+            "lapsed"
+        );
+        assert_eq!(
+            held(7, 100).renewed(&renewal(7, 90), 50),
+            held(7, 100),
+            "never lowered"
+        );
+        let closed = Permit::NOT_HELD;
+        assert_eq!(
+            closed.renewed(&renewal(0, 200), 50),
+            closed,
+            "nothing is opened"
+        );
+    }
+
+    #[test]
+    fn news_keeps_a_raised_deadline_of_the_same_lease_only() {
+        assert_eq!(held(7, 100).over(held(7, 200)), held(7, 200));
+        assert_eq!(held(7, 300).over(held(7, 200)), held(7, 300));
+        assert_eq!(held(8, 100).over(held(7, 200)), held(8, 100), "a new lease");
+        assert_eq!(
+            Permit::NOT_HELD.over(held(7, 200)),
+            Permit::NOT_HELD,
+            "closed"
+        );
+    }
 }

@@ -23,6 +23,7 @@ use super::super::types::{
     ChangeReason, ClaimOutcome, ElectionStatus, GlobalStatus, HolderStatus, LeadershipChange,
     LockState,
 };
+use super::super::upper::Permit;
 use super::context::{Ctx, FileProbes};
 use super::{guarded, panic_message, unix_ms};
 
@@ -53,6 +54,8 @@ pub(super) struct Key {
     pub(super) told_upper: bool,
     /// ... and whether we held the lock file then.
     pub(super) told_locked: bool,
+    /// The upper level's permit as set in the cell now.
+    pub(super) permit: Permit,
     /// Our host leaderships of this key, counted (see
     /// [`super::super::upper::UpperLevel::host_leader`]).
     pub(super) upper_tenure: u64,

@@ -326,6 +326,11 @@ impl Writer {
                     k.upper_news(&mut self.ctx, news);
                 }
             }
+            Command::Renewed(pk, r) => {
+                if let Some(k) = self.keys.get_mut(&pk) {
+                    k.renewed(&self.ctx, r);
+                }
+            }
         }
         Flow::Go
     }
@@ -375,6 +380,7 @@ impl Writer {
             announcer: Default::default(),
             told_upper: false,
             told_locked: false,
+            permit: super::upper::Permit::NOT_HELD,
             upper_tenure: 0,
             global: None,
             drain: None,

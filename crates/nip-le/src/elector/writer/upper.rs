@@ -3,7 +3,7 @@
 //! and published here, by the one writer.
 
 use super::super::types::{ChangeReason, ClaimOutcome};
-use super::super::upper::{Permit, UpperNews};
+use super::super::upper::{Permit, Renewed, UpperNews};
 use super::context::Ctx;
 use super::key::Key;
 
@@ -31,8 +31,7 @@ impl Key {
         if leads && !was.0 {
             self.upper_tenure += 1;
         } else if !leads || (was.1 && !locked) {
-            let p = Permit::NOT_HELD;
-            self.cell.set_global(p.state, p.until);
+            self.set_permit(Permit::NOT_HELD);
         }
         u.host_leader(self.pubkey, leads, locked, revoke, self.upper_tenure);
     }
@@ -57,11 +56,11 @@ impl Key {
     pub(super) fn upper_news(&mut self, ctx: &mut Ctx, news: UpperNews) {
         let current = self.told_upper && news.tenure == self.upper_tenure;
         let permit = if current {
-            news.permit
+            news.permit.over(self.permit)
         } else {
             Permit::NOT_HELD
         };
-        self.cell.set_global(permit.state, permit.until);
+        self.set_permit(permit);
         if news.confirm {
             // A hand-over to another host: once our agent has stopped.
             self.withdraw_after_agent(ctx);
@@ -87,5 +86,24 @@ impl Key {
             }
         }
         self.publish();
+    }
+
+    /// A renewal made beside the upper level's task: it raises the
+    /// deadline of the permit open now on the same lease within the same
+    /// host leadership, and only while that permit is still valid (a
+    /// lapsed one is reopened by the task, which says so). Nothing is
+    /// announced: what we may do does not change.
+    pub(super) fn renewed(&mut self, ctx: &Ctx, r: Renewed) {
+        let now = ctx.world.clocks().boot_nanos();
+        let raised = self.permit.renewed(&r, now);
+        if self.told_upper && r.tenure == self.upper_tenure && raised != self.permit {
+            self.set_permit(raised);
+        }
+    }
+
+    /// Sets the upper level's permit in the cell, and keeps it.
+    fn set_permit(&mut self, p: Permit) {
+        self.permit = p;
+        self.cell.set_global(p.state, p.until);
     }
 }

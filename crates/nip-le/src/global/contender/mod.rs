@@ -6,9 +6,11 @@
 //! on each input, on an injected clock and an [`Etcd`] behind a trait, no
 //! thread), `moves` and `claims` its moves on etcd, [`watch`] how a watch stream
 //! becomes inputs; this file is the shell an app runs: one thread for the
-//! task, and one watch per agent the writer told of (its keys only: no
+//! task, one watch per agent the writer told of (its keys only: no
 //! window reads another agent's work records), all fed through one
-//! channel, the watches' share of it bounded. Every etcd
+//! channel, the watches' share of it bounded, and a [`renewer`] that
+//! keeps the leases alive while the task is busy with work records. Each
+//! kind of thread has a connection of its own. Every etcd
 //! call is bounded by a timeout, and a permit ends on its own at the
 //! lease's deadline whether or not a thread is running. The task only
 //! tells the writer: the writer alone sets permits.
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::elector::upper::{Tell, UpperLevel};
+use crate::elector::upper::{Tell, TellRenewed, UpperLevel};
 use crate::elector::GlobalHolder;
 use crate::pubkey::AgentPubkey;
 
@@ -33,6 +35,7 @@ mod book;
 mod claims;
 mod losses;
 mod moves;
+pub(crate) mod renewer;
 pub(crate) mod task;
 pub(crate) mod watch;
 pub(crate) mod work;
@@ -111,6 +114,17 @@ pub(crate) struct Contender {
 /// bound while the task is busy.
 const MAX_WATCH_BACKLOG: usize = 1024;
 
+/// The clients of a contender's threads: one each, so that no kind of
+/// call waits behind another's on one connection.
+pub(crate) struct Clients {
+    /// The task's.
+    pub calls: Arc<dyn Etcd>,
+    /// The watches'.
+    pub watches: Arc<dyn Etcd>,
+    /// The renewer's (`None`: no renewer runs).
+    pub renewals: Option<Arc<dyn Etcd>>,
+}
+
 /// The longest [`UpperLevel::shutdown`] waits for the leases to be given up.
 pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_secs(3);
 
@@ -131,36 +145,34 @@ impl Contender {
         cfg: EtcdConfig,
         our_id: &str,
         (stand_down, retention): (Duration, Duration),
-        tell: Tell,
+        tell: (Tell, TellRenewed),
         lock_dir: &std::path::Path,
     ) -> std::io::Result<Self> {
         let timeout = (cfg.ttl / 4).min(Duration::from_secs(1));
-        let calls = Arc::new(Grpc::new(&cfg, timeout));
-        let watches = Arc::new(Grpc::new(&cfg, Duration::from_secs(1)));
+        let clients = Clients {
+            calls: Arc::new(Grpc::new(&cfg, timeout)),
+            watches: Arc::new(Grpc::new(&cfg, Duration::from_secs(1))),
+            renewals: Some(Arc::new(Grpc::new(&cfg, timeout))),
+        };
         let seen = Some(super::seen::path_in(lock_dir));
-        Self::start_on(
-            cfg,
-            our_id,
-            (stand_down, retention),
-            tell,
-            calls,
-            watches,
-            seen,
-        )
+        Self::start_on(cfg, our_id, (stand_down, retention), tell, clients, seen)
     }
 
-    /// [`Contender::start`] on any etcd: `calls` for the task, `watches`
-    /// for the watch thread; what was seen of etcd kept in `seen` (`None`:
-    /// not kept).
+    /// [`Contender::start`] on any etcd clients; what was seen of etcd
+    /// kept in `seen` (`None`: not kept).
     pub(crate) fn start_on(
         cfg: EtcdConfig,
         our_id: &str,
         (stand_down, retention): (Duration, Duration),
-        tell: Tell,
-        calls: Arc<dyn Etcd>,
-        watches: Arc<dyn Etcd>,
+        (tell, renewed): (Tell, TellRenewed),
+        clients: Clients,
         seen: Option<std::path::PathBuf>,
     ) -> std::io::Result<Self> {
+        let Clients {
+            calls,
+            watches,
+            renewals,
+        } = clients;
         let (tx, rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let mut task = Task::new(
@@ -174,6 +186,14 @@ impl Contender {
         task.retention = retention;
         if let Some(p) = &seen {
             task.remember(super::seen::read(p));
+        }
+        if let Some(etcd) = renewals {
+            let leases = Arc::new(renewer::Leases::default());
+            task.leases = Some(Arc::clone(&leases));
+            let (cfg, our_id, stop) = (cfg.clone(), our_id.to_owned(), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("nip-le-etcd-renew".into())
+                .spawn(move || renewer::run(&leases, &*etcd, (&cfg, &our_id), &renewed, &stop))?;
         }
         let backlog = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&backlog);
@@ -268,6 +288,7 @@ fn run(
             Err(mpsc::RecvTimeoutError::Timeout) => task.step(None),
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
+        task.list_leases();
     }
 }
 

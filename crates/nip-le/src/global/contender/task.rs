@@ -148,6 +148,9 @@ pub(crate) struct Task {
     pub(super) retention: Duration,
     /// Giving everything up: a hand-over no longer waits for records.
     pub(super) shutting_down: bool,
+    /// Where what we hold is listed for a renewer beside us (see
+    /// [`super::renewer`]); `None`: none runs.
+    pub(crate) leases: Option<Arc<super::renewer::Leases>>,
 }
 
 impl Task {
@@ -178,6 +181,7 @@ impl Task {
             work: WorkBook::default(),
             retention: crate::config::DEFAULT_WORK_RETENTION,
             shutting_down: false,
+            leases: None,
         }
     }
 
@@ -467,15 +471,59 @@ impl Task {
     /// The permit's deadline for a lease renewed (or granted) by a request
     /// sent at `sent` (a [`cache::boot_nanos`] instant) for `ttl`.
     pub(super) fn deadline(sent: u64, ttl: Duration) -> u64 {
-        let safe = ttl - ttl / 10;
-        sent.saturating_add(u64::try_from(safe.as_nanos()).unwrap_or(u64::MAX))
+        super::renewer::deadline(sent, ttl)
+    }
+}
+
+impl Task {
+    /// What we hold now, for the renewer.
+    pub(crate) fn listed(&self) -> super::renewer::Listed {
+        let keys = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.handing.is_none())
+            .filter_map(|(pk, e)| {
+                let h = e.held?;
+                Some((
+                    *pk,
+                    super::renewer::KeyLease {
+                        lease: h.lease,
+                        revision: h.revision,
+                        tenure: e.tenure,
+                        due: h.renew_at,
+                    },
+                ))
+            })
+            .collect();
+        super::renewer::Listed {
+            keys,
+            takes: self.work.take_lease.filter(|_| !self.work.mine.is_empty()),
+            revision: self.known_revision,
+            cluster: self.known_cluster,
+        }
+    }
+
+    /// Lists what we hold for the renewer (if one runs): before a call
+    /// that may take long, and after every step.
+    pub(crate) fn list_leases(&self) {
+        if let Some(l) = &self.leases {
+            l.set(self.listed());
+        }
     }
 }
 
 impl Entry {
     /// Sets the permit the writer is to apply (told with the next news).
     pub(super) fn grant(&mut self, state: u8, until: u64) {
-        self.permit = Permit { state, until };
+        let lease = match (state, self.held) {
+            (HELD, Some(h)) => h.lease,
+            _ => 0,
+        };
+        self.permit = Permit {
+            state,
+            until,
+            lease,
+        };
     }
 
     /// Records the holder the key names now (`None`: deleted).

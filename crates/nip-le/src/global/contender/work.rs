@@ -204,6 +204,7 @@ impl Task {
         if self.work.retry_at.is_some_and(|t| now < t) {
             return;
         }
+        self.list_leases();
         let mut queue = std::mem::take(&mut self.work.untaken);
         while let Some((pk, id)) = queue.pop_front() {
             let before = self.work.untaken.len();
@@ -243,6 +244,7 @@ impl Task {
         if self.work.retry_at.is_some_and(|t| now < t) {
             return;
         }
+        self.list_leases();
         while let Some((pk, id, rev)) = self.work.ungiven.front().cloned() {
             let key = format!("{}{id}", self.work_prefix(&pk));
             match self.gw.delete_if(&key, rev) {
@@ -265,6 +267,7 @@ impl Task {
         if self.work.retry_at.is_some_and(|t| now < t) {
             return;
         }
+        self.list_leases();
         while let Some((pk, id)) = self.work.unsent.front().cloned() {
             let Some(lease) = self.done_lease() else {
                 return self.retry_work();
@@ -375,6 +378,7 @@ impl Task {
     /// meanwhile ([`crate::elector::upper::UpperNews::work_unread`]).
     pub(super) fn read_work(&mut self, pk: AgentPubkey) -> Option<Arc<SharedWork>> {
         let prefix = self.work_prefix(&pk);
+        self.list_leases();
         let read = self.gw.range(&prefix, MAX_RECORDS);
         let now = self.clock.now();
         let retry = now + self.retry_delay();

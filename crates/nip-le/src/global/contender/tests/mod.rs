@@ -82,6 +82,8 @@ struct Cut {
     calls: Arc<AtomicUsize>,
     /// Every watch opened: its key, and whether a prefix.
     watches: Mutex<Vec<String>>,
+    /// How long a range read takes (a slow link, many records).
+    range_delay: Arc<Mutex<Duration>>,
 }
 
 impl Cut {
@@ -141,6 +143,8 @@ impl Etcd for Cut {
     }
     fn range(&self, prefix: &str, limit: usize) -> EtcdResult<Vec<Kv>> {
         self.check()?;
+        let delay = *self.range_delay.lock().unwrap();
+        std::thread::sleep(delay);
         self.etcd.range(prefix, limit)
     }
     fn grant(&self, ttl: Duration) -> EtcdResult<(i64, Duration)> {
@@ -404,22 +408,44 @@ fn a_live_holder_is_not_displaced_and_its_shutdown_hands_the_agent_on() {
     assert!(b.acts(), "the revoked lease freed the key at once");
 }
 
-/// The thread shell on `calls` and `watches`, its news applied to a cell
-/// as the writer would, once it holds the free key.
+/// The thread shell on `calls` and `watches` (no renewer), its news
+/// applied to a cell as the writer would, once it holds the free key.
 fn shell_holding(calls: Arc<dyn Etcd>, watches: Arc<dyn Etcd>) -> (Contender, Arc<KeyCell>) {
+    shell_holding_on(Clients {
+        calls,
+        watches,
+        renewals: None,
+    })
+}
+
+/// [`shell_holding`] on any clients; permits and renewals applied by the
+/// writer's rules ([`Permit::over`], [`Permit::renewed`]).
+fn shell_holding_on(clients: Clients) -> (Contender, Arc<KeyCell>) {
+    use crate::elector::upper::Permit;
     let cell = Arc::new(KeyCell::new(false, Published::initial(pk())));
     cell.set_global(global_state::NOT_HELD, 0);
     cell.set_leader(true);
     let mut cfg = EtcdConfig::new(vec!["http://memory:0".into()], "a");
     cfg.ttl = TTL;
+    let permit = Arc::new(Mutex::new(Permit::NOT_HELD));
+    let (apply, set) = (Arc::clone(&cell), Arc::clone(&permit));
+    let tell: Tell = Box::new(move |_, n| {
+        let mut p = set.lock().unwrap();
+        *p = n.permit.over(*p);
+        apply.set_global(p.state, p.until);
+    });
     let apply = Arc::clone(&cell);
+    let renewed: TellRenewed = Arc::new(move |_, r| {
+        let mut p = permit.lock().unwrap();
+        *p = p.renewed(&r, crate::elector::cache::boot_nanos());
+        apply.set_global(p.state, p.until);
+    });
     let mut c = Contender::start_on(
         cfg,
         "a-window",
         (TTL, crate::config::DEFAULT_WORK_RETENTION),
-        Box::new(move |_, n| apply.set_global(n.permit.state, n.permit.until)),
-        calls,
-        watches,
+        (tell, renewed),
+        clients,
         None,
     )
     .unwrap();
@@ -527,5 +553,6 @@ fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
 
 mod hardening;
 mod refusals;
+mod renewals;
 mod watching;
 mod work;
