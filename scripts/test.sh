@@ -155,8 +155,8 @@ cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --backend portable
 echo "== chaos: the same with harness children sharing their windows' ids (INTEROP.md's writer)"
 cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --children
 
-echo "== chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd (paused, members restarted and cut off): exactly once but while etcd was unreachable"
-cargo run -q -p nip-le-cli -- chaos --seconds 45 --hosts 3 --extended 6 --turn-ms 60 --etcd-members 3
+echo "== chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd over TLS with client certificates and users (paused, members restarted and cut off): exactly once but while etcd was unreachable"
+cargo run -q -p nip-le-cli -- chaos --seconds 45 --hosts 3 --extended 6 --turn-ms 60 --etcd-members 3 --etcd-secure
 
 echo "== nip-le demo (the main job, short timings)"
 cargo run -q -p nip-le-cli -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500

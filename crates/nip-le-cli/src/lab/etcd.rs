@@ -6,12 +6,10 @@
 //! [`Cluster`] is several members, with a peer network the lab can
 //! partition.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -19,6 +17,8 @@ use std::time::{Duration, Instant};
 use nip_le::global::{EtcdConfig, EtcdTls};
 use nip_le::AgentPubkey;
 
+use super::etcd_secure::Secure;
+use super::peer_net::PeerNet;
 use super::ports::{free_port, free_ports};
 
 /// A running etcd.
@@ -231,16 +231,22 @@ impl Drop for Etcd {
 /// member's peer traffic goes through a small TCP proxy of the lab
 /// (`PeerNet`), so that [`Cluster::partition`] can cut one member from
 /// the others (both ways, existing connections included) while clients
-/// still reach it. Members are numbered from 0.
+/// still reach it. Members are numbered from 0. A secure cluster
+/// ([`Cluster::start_secure`]) serves the windows over TLS with client
+/// certificates and users; the lab's own calls go to a plain port.
 pub struct Cluster {
     _data: tempfile::TempDir,
     members: Vec<Member>,
     net: Arc<PeerNet>,
     proxies: Vec<JoinHandle<()>>,
+    secure: Option<Secure>,
 }
 
 struct Member {
+    /// The plain port: the lab's.
     client_port: u16,
+    /// The TLS port given to windows (a secure cluster).
+    secure_port: Option<u16>,
     child: Child,
     /// How to start it again (same name, data, ports and cluster).
     command: Vec<std::ffi::OsString>,
@@ -253,6 +259,17 @@ const CLUSTER_WAIT: Duration = Duration::from_secs(40);
 impl Cluster {
     /// Starts `n` members and waits (up to 20 s) until each answers.
     pub fn start(n: usize) -> std::io::Result<Self> {
+        Self::start_with(n, None)
+    }
+
+    /// [`Cluster::start`] as production runs etcd: TLS with client
+    /// certificates on the windows' port, and users (see
+    /// [`super::etcd_secure`]); authentication is on once it returns.
+    pub fn start_secure(n: usize, secure: Secure) -> std::io::Result<Self> {
+        Self::start_with(n, Some(secure))
+    }
+
+    fn start_with(n: usize, secure: Option<Secure>) -> std::io::Result<Self> {
         let exe = find_etcd()
             .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no etcd binary"))?;
         let data = tempfile::tempdir()?;
@@ -291,20 +308,29 @@ impl Cluster {
             members: Vec::new(),
             net,
             proxies,
+            secure: None,
         };
         for i in 0..n {
             let client = format!("http://127.0.0.1:{}", free_port()?);
+            let secure_port = secure.as_ref().map(|_| free_port()).transpose()?;
+            let (listen, advertise) = match secure_port {
+                Some(p) => (
+                    format!("https://127.0.0.1:{p},{client}"),
+                    format!("https://127.0.0.1:{p}"),
+                ),
+                None => (client.clone(), client.clone()),
+            };
             let data = c._data.path().join(format!("m{i}"));
-            let command: Vec<std::ffi::OsString> = [
+            let mut command: Vec<std::ffi::OsString> = [
                 exe.as_os_str(),
                 "--name".as_ref(),
                 format!("m{i}").as_ref(),
                 "--data-dir".as_ref(),
                 data.as_os_str(),
                 "--listen-client-urls".as_ref(),
-                client.as_ref(),
+                listen.as_ref(),
                 "--advertise-client-urls".as_ref(),
-                client.as_ref(),
+                advertise.as_ref(),
                 "--listen-peer-urls".as_ref(),
                 format!("http://127.0.0.1:{}", real[i]).as_ref(),
                 "--initial-advertise-peer-urls".as_ref(),
@@ -319,10 +345,14 @@ impl Cluster {
             .iter()
             .map(|s| s.to_os_string())
             .collect();
+            if let Some(s) = &secure {
+                command.extend(s.member_args());
+            }
             let child = spawn_member(&command)?;
             let port = client.rsplit(':').next().and_then(|p| p.parse().ok());
             c.members.push(Member {
                 client_port: port.expect("a port"),
+                secure_port,
                 child,
                 command,
             });
@@ -352,12 +382,34 @@ impl Cluster {
             ids.push(id);
         }
         lock(&c.net.state).ids = ids;
+        if let Some(s) = secure {
+            let port = c.members[0].client_port;
+            s.enable_users(|path, body| post_json(port, path, body))?;
+            c.secure = Some(s);
+        }
         Ok(c)
     }
 
-    /// Member `i`'s client URL.
+    /// Member `i`'s client URL, as windows are given it (TLS on a secure
+    /// cluster).
     pub fn url(&self, i: usize) -> String {
+        match self.members[i].secure_port {
+            Some(p) => format!("https://127.0.0.1:{p}"),
+            None => self.lab_url(i),
+        }
+    }
+
+    /// Member `i`'s plain URL: the lab's own.
+    fn lab_url(&self, i: usize) -> String {
         format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// What a window needs besides the URLs (a secure cluster: the CA, its
+    /// certificate, the user).
+    pub fn window_args(&self) -> Vec<String> {
+        self.secure
+            .as_ref()
+            .map_or_else(Vec::new, Secure::window_args)
     }
 
     /// The client URLs of the members `order` names, in that order.
@@ -365,10 +417,15 @@ impl Cluster {
         order.iter().map(|&i| self.url(i)).collect()
     }
 
-    /// A contender configuration for `host_id` on the members `order`
-    /// names, in that order.
+    /// A configuration for the lab's probes as `host_id` on the members
+    /// `order` names, in that order (on a secure cluster: their plain
+    /// ports, as etcd's root).
     pub fn config(&self, order: &[usize], host_id: &str) -> EtcdConfig {
-        EtcdConfig::new(self.urls(order), host_id)
+        let urls = order.iter().map(|&i| self.lab_url(i)).collect();
+        EtcdConfig {
+            auth: self.secure.as_ref().map(|_| Secure::root()),
+            ..EtcdConfig::new(urls, host_id)
+        }
     }
 
     /// Member `i`'s answer to etcd's status call.
@@ -533,134 +590,10 @@ fn post_json(port: u16, path: &str, body: &str) -> std::io::Result<serde_json::V
     serde_json::from_slice(&answer[start..]).map_err(std::io::Error::other)
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+pub(super) fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The members' peer network: one proxy per member, in front of its real
-/// peer port. A connection's sender is the member etcd's raft transport
-/// names in its first request (`X-Server-From`); a connection to or from
-/// an isolated member is refused, and cut when the member is isolated.
-#[derive(Default)]
-struct PeerNet {
-    state: Mutex<NetState>,
-    stopping: AtomicBool,
-}
-
-#[derive(Default)]
-struct NetState {
-    isolated: Vec<bool>,
-    /// The members' ids, by number (known once they answer).
-    ids: Vec<u64>,
-    /// Each proxy's address, to wake its accept when stopping.
-    listening: Vec<SocketAddr>,
-    next: u64,
-    /// Open connections: (the sender's id, the receiver, both sockets).
-    conns: HashMap<u64, (Option<u64>, usize, TcpStream, TcpStream)>,
-}
-
-impl NetState {
-    /// Whether the member of id `from` (if known) may reach member `to`.
-    fn allowed(&self, from: Option<u64>, to: usize) -> bool {
-        let from = from.and_then(|id| self.ids.iter().position(|&i| i == id));
-        !self.isolated[to] && !from.is_some_and(|f| self.isolated[f])
-    }
-}
-
-impl PeerNet {
-    fn set(&self, member: usize, isolated: bool) {
-        let mut st = lock(&self.state);
-        st.isolated[member] = isolated;
-        let cut: Vec<u64> = st
-            .conns
-            .iter()
-            .filter(|(_, (f, t, _, _))| !st.allowed(*f, *t))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in cut {
-            if let Some((_, _, a, b)) = st.conns.remove(&k) {
-                let _ = a.shutdown(Shutdown::Both);
-                let _ = b.shutdown(Shutdown::Both);
-            }
-        }
-    }
-
-    fn stop(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        let mut st = lock(&self.state);
-        for (_, (_, _, a, b)) in st.conns.drain() {
-            let _ = a.shutdown(Shutdown::Both);
-            let _ = b.shutdown(Shutdown::Both);
-        }
-        for a in std::mem::take(&mut st.listening) {
-            let _ = TcpStream::connect_timeout(&a, Duration::from_secs(1));
-        }
-    }
-
-    /// Member `to`'s proxy: accepts on `l`, forwards to `real`.
-    fn serve(self: Arc<Self>, l: TcpListener, to: usize, real: u16) {
-        for conn in l.incoming() {
-            if self.stopping.load(Ordering::SeqCst) {
-                return;
-            }
-            let Ok(conn) = conn else { continue };
-            let net = Arc::clone(&self);
-            std::thread::spawn(move || {
-                let _ = net.forward(conn, to, real);
-            });
-        }
-    }
-
-    fn forward(&self, mut conn: TcpStream, to: usize, real: u16) -> std::io::Result<()> {
-        if lock(&self.state).isolated[to] {
-            return Ok(());
-        }
-        // The first request's head names its sender.
-        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut head = Vec::new();
-        let mut buf = [0u8; 4096];
-        while find(&head, b"\r\n\r\n").is_none() && head.len() < 64 << 10 {
-            let n = conn.read(&mut buf)?;
-            if n == 0 {
-                return Ok(());
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
-        conn.set_read_timeout(None)?;
-        let sender = String::from_utf8_lossy(&head).lines().find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("x-server-from")
-                .then(|| u64::from_str_radix(value.trim(), 16).ok())?
-        });
-        let mut up = TcpStream::connect_timeout(
-            &SocketAddr::from(([127, 0, 0, 1], real)),
-            Duration::from_secs(1),
-        )?;
-        let key = {
-            let mut st = lock(&self.state);
-            if self.stopping.load(Ordering::SeqCst) || !st.allowed(sender, to) {
-                return Ok(());
-            }
-            st.next += 1;
-            let key = st.next;
-            st.conns
-                .insert(key, (sender, to, conn.try_clone()?, up.try_clone()?));
-            key
-        };
-        up.write_all(&head)?;
-        let (mut back_from, mut back_to) = (up.try_clone()?, conn.try_clone()?);
-        let back = std::thread::spawn(move || {
-            let _ = std::io::copy(&mut back_from, &mut back_to);
-            let _ = back_to.shutdown(Shutdown::Both);
-        });
-        let _ = std::io::copy(&mut conn, &mut up);
-        let _ = up.shutdown(Shutdown::Both);
-        let _ = back.join();
-        lock(&self.state).conns.remove(&key);
-        Ok(())
-    }
 }

@@ -5,7 +5,9 @@
 //! * [`demo`]: the narrated election of the README's main job;
 //! * [`bench`](mod@bench): every latency and cost row, spec and extended side by side;
 //! * [`chaos`]: random faults on a mixed cluster, with a pure analysis.
-//! * [`etcd`]: a real etcd on loopback for the cross-host tests;
+//! * [`etcd`]: a real etcd on loopback for the cross-host tests, and
+//!   [`etcd_secure`] its production setup (TLS with client certificates,
+//!   users);
 //! * [`slow_link`]: a TCP proxy that delays every byte (etcd far away);
 //! * [`sim`]: seeds of the deterministic simulator (`nip_le::sim`), in
 //!   virtual time;
@@ -18,7 +20,9 @@ pub mod chaos;
 pub mod cluster;
 pub mod demo;
 pub mod etcd;
+pub mod etcd_secure;
 pub mod feed;
+mod peer_net;
 mod ports;
 pub mod sim;
 pub mod slow_link;

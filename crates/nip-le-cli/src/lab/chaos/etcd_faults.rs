@@ -41,6 +41,14 @@ impl SharedEtcd {
         }
     }
 
+    /// What a window needs besides the URLs (certificates, the user).
+    pub fn window_args(&self) -> Vec<String> {
+        match self {
+            Self::One(_) => Vec::new(),
+            Self::Cluster(c) => c.window_args(),
+        }
+    }
+
     fn signal_all(&self, sig: i32) -> std::io::Result<()> {
         match self {
             Self::One(e) => e.signal(sig),

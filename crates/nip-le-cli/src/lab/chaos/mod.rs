@@ -92,6 +92,11 @@ pub struct ChaosArgs {
     /// time cut from the others.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=5))]
     etcd_members: u64,
+    /// Cross-host runs: etcd as production runs it, TLS with client
+    /// certificates required and users (the windows' role covers the key
+    /// prefix only), with a certificate authority made for the run.
+    #[arg(long)]
+    etcd_secure: bool,
     /// Give every extended window a harness child that carries its
     /// election id (INTEROP.md's writer, run with `python3`): it rewrites
     /// the record with its own pid every refresh and truncates the file
@@ -172,7 +177,12 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     let mut runner = if a.hosts > 1 {
         use etcd_faults::SharedEtcd;
         let members = a.etcd_members as usize;
-        let etcd = if members > 1 {
+        let etcd = if a.etcd_secure {
+            let secure = crate::lab::etcd_secure::Secure::new(tmp.path()).map_err(io(tmp.path().into()))?;
+            SharedEtcd::Cluster(
+                crate::lab::etcd::Cluster::start_secure(members, secure).map_err(io("<etcd>".into()))?,
+            )
+        } else if members > 1 {
             SharedEtcd::Cluster(crate::lab::etcd::Cluster::start(members).map_err(io("<etcd>".into()))?)
         } else {
             SharedEtcd::One(crate::lab::etcd::Etcd::start().map_err(io("<etcd>".into()))?)
@@ -186,6 +196,9 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
             a.etcd_ttl_s,
             if members > 1 { ", one at a time cut from the others" } else { "" }
         );
+        if a.etcd_secure {
+            println!("  etcd over TLS with client certificates required, and users: the windows' role covers /nip-le/ only");
+        }
         plan = plan
             .with_etcd_pauses(a.etcd_ttl_s * 1000)
             .with_etcd_members(members);
@@ -196,6 +209,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
                 for url in etcd.urls_for(h) {
                     o.extra_args.extend(["--etcd".into(), url]);
                 }
+                o.extra_args.extend(etcd.window_args());
                 o.extra_args.extend([
                     "--host-id".into(),
                     format!("host{h}"),
