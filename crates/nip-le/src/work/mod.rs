@@ -2,8 +2,11 @@
 //! a take is granted, whose settle is accepted and at which epoch, what
 //! is owed, what the level above the host (etcd) has in hand elsewhere,
 //! and when each falls back to "published since we led". The file format
-//! and the index of what a ledger file says are in [`crate::ledger`]; the
-//! writer's work shell (`elector/writer/work.rs`) and the contender's
+//! and the index of what a ledger file says are in [`crate::ledger`]; what
+//! a window owes etcd of its records (sent, refused, sent again, the
+//! leases they live on) is the contender's outbox machine
+//! (`global/contender/outbox.rs`). The writer's work shell
+//! (`elector/writer/work.rs`) and the contender's
 //! (`global/contender/work.rs`) only carry the decisions out: open, read,
 //! append, send.
 //!

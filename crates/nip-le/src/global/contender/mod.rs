@@ -31,10 +31,10 @@ use super::etcd::{Change, Etcd, Kv};
 use super::grpc::Grpc;
 use super::EtcdConfig;
 
-mod book;
 mod claims;
 mod losses;
 mod moves;
+mod outbox;
 pub(crate) mod renewer;
 pub(crate) mod task;
 pub(crate) mod watch;

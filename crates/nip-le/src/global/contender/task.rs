@@ -18,7 +18,7 @@ use crate::pubkey::AgentPubkey;
 use super::super::etcd::{ErrorKind, Etcd, EtcdError};
 use super::super::seen::Seen;
 use super::super::EtcdConfig;
-use super::book::WorkBook;
+use super::outbox::WorkOutbox;
 use super::{Inbox, Value};
 
 /// The clocks the task reads.
@@ -143,7 +143,7 @@ pub(crate) struct Task {
     /// What was last handed out to be kept, and when.
     pub(super) kept: (Seen, Option<Instant>),
     /// Our work records in etcd (see [`super::work`]).
-    pub(super) work: WorkBook,
+    pub(super) work: WorkOutbox,
     /// How long done records are kept.
     pub(super) retention: Duration,
     /// Giving everything up: a hand-over no longer waits for records.
@@ -178,7 +178,7 @@ impl Task {
             known_cluster: 0,
             losses: 0,
             kept: (Seen::default(), None),
-            work: WorkBook::default(),
+            work: WorkOutbox::default(),
             retention: crate::config::DEFAULT_WORK_RETENTION,
             shutting_down: false,
             leases: None,

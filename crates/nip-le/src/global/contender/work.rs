@@ -16,7 +16,8 @@
 //!   take, not the done), bound to a retention lease (the work retention,
 //!   a new lease once half of it passed): etcd forgets old records on its
 //!   own, so the range stays bounded. A done etcd refuses is kept (up to
-//!   [`MAX_UNSENT`]) and sent again, before any lease is given up.
+//!   [`super::outbox::MAX_UNSENT`]) and sent again, before any lease is
+//!   given up.
 //! * a give-back deletes our take record (only the one we wrote).
 //!
 //! A holder that gains the key reads the range once (before the writer
@@ -26,10 +27,14 @@
 //! through the task's inbox in the writer's order: a take or done told
 //! before a hand-over is in etcd before the claimant can read the range.
 //! The watch sees these keys too and ignores them.
+//!
+//! Which record goes when, and what an answer means, is the outbox's
+//! (a machine: [`super::outbox`]); this file is its shell (the calls, the
+//! records' format) and the reads.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -38,10 +43,9 @@ use crate::work::{gives_up_on_records, RecordView, SharedWork};
 
 use super::super::etcd::{Etcd, Kv, Result, Txn};
 use super::super::{EtcdConfig, WorkRecord};
-use super::task::Task;
+use super::outbox::{Answer, Fence, Learnt, ReadBack, Scope, Times, WorkCall};
+use super::task::{Entry, Task};
 
-/// Most done records kept while etcd refuses them (the oldest go first).
-pub(crate) const MAX_UNSENT: usize = 10_000;
 /// Most records read for one agent: more is treated as unreadable.
 pub(crate) const MAX_RECORDS: usize = 100_000;
 /// Largest record value read.
@@ -111,264 +115,136 @@ impl Task {
         .unwrap_or_default()
     }
 
-    /// The writer granted a take of `id`: recorded fenced by our hold, or,
-    /// under the fall-back (we hold nothing), unfenced once etcd answers.
-    /// A record etcd refuses is sent again, and a hand-over to another
-    /// host waits for it (see [`Task::work_sent`]). A take under the
-    /// fall-back (we hold nothing) is recorded unfenced once etcd answers
-    /// again: the turn is real, and a host that gains the agent meanwhile
-    /// must leave it to us (seeds 88 and 1500 of `--cluster hosts
-    /// --strict-once`).
+    /// The writer granted a take of `id`: recorded at once, fenced by our
+    /// hold (or, under the fall-back, where we hold nothing, unfenced once
+    /// etcd answers: the turn is real, and a host that gains the agent
+    /// meanwhile must leave it to us; seeds 88 and 1500 of `--cluster
+    /// hosts --strict-once`). A record etcd refuses is sent again, and a
+    /// hand-over to another host waits for it (see [`Task::work_sent`]).
     pub(super) fn took(&mut self, pk: AgentPubkey, id: String) {
-        // A hand-over under way still fences by the revision we held.
-        let revision = self.entries.get(&pk).and_then(|e| {
-            let h = e.held.or(e.handing.as_ref().map(|(h, _)| *h))?;
-            Some(h.revision)
-        });
-        let Some(lease) = self.take_lease() else {
-            return self.untaken(pk, id);
-        };
-        let key = format!("{}{id}", self.work_prefix(&pk));
-        let value = self.record("take");
-        let leader = self.cfg.leader_key(&pk);
-        let created = match revision {
-            Some(rev) => self.gw.create_if(&leader, rev, &key, &value, lease),
-            None => self.gw.create(&key, &value, lease),
-        };
-        match created {
-            Ok(Txn::Done(rev)) => {
-                self.last_contact = self.clock.now();
-                self.store_at(rev);
-                self.work.mine.insert((pk, id), rev);
-            }
-            // The key names us on our lease at a later revision (our own
-            // rewrite, not yet seen): fence by that one, once.
-            Ok(Txn::Failed(Some(kv))) if revision.is_some_and(|r| kv.mod_revision > r) => {
-                let held = self.entries.get_mut(&pk).and_then(|e| e.held.as_mut());
-                let ours = super::holder_of(&kv).instance_id == self.our_id;
-                if let Some(h) = held.filter(|h| ours && h.lease == kv.lease) {
-                    h.revision = kv.mod_revision;
-                    self.took(pk, id);
-                }
-            }
-            // Moved under us (the watch tells the machine), or a record is
-            // there: a done is never overwritten by a take sent late. Or
-            // it is our own take, whose create committed while its answer
-            // was lost: tracked as if answered, or its lease would not be
-            // renewed (another host answers the event again once it
-            // lapses) and a give-back would find no revision to delete.
-            Ok(Txn::Failed(_)) => self.adopt_own_take(pk, id, &key, lease),
-            Err(e) => {
-                tracing::debug!(pubkey = %pk, "etcd: the take of {id} waits: {e}");
-                self.untaken(pk, id);
-            }
-        }
+        self.work.took(pk, id);
+        self.send_work(Scope::Fresh);
     }
 
-    /// Tracks the take record at `key` if it is ours, on `lease`.
-    fn adopt_own_take(&mut self, pk: AgentPubkey, id: String, key: &str, lease: i64) {
-        let Ok((Some(kv), _)) = self.gw.get_at(key) else {
-            return;
-        };
-        let prefix = self.work_prefix(&pk);
-        let ours = parse(&prefix, &kv).is_some_and(|(_, r)| {
-            r.op == "take" && r.host_id == self.cfg.host_id && r.instance_id == self.our_id
-        });
-        if ours && kv.lease == lease {
-            self.last_contact = self.clock.now();
-            self.work.mine.insert((pk, id), kv.mod_revision);
-        }
-    }
-
-    fn untaken(&mut self, pk: AgentPubkey, id: String) {
-        keep(&mut self.work.untaken, (pk, id));
-        self.retry_work();
+    /// A take of ours ended: a done is recorded for every host, a give-back
+    /// deletes our record.
+    pub(super) fn settled(&mut self, pk: AgentPubkey, id: String, done: bool) {
+        self.work.settled(pk, id, done);
+        self.send_work(Scope::Sends);
     }
 
     /// Whether every record of `pk` we owe etcd is there (sent again now
     /// if not): a hand-over to another host waits until it is, or the
     /// claimant would answer again what we took or did.
     pub(super) fn work_sent(&mut self, pk: AgentPubkey) -> bool {
-        self.work.retry_at = None;
-        self.send_untaken();
-        self.send_done();
-        self.send_given();
-        let pending = |q: &VecDeque<(AgentPubkey, String)>| q.iter().any(|(p, _)| *p == pk);
-        let given = self.work.ungiven.iter().any(|(p, _, _)| *p == pk);
-        !pending(&self.work.untaken) && !pending(&self.work.unsent) && !given
+        self.work.hurry();
+        self.send_work(Scope::Sends);
+        self.work.sent(&pk)
     }
 
-    /// Sends the take records that failed before, while we still hold.
-    fn send_untaken(&mut self) {
-        let now = self.clock.now();
-        if self.work.retry_at.is_some_and(|t| now < t) {
-            return;
-        }
-        self.list_leases();
-        let mut queue = std::mem::take(&mut self.work.untaken);
-        while let Some((pk, id)) = queue.pop_front() {
-            let before = self.work.untaken.len();
-            self.took(pk, id);
-            if self.work.untaken.len() > before {
-                // Refused again: the rest wait, in order.
-                self.work.untaken.extend(queue);
-                return;
-            }
-        }
-    }
-
-    /// A take of ours ended: a done is recorded for every host, a give-back
-    /// deletes our record.
-    pub(super) fn settled(&mut self, pk: AgentPubkey, id: String, done: bool) {
-        let rev = self.work.mine.remove(&(pk, id.clone()));
-        self.work
-            .untaken
-            .retain(|(p, i)| (*p, i.as_str()) != (pk, id.as_str()));
-        if done {
-            keep(&mut self.work.unsent, (pk, id));
-            self.work.retry_at = None;
-            self.send_done();
-        } else if let Some(rev) = rev {
-            keep(&mut self.work.ungiven, (pk, id, rev));
-            self.work.retry_at = None;
-            self.send_given();
-        }
-    }
-
-    /// Deletes the take records given back, oldest first, stopping at the
-    /// first failure: a record left behind would keep every other host
-    /// from the event while our window lives (its lease is renewed for
-    /// our other takes).
-    fn send_given(&mut self) {
-        let now = self.clock.now();
-        if self.work.retry_at.is_some_and(|t| now < t) {
-            return;
-        }
-        self.list_leases();
-        while let Some((pk, id, rev)) = self.work.ungiven.front().cloned() {
-            let key = format!("{}{id}", self.work_prefix(&pk));
-            match self.gw.delete_if(&key, rev) {
-                Ok(_) => {
-                    self.last_contact = self.clock.now();
-                    self.work.ungiven.pop_front();
-                }
-                Err(e) => {
-                    tracing::debug!(pubkey = %pk, "etcd: the give-back of {id} waits: {e}");
-                    return self.retry_work();
-                }
-            }
-        }
-    }
-
-    /// Sends the done records etcd has not taken yet, oldest first,
-    /// stopping at the first refusal.
-    fn send_done(&mut self) {
-        let now = self.clock.now();
-        if self.work.retry_at.is_some_and(|t| now < t) {
-            return;
-        }
-        self.list_leases();
-        while let Some((pk, id)) = self.work.unsent.front().cloned() {
-            let Some(lease) = self.done_lease() else {
-                return self.retry_work();
-            };
-            let key = format!("{}{id}", self.work_prefix(&pk));
-            match self.gw.put(&key, &self.record("done"), lease) {
-                Ok(()) => {
-                    self.last_contact = self.clock.now();
-                    self.work.unsent.pop_front();
-                }
-                Err(e) => {
-                    tracing::debug!(pubkey = %pk, "etcd: the done of {id} waits: {e}");
-                    // A lease etcd no longer knows: a new one next time.
-                    self.work.done_lease = None;
-                    return self.retry_work();
-                }
-            }
-        }
-    }
-
-    fn retry_work(&mut self) {
-        let wait = self.retry_delay();
-        self.work.retry_at = Some(self.clock.now() + wait);
-    }
-
-    /// The lease of our take records, granted when first needed.
-    fn take_lease(&mut self) -> Option<i64> {
-        // One not renewed for a TTL (no take was open) is gone.
-        let now = self.clock.now();
-        let ttl = self.cfg.ttl;
-        if let Some((id, _)) = (self.work.take_lease).filter(|(_, at)| now < *at + (ttl - ttl / 3))
-        {
-            return Some(id);
-        }
-        let (id, ttl) = self.gw.grant(self.cfg.ttl).ok()?;
-        let ttl = self.bounded(ttl);
-        self.work.take_lease = Some((id, self.clock.now() + ttl / 3));
-        Some(id)
-    }
-
-    /// The lease of done records: one and a half retentions long, a new
-    /// one once half the retention passed, so that every done lives at
-    /// least the retention (as long as the host ledger keeps it).
-    fn done_lease(&mut self) -> Option<i64> {
-        let now = self.clock.now();
-        let half = self.retention / 2;
-        if let Some((id, _)) = self.work.done_lease.filter(|(_, at)| now < *at + half) {
-            return Some(id);
-        }
-        // etcd counts TTLs in whole seconds: a retention under a second
-        // would ask for none.
-        let ttl = (self.retention + half).max(Duration::from_secs(2));
-        let (id, _) = self.gw.grant(ttl).ok()?;
-        self.work.done_lease = Some((id, now));
-        Some(id)
-    }
-
-    /// Whatever the records need now: dones sent again, our take lease
-    /// renewed while a take is open (a lease that expired takes its
-    /// records with it; the open takes are written again, fenced anew).
+    /// Whatever the records need now: what etcd did not take sent again,
+    /// our takes' lease renewed while a take is open.
     pub(super) fn keep_work(&mut self) {
-        self.send_untaken();
-        self.send_done();
-        self.send_given();
-        let now = self.clock.now();
-        let Some((lease, renew_at)) = self.work.take_lease else {
-            return;
-        };
-        if self.work.mine.is_empty() || now < renew_at {
-            return;
-        }
-        match self.gw.keep_alive(lease) {
-            Ok(ttl) if !ttl.is_zero() => {
-                let ttl = self.bounded(ttl);
-                self.work.take_lease = Some((lease, now + ttl / 3));
-            }
-            Ok(_) => {
-                self.work.take_lease = None;
-                let open: Vec<(AgentPubkey, String)> =
-                    std::mem::take(&mut self.work.mine).into_keys().collect();
-                for (pk, id) in open {
-                    self.took(pk, id);
-                }
-            }
-            Err(_) => {
-                let wait = self.retry_delay();
-                self.work.take_lease = Some((lease, now + wait));
-            }
-        }
+        self.send_work(Scope::All);
     }
 
     /// When the records need us next.
     pub(super) fn work_due(&self) -> Option<Instant> {
-        let waiting = !self.work.unsent.is_empty()
-            || !self.work.untaken.is_empty()
-            || !self.work.ungiven.is_empty();
-        let unsent = waiting.then_some(self.work.retry_at).flatten();
-        let renew = (!self.work.mine.is_empty())
-            .then_some(self.work.take_lease.map(|(_, t)| t))
-            .flatten();
-        [unsent, renew].into_iter().flatten().min()
+        self.work.due()
+    }
+
+    /// On shutdown: the dones go out first (a successor reads them), then
+    /// our take records go with their lease (none is written now: it would
+    /// need a new lease, and outlive us).
+    pub(super) fn give_up_work(&mut self) {
+        self.work.hurry();
+        self.send_work(Scope::Dones);
+        if let Some(lease) = self.work.give_up() {
+            let _ = self.gw.revoke(lease);
+        }
+    }
+
+    /// The shell of [`WorkOutbox`]: makes its calls within `scope`, one at
+    /// a time, and applies what each answer teaches the task.
+    fn send_work(&mut self, scope: Scope) {
+        self.list_leases();
+        let t = Times {
+            ttl: self.cfg.ttl,
+            retention: self.retention,
+            retry: self.retry_delay(),
+        };
+        loop {
+            let entries = &self.entries;
+            let now = self.clock.now();
+            let Some(call) = self.work.next(now, &t, scope, |pk| fence(entries, pk)) else {
+                return;
+            };
+            let answer = self.ask(&call);
+            let now = self.clock.now();
+            for learnt in self.work.answered(call, answer, now, &t) {
+                match learnt {
+                    Learnt::Contact => self.last_contact = now,
+                    Learnt::StoreAt(rev) => self.store_at(rev),
+                    Learnt::Refence { pk, revision } => {
+                        if let Some(h) = self.entries.get_mut(&pk).and_then(|e| e.held.as_mut()) {
+                            h.revision = revision;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes `call` on etcd.
+    fn ask(&self, call: &WorkCall) -> Answer {
+        let key = |pk: &AgentPubkey, id: &str| format!("{}{id}", self.work_prefix(pk));
+        let answer = match call {
+            WorkCall::GrantTakeLease => Answer::Granted(self.gw.grant(self.cfg.ttl)),
+            WorkCall::GrantDoneLease(ttl) => Answer::Granted(self.gw.grant(*ttl)),
+            WorkCall::Take {
+                pk,
+                id,
+                fence,
+                lease,
+            } => {
+                let (key, value) = (key(pk, id), self.record("take"));
+                let r = match fence {
+                    Some(f) => {
+                        let leader = self.cfg.leader_key(pk);
+                        self.gw.create_if(&leader, f.revision, &key, &value, *lease)
+                    }
+                    None => self.gw.create(&key, &value, *lease),
+                };
+                let names_us = matches!(&r, Ok(Txn::Failed(Some(kv)))
+                    if super::holder_of(kv).instance_id == self.our_id);
+                Answer::Txn(r, names_us)
+            }
+            WorkCall::ReadTake { pk, id, .. } => {
+                let prefix = self.work_prefix(pk);
+                Answer::Read(self.gw.get_at(&key(pk, id)).map(|(kv, _)| {
+                    kv.map(|kv| ReadBack {
+                        ours: parse(&prefix, &kv).is_some_and(|(_, r)| {
+                            r.op == "take"
+                                && r.host_id == self.cfg.host_id
+                                && r.instance_id == self.our_id
+                        }),
+                        lease: kv.lease,
+                        revision: kv.mod_revision,
+                    })
+                }))
+            }
+            WorkCall::Done { pk, id, lease } => {
+                Answer::Put(self.gw.put(&key(pk, id), &self.record("done"), *lease))
+            }
+            WorkCall::GiveBack { pk, id, revision } => {
+                Answer::Deleted(self.gw.delete_if(&key(pk, id), *revision))
+            }
+            WorkCall::RenewTakes(lease) => Answer::Renewed(self.gw.keep_alive(*lease)),
+        };
+        if let Some(e) = answer.error() {
+            tracing::debug!("etcd: {call:?} waits: {e}");
+        }
+        answer
     }
 
     /// Reads what every host recorded of `pk`'s work (`None`: it could not
@@ -429,30 +305,23 @@ impl Task {
             self.tell_with(pk, None, Some(now_ms), false);
         }
     }
-
-    /// On shutdown: the dones go out first (a successor reads them), then
-    /// our take records go with their lease.
-    pub(super) fn give_up_work(&mut self) {
-        self.work.retry_at = None;
-        self.send_done();
-        // The revoke takes every take record of ours with it: none is
-        // written now (it would need a new lease, and outlive us).
-        if let Some((lease, _)) = self.work.take_lease.take() {
-            let _ = self.gw.revoke(lease);
-        }
-        self.work.mine.clear();
-        self.work.untaken.clear();
-        self.work.ungiven.clear();
-    }
 }
 
-/// Queues a record etcd has yet to take, the oldest dropped past
-/// [`MAX_UNSENT`].
-fn keep<T>(queue: &mut VecDeque<T>, record: T) {
-    if queue.len() >= MAX_UNSENT {
-        queue.pop_front();
+/// How a take of `pk` is fenced now: by the revision we hold the key at,
+/// or, while handing it over, the one we held it at.
+fn fence(entries: &BTreeMap<AgentPubkey, Entry>, pk: &AgentPubkey) -> Option<Fence> {
+    let e = entries.get(pk)?;
+    match (e.held, &e.handing) {
+        (Some(h), _) => Some(Fence {
+            revision: h.revision,
+            held_lease: Some(h.lease),
+        }),
+        (None, Some((h, _))) => Some(Fence {
+            revision: h.revision,
+            held_lease: None,
+        }),
+        (None, None) => None,
     }
-    queue.push_back(record);
 }
 
 /// The records under `prefix` (hostile content is skipped), as the rule
