@@ -56,6 +56,11 @@ pub(super) struct Key {
     pub(super) told_locked: bool,
     /// The upper level's permit as set in the cell now.
     pub(super) permit: Permit,
+    /// Takes the upper level heard of and not yet their end: given back
+    /// to it when we leave the key, whatever our ledger says (one it
+    /// cannot read, or a fail-safe take it never held), or their records
+    /// would keep every other host from the events while we run.
+    pub(super) above_open: std::collections::BTreeSet<String>,
     /// Our host leaderships of this key, counted (see
     /// [`super::super::upper::UpperLevel::host_leader`]).
     pub(super) upper_tenure: u64,
@@ -340,7 +345,11 @@ impl Key {
         // The change happened now, whatever the writes below take.
         let stopped_at = unix_ms(ctx.world.now().wall);
         if departing {
-            for id in self.end_takes(ctx) {
+            let mut ended = self.end_takes(ctx);
+            ended.extend(std::mem::take(&mut self.above_open));
+            ended.sort();
+            ended.dedup();
+            for id in ended {
                 if let Some(u) = ctx.upper.as_mut() {
                     u.settled(self.pubkey, &id, false);
                 }

@@ -381,6 +381,7 @@ impl Writer {
             told_upper: false,
             told_locked: false,
             permit: super::upper::Permit::NOT_HELD,
+            above_open: Default::default(),
             upper_tenure: 0,
             global: None,
             drain: None,

@@ -76,6 +76,7 @@ impl Key {
             let half = u64::try_from(l.retention().as_millis() / 2).unwrap_or(u64::MAX);
             for id in w.lacks_done(&l.index, news.at_ms.saturating_sub(half)) {
                 u.settled(self.pubkey, &id, true);
+                self.above_open.remove(&id);
             }
         }
         (self.work).above(news.work, news.work_unread, news.unknown_before_ms, gave_up);

@@ -217,8 +217,14 @@ impl Key {
         let above = self.work_here(ctx, op, reply);
         if let (Some((id, what)), Some(u)) = (above, ctx.upper.as_mut()) {
             match what {
-                None => u.took(self.pubkey, &id),
-                Some(done) => u.settled(self.pubkey, &id, done),
+                None => {
+                    u.took(self.pubkey, &id);
+                    self.above_open.insert(id);
+                }
+                Some(done) => {
+                    u.settled(self.pubkey, &id, done);
+                    self.above_open.remove(&id);
+                }
             }
         }
     }
