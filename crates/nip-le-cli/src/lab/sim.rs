@@ -62,6 +62,9 @@ pub enum ExtraKind {
     DataLoss,
     /// A host's etcd answers are forged (TTLs, revisions near u64::MAX).
     Hostile,
+    /// A host's link is slow: its contenders are busy with work records
+    /// for one to three TTLs, while their renewers still run.
+    SlowLink,
 }
 
 /// Flags of `nip-le sim`.
@@ -115,9 +118,13 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0)]
     pub queue_cap: usize,
     /// In a `--cluster hosts` run, faults drawn besides the default ones:
-    /// data-loss, hostile (comma-separated).
+    /// data-loss, hostile, slow-link (comma-separated).
     #[arg(long = "with", value_delimiter = ',')]
     pub with: Vec<ExtraKind>,
+    /// In a `--cluster hosts` run, no renewer beside the windows'
+    /// contenders (what the app runs): shows what it is for.
+    #[arg(long)]
+    pub no_renewer: bool,
 }
 
 /// The flag values of `kinds`, comma-separated.
@@ -178,6 +185,8 @@ impl SimArgs {
         o.strict_once = self.strict_once;
         o.data_loss = self.with.contains(&ExtraKind::DataLoss);
         o.hostile = self.with.contains(&ExtraKind::Hostile);
+        o.slow_link = self.with.contains(&ExtraKind::SlowLink);
+        o.renewer = !self.no_renewer;
         o.policy = match self.policy {
             Policy::FallBack => WhenUnreachable::FallBack,
             Policy::StaySilent => WhenUnreachable::StaySilent,
@@ -213,6 +222,9 @@ impl SimArgs {
             }
             if !self.with.is_empty() {
                 f += &format!(" --with {}", names(&self.with));
+            }
+            if self.no_renewer {
+                f += " --no-renewer";
             }
         }
         f
@@ -285,6 +297,8 @@ pub struct Across {
     pub unanswered: u64,
     /// Time windows of two hosts acted at once (the fall-back), ms.
     pub overlap_ms: u64,
+    /// Times the window acting with etcd's key changed.
+    pub key_moves: u64,
 }
 
 /// Runs `args.seeds` seeds from `args.seed`.
@@ -350,6 +364,7 @@ fn run_host_seeds(args: &SimArgs) -> Summary {
         across.twice_forced_within_a_host += out.twice_forced_within_a_host;
         across.unanswered += out.unanswered;
         across.overlap_ms += out.fallback_overlap_ns / 1_000_000;
+        across.key_moves += out.key_moves;
         if args.verbose {
             println!(
                 "seed {seed}: {} faults, {}/{} answered ({} on two hosts, {} twice on one), {} ms on two hosts, {}/{} etcd calls failed, longest silence {} ms{}",
@@ -456,8 +471,8 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
     }
     if let Some(a) = sum.across {
         println!(
-            "across hosts: {} mentions answered on two hosts ({} under the fall-back, {} taken or answered on a host whose link to etcd was cut or lossy, {} a reply on its way from a window frozen for 2/3 of a TTL), {} twice on one host ({} forced by the disk or a frozen reply), {} never, {} ms with two hosts acting (fall-back)",
-            a.twice_across_hosts, a.twice_under_fallback, a.twice_done_cut_off, a.twice_frozen_reply, a.twice_within_a_host, a.twice_forced_within_a_host, a.unanswered, a.overlap_ms
+            "across hosts: {} mentions answered on two hosts ({} under the fall-back, {} taken or answered on a host whose link to etcd was cut or lossy, {} a reply on its way from a window frozen for 2/3 of a TTL), {} twice on one host ({} forced by the disk or a frozen reply), {} never, {} ms with two hosts acting (fall-back), the key moved {} times",
+            a.twice_across_hosts, a.twice_under_fallback, a.twice_done_cut_off, a.twice_frozen_reply, a.twice_within_a_host, a.twice_forced_within_a_host, a.unanswered, a.overlap_ms, a.key_moves
         );
     }
     Ok(if sum.failed.is_empty() {

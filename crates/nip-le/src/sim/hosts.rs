@@ -6,8 +6,9 @@
 //! host, draws the faults between hosts and etcd (a host cut off, a flaky
 //! link that loses requests and answers, watches that lose their place,
 //! etcd out of reach for everyone, etcd restarts, claims from another
-//! host; on request, data loss and forged answers), and checks the agent
-//! across hosts after every step.
+//! host; on request, data loss, forged answers and slow links that keep a
+//! host's contenders busy), and checks the agent across hosts after every
+//! step.
 //!
 //! Checked: never two windows that hold etcd's key at once; acting on two
 //! hosts at once only under the fall-back policy (counted apart); no
@@ -35,6 +36,7 @@ use super::plan::{Mix, Options};
 use super::rng::Rng;
 
 use super::etcd::SimEtcd;
+pub use super::hosts_outcome::HostsOutcome;
 
 const MS: u64 = 1_000_000;
 
@@ -61,6 +63,12 @@ pub struct HostsOptions {
     /// Also draw links whose answers are forged (TTLs and revisions near
     /// `u64::MAX`).
     pub hostile: bool,
+    /// Also draw slow links: a host's contenders busy with work records
+    /// for one to three TTLs (their renewers still run).
+    pub slow_link: bool,
+    /// Each window runs a renewer beside its contender (as the app does);
+    /// off only to show what it is for.
+    pub renewer: bool,
 }
 
 impl HostsOptions {
@@ -87,6 +95,8 @@ impl HostsOptions {
             strict_once: false,
             data_loss: false,
             hostile: false,
+            slow_link: false,
+            renewer: true,
         }
     }
 }
@@ -112,6 +122,9 @@ enum LinkFault {
     DataLoss,
     /// A host's answers are forged for `d` ns.
     Hostile { host: usize, d: u64 },
+    /// A host's contenders are busy for `d` ns (a slow link, many
+    /// records).
+    Slow { host: usize, d: u64 },
     /// A user on a host claims the agent.
     Claim { host: usize },
 }
@@ -120,48 +133,6 @@ enum LinkFault {
 enum Ev {
     Publish(u64),
     Fault(LinkFault),
-}
-
-/// What a run across hosts found.
-#[derive(Debug, Clone, Default)]
-pub struct HostsOutcome {
-    /// The first broken invariant, if any (prefixed with its host).
-    pub violation: Option<Violation>,
-    /// Faults injected: on the hosts and between hosts and etcd.
-    pub faults: u64,
-    /// Mentions published.
-    pub mentions: u64,
-    /// Of which answered at least once.
-    pub answered: u64,
-    /// Mentions never answered.
-    pub unanswered: u64,
-    /// Mentions answered by windows of two hosts.
-    pub twice_across_hosts: u64,
-    /// Of which one answer came while a window acted under the fall-back
-    /// (etcd out of its reach): the policy's price, counted apart.
-    pub twice_under_fallback: u64,
-    /// Of which one was taken or answered on a host whose link to etcd was
-    /// cut or lossy then (under the tail of its permit): its take or done
-    /// could not be recorded before the link came back, and not at all if
-    /// the window was gone by then. Counted apart.
-    pub twice_done_cut_off: u64,
-    /// Of which one answer was a reply on its way whose window froze for
-    /// two thirds of a TTL or more before it went out (its take record's
-    /// lease, renewed every TTL/3, may have lapsed).
-    pub twice_frozen_reply: u64,
-    /// Mentions answered twice within one host.
-    pub twice_within_a_host: u64,
-    /// Of which the second grant was forced by the disk or made while the
-    /// first reply waited frozen (as within one host's run).
-    pub twice_forced_within_a_host: u64,
-    /// Time windows of two hosts acted at once under the fall-back, ns.
-    pub fallback_overlap_ns: u64,
-    /// Longest silence, ns.
-    pub longest_silence_ns: u64,
-    /// Etcd calls, and those that failed.
-    pub etcd_calls: u64,
-    /// See [`HostsOutcome::etcd_calls`].
-    pub etcd_failed: u64,
 }
 
 /// The driver.
@@ -186,6 +157,8 @@ struct Hosts {
     /// Spans in which a host's link to etcd was cut or lossy: (host, from,
     /// until).
     cut_spans: Vec<(usize, u64, u64)>,
+    /// The window that acted with etcd's key last.
+    last_holder: Option<String>,
     out: HostsOutcome,
     trace: bool,
 }
@@ -201,7 +174,8 @@ pub fn run(seed: u64, o: &HostsOptions, trace: bool) -> HostsOutcome {
     let sims = (0..o.hosts)
         .map(|i| {
             let name = format!("{}", (b'a' + i as u8) as char);
-            let link = HostLink::new(i, name, Arc::clone(&etcd), o.ttl, o.policy, pk);
+            let mut link = HostLink::new(i, name, Arc::clone(&etcd), o.ttl, o.policy, pk);
+            link.renewer = o.renewer;
             let mut sim = Sim::on_host(rng.next_u64(), o.per_host.clone(), Some(link));
             sim.trace = trace;
             sim
@@ -224,6 +198,7 @@ pub fn run(seed: u64, o: &HostsOptions, trace: bool) -> HostsOutcome {
         fallback_spans: Vec::new(),
         fallback_since: None,
         cut_spans: Vec::new(),
+        last_holder: None,
         out: HostsOutcome::default(),
         trace,
     };
@@ -266,6 +241,10 @@ impl Hosts {
                 },
                 8 if self.o.data_loss => LinkFault::DataLoss,
                 9 if self.o.hostile => LinkFault::Hostile { host, d },
+                10 if self.o.slow_link => LinkFault::Slow {
+                    host,
+                    d: self.rng.range(ttl, 3 * ttl),
+                },
                 _ => LinkFault::Claim { host },
             };
             self.push(at, Ev::Fault(f));
@@ -373,6 +352,12 @@ impl Hosts {
                         self.etcd.hostile(host, t + d);
                         self.quiet_from = self.quiet_from.max(t + d);
                     }
+                    LinkFault::Slow { host, d } => {
+                        // Its records reach etcd late, as over a cut link.
+                        self.cut_spans.push((host, t, t + d));
+                        self.sims[host].slow_link(t + d);
+                        self.quiet_from = self.quiet_from.max(t + d);
+                    }
                     LinkFault::Claim { host } => {
                         if let Some(target) = self.sims[host].claim_here() {
                             for (i, s) in self.sims.iter_mut().enumerate() {
@@ -439,16 +424,20 @@ impl Hosts {
         for (i, s) in self.sims.iter().enumerate() {
             s.acting(&mut |a| acting.push((i, a)));
         }
-        if acting.iter().filter(|(_, a)| a.global).count() >= 2 {
-            let global: Vec<String> = acting
-                .iter()
-                .filter(|(_, a)| a.global)
-                .map(|(i, a)| self.sims[*i].window_id(a.window))
-                .collect();
+        let holders: Vec<String> = (acting.iter().filter(|(_, a)| a.global))
+            .map(|(i, a)| self.sims[*i].window_id(a.window))
+            .collect();
+        if let [one] = &holders[..] {
+            if self.last_holder.as_ref().is_some_and(|l| l != one) {
+                self.out.key_moves += 1;
+            }
+            self.last_holder = Some(one.clone());
+        }
+        if holders.len() >= 2 {
             self.out.violation = Some(Violation::new(
                 t,
                 "two holders of etcd's key",
-                format!("{global:?} act, each holding the key"),
+                format!("{holders:?} act, each holding the key"),
             ));
             return;
         }

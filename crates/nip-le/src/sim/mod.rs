@@ -16,7 +16,8 @@
 //! * `check`: the invariants;
 //! * `etcd`: the etcd the hosts of a run share, and each host's link;
 //! * `cluster`: the driver of one host;
-//! * `hosts`: runs across hosts, on a simulated etcd.
+//! * `hosts`: runs across hosts, on a simulated etcd, and
+//!   `hosts_outcome` what one found.
 //!
 //! The `nip-le sim` command runs seeds and prints the replay command of a
 //! failing one; `cargo test` runs a seed budget.
@@ -27,6 +28,7 @@ mod cluster;
 mod etcd;
 mod harness;
 mod hosts;
+mod hosts_outcome;
 mod plan;
 mod rng;
 mod state;

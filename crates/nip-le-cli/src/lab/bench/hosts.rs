@@ -80,9 +80,11 @@ impl Bench {
     }
 
     /// `windows[h]` windows on each host `h`, settled with one global
-    /// leader; `None` for a variant without a cross-host level.
+    /// leader; `None` for a variant without a cross-host level (the plain
+    /// NIP's). An earlier build (`--before`) runs them too: `run`'s etcd
+    /// flags are the same.
     fn hosts(&self, v: &Variant, windows: &[usize]) -> std::io::Result<Option<Hosts>> {
-        if v.before || v.mode != Mode::Extended {
+        if v.mode != Mode::Extended {
             return Ok(None);
         }
         let url = with_etcd(Etcd::url)?;

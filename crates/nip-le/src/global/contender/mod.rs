@@ -273,22 +273,39 @@ fn run(
     loop {
         keep(&mut task);
         let wait = task.wait();
-        match rx.recv_timeout(wait) {
-            Ok(Message::Shutdown(done)) => {
-                task.give_up_all();
-                keep(&mut task);
-                let _ = done.send(());
-                return;
+        // Everything that waited is taken in together (see
+        // `Task::step_all`).
+        let mut inputs = Vec::new();
+        let mut shutdown = None;
+        let mut next = rx.recv_timeout(wait);
+        loop {
+            match next {
+                Ok(Message::Shutdown(done)) => shutdown = Some(done),
+                Ok(Message::In(i)) => inputs.push(i),
+                Ok(Message::Watched(i)) => {
+                    backlog.fetch_sub(1, Ordering::AcqRel);
+                    inputs.push(i);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) if inputs.is_empty() => return,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {}
             }
-            Ok(Message::In(i)) => task.step(Some(i)),
-            Ok(Message::Watched(i)) => {
-                backlog.fetch_sub(1, Ordering::AcqRel);
-                task.step(Some(i));
+            if shutdown.is_some() {
+                break;
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => task.step(None),
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            next = match rx.try_recv() {
+                Ok(m) => Ok(m),
+                Err(_) => break,
+            };
         }
+        task.step_all(inputs);
         task.list_leases();
+        if let Some(done) = shutdown {
+            task.give_up_all();
+            keep(&mut task);
+            let _ = done.send(());
+            return;
+        }
     }
 }
 

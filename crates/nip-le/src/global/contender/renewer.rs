@@ -87,42 +87,65 @@ pub(crate) fn tick(ttl: Duration) -> Duration {
 pub(crate) fn run(
     leases: &Leases,
     etcd: &dyn Etcd,
-    (cfg, our_id): (&EtcdConfig, &str),
+    who: (&EtcdConfig, &str),
     tell: &TellRenewed,
     stop: &AtomicBool,
 ) {
-    let mut ours: HashMap<i64, Instant> = HashMap::new();
+    let mut ours = Renewer::default();
     while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(tick(cfg.ttl));
+        std::thread::sleep(tick(who.0.ttl));
         let listed = leases.get();
-        ours.retain(|l, _| {
+        for (pk, r) in ours.look(&listed, Instant::now(), &cache::boot_nanos, etcd, who) {
+            tell(pk, r);
+        }
+    }
+}
+
+/// The renewer's own memory: when it last renewed each lease.
+#[derive(Debug, Default)]
+pub(crate) struct Renewer {
+    renewed: HashMap<i64, Instant>,
+}
+
+impl Renewer {
+    /// One look at what the task holds (`listed`) at `now`: renews
+    /// whatever the task is late for (`boot` reads the clock permits are
+    /// counted on, before each renewal); the renewals the writer is to
+    /// hear of.
+    pub(crate) fn look(
+        &mut self,
+        listed: &Listed,
+        now: Instant,
+        boot: &dyn Fn() -> u64,
+        etcd: &dyn Etcd,
+        (cfg, our_id): (&EtcdConfig, &str),
+    ) -> Vec<(AgentPubkey, Renewed)> {
+        self.renewed.retain(|l, _| {
             listed.keys.values().any(|k| k.lease == *l) || listed.takes.is_some_and(|t| t.0 == *l)
         });
+        let mut told = Vec::new();
         for (pk, k) in &listed.keys {
-            let now = Instant::now();
-            if !late(k.due, ours.get(&k.lease).copied(), now, cfg.ttl) {
+            if !late(k.due, self.renewed.get(&k.lease).copied(), now, cfg.ttl) {
                 continue;
             }
-            ours.insert(k.lease, now);
-            if let Some(until) = renew_key(etcd, cfg, our_id, pk, k, &listed) {
+            self.renewed.insert(k.lease, now);
+            if let Some(until) = renew_key(etcd, cfg, our_id, pk, k, listed, boot()) {
                 tracing::debug!(pubkey = %pk, lease = k.lease, "renewed beside the busy task");
-                tell(
-                    *pk,
-                    Renewed {
-                        tenure: k.tenure,
-                        lease: k.lease,
-                        until,
-                    },
-                );
+                let r = Renewed {
+                    tenure: k.tenure,
+                    lease: k.lease,
+                    until,
+                };
+                told.push((*pk, r));
             }
         }
         if let Some((lease, due)) = listed.takes {
-            let now = Instant::now();
-            if late(due, ours.get(&lease).copied(), now, cfg.ttl) {
-                ours.insert(lease, now);
+            if late(due, self.renewed.get(&lease).copied(), now, cfg.ttl) {
+                self.renewed.insert(lease, now);
                 let _ = etcd.keep_alive(lease);
             }
         }
+        told
     }
 }
 
@@ -136,8 +159,8 @@ fn renew_key(
     pk: &AgentPubkey,
     k: &KeyLease,
     listed: &Listed,
+    sent: u64,
 ) -> Option<u64> {
-    let sent = cache::boot_nanos();
     let ttl = etcd.keep_alive(k.lease).ok()?.min(cfg.ttl);
     if ttl.is_zero() {
         return None;

@@ -3,13 +3,17 @@
 //! clocks, calling the run's simulated etcd through its host's link, its
 //! watch cursor fed from that etcd. The contender lives and dies with its
 //! window's process: stopped with it, killed with it (its lease then
-//! expires in etcd), shut down with it.
+//! expires in etcd), shut down with it. Beside it runs its renewer
+//! ([`crate::global::contender::renewer`]), which renews what the task is
+//! late for while a slow link keeps the task busy (a host's contenders then
+//! step only once the link is fast again).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::elector::upper::UpperLevel;
+use crate::global::contender::renewer::{self, Renewer};
 use crate::global::contender::watch::Cursor;
 use crate::global::contender::{Clock, Inbox, Task};
 use crate::global::{EtcdConfig, WhenUnreachable};
@@ -35,6 +39,12 @@ pub(crate) struct HostLink {
     /// What the host's windows kept of etcd (the lock directory's
     /// `etcd-seen`, which outlives every window).
     seen: Seen,
+    /// Each window runs a renewer beside its contender (the app's shell
+    /// does; off only to show what it is for).
+    pub renewer: bool,
+    /// The host's link is slow until then: its contenders are busy with
+    /// work records and take no step (their renewers still run).
+    slow_until: u64,
 }
 
 impl HostLink {
@@ -57,6 +67,8 @@ impl HostLink {
             contenders: BTreeMap::new(),
             due: BTreeMap::new(),
             seen: Seen::default(),
+            renewer: true,
+            slow_until: 0,
         }
     }
 }
@@ -65,6 +77,10 @@ struct Contended {
     task: Task,
     cursor: Cursor,
     slot: Arc<Mutex<Slot>>,
+    /// The renewer beside the task, and what it needs to know.
+    renewer: Renewer,
+    cfg: EtcdConfig,
+    id: String,
 }
 
 /// What the window's writer said to its upper level, for the next step.
@@ -158,7 +174,7 @@ impl Sim {
             s.wakeups.push((proc, t));
         });
         let mut task = Task::new(
-            cfg,
+            cfg.clone(),
             id,
             self.opts.stand_down,
             h.etcd.client(h.index),
@@ -173,12 +189,65 @@ impl Sim {
                 task,
                 cursor: Cursor::default(),
                 slot: Arc::clone(&slot),
+                renewer: Renewer::default(),
+                cfg,
+                id: id.to_owned(),
             },
         );
-        Some(Box::new(SimUpper {
+        let upper = SimUpper {
             host_id: h.name.clone(),
             slot,
-        }))
+        };
+        let every = h.renewer.then(|| renewer::tick(h.ttl).as_nanos() as u64);
+        if let Some(every) = every {
+            let at = self.now() + every;
+            self.push(at, Ev::Renewer(proc));
+        }
+        Some(Box::new(upper))
+    }
+
+    /// The host's link is slow until `until`: its contenders are busy.
+    pub(crate) fn slow_link(&mut self, until: u64) {
+        if let Some(h) = self.host.as_mut() {
+            h.slow_until = h.slow_until.max(until);
+        }
+    }
+
+    /// `proc`'s renewer looks at what its contender holds, renews what
+    /// the contender is late for, and tells the writer; it runs while its
+    /// process runs, and ends with its contender.
+    pub(super) fn renewer_due(&mut self, proc: ProcId) {
+        let t = self.now();
+        let (alive, running, until) = {
+            let s = lock(&self.m);
+            let p = &s.procs[proc];
+            (p.alive, p.running(s.t), p.stopped_until)
+        };
+        let clock = HostClock(Arc::clone(&self.m));
+        let (now, boot) = (clock.now(), || clock.boot_nanos());
+        let Some(h) = self.host.as_mut() else {
+            return;
+        };
+        let every = renewer::tick(h.ttl).as_nanos() as u64;
+        let (index, etcd) = (h.index, Arc::clone(&h.etcd));
+        let Some(c) = h.contenders.get_mut(&proc).filter(|_| alive) else {
+            return;
+        };
+        if !running {
+            self.push(until.max(t + every), Ev::Renewer(proc));
+            return;
+        }
+        let listed = c.task.listed();
+        let client = etcd.client(index);
+        let told = (c.renewer).look(&listed, now, &boot, &*client, (&c.cfg, &c.id));
+        if !told.is_empty() {
+            let mut s = lock(&self.m);
+            for (pk, r) in told {
+                s.procs[proc].inbox.push(Command::Renewed(pk, r));
+            }
+            s.wakeups.push((proc, t));
+        }
+        self.push(t + every, Ev::Renewer(proc));
     }
 
     /// After a round of `proc`'s writer: its contender runs at once if the
@@ -248,10 +317,13 @@ impl Sim {
             let p = &s.procs[proc];
             (p.alive, p.running(s.t), p.stopped_until)
         };
+        let slow = self.host.as_ref().map_or(0, |h| h.slow_until);
         if !alive {
             self.contender_killed(proc);
         } else if !running {
             self.schedule_contender(proc, until);
+        } else if slow > lock(&self.m).t {
+            self.schedule_contender(proc, slow);
         } else {
             self.contender_step(proc);
         }
@@ -294,10 +366,7 @@ impl Sim {
         // violation; the task is dropped with it, as its thread would be.
         super::IN_WRITER.with(|s| s.set(true));
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            for i in inputs {
-                c.task.step(Some(i));
-            }
-            c.task.step(None);
+            c.task.step_all(inputs);
             if let Some(kept) = c.task.seen_to_keep() {
                 h.seen = h.seen.merge(kept);
             }

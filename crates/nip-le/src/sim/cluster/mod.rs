@@ -63,6 +63,8 @@ enum Ev {
     Rejoin(ProcId),
     /// A window's etcd contender runs a step (if this is still its latest).
     Contender(ProcId, u64),
+    /// A window's renewer beside its contender looks at what it holds.
+    Renewer(ProcId),
     /// A window (its process) starts an agent harness child with its id.
     StartChild(ProcId),
     /// A harness peer starts (after a power loss).
@@ -544,6 +546,7 @@ impl Sim {
             Ev::Start(id, extended) => self.start_window(id, extended),
             Ev::Rejoin(proc) => self.rejoin(proc),
             Ev::Contender(proc, gen) => self.contender_due(proc, gen),
+            Ev::Renewer(proc) => self.renewer_due(proc),
             Ev::StartChild(proc) => self.start_child(proc),
             Ev::StartPeer(id) => self.start_harness(id),
         }
