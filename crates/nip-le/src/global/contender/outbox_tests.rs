@@ -156,8 +156,8 @@ fn our_own_later_rewrite_of_the_key_fences_the_take_again() {
     assert!(o.mine.contains_key(&(pk(), "e1".into())), "sent again");
 }
 
-#[test]
-fn a_done_goes_on_a_retention_lease_and_a_give_back_deletes_our_record() {
+/// Two takes recorded, then the first done and the second given back.
+fn one_done_one_given_back() -> (WorkOutbox, Instant) {
     let mut o = WorkOutbox::default();
     let now = Instant::now();
     o.took(pk(), "e1".into());
@@ -165,6 +165,12 @@ fn a_done_goes_on_a_retention_lease_and_a_give_back_deletes_our_record() {
     drain(&mut o, now, Scope::Fresh, ok);
     o.settled(pk(), "e1".into(), true);
     o.settled(pk(), "e2".into(), false);
+    (o, now)
+}
+
+#[test]
+fn a_done_goes_on_a_retention_lease_and_a_give_back_deletes_our_record() {
+    let (mut o, now) = one_done_one_given_back();
     let calls = drain(&mut o, now, Scope::Sends, ok);
     assert!(matches!(calls[0], WorkCall::GrantDoneLease(d) if d == Duration::from_secs(90)));
     assert!(matches!(&calls[1], WorkCall::Done { id, lease: 42, .. } if id == "e1"));
@@ -192,13 +198,7 @@ fn an_expired_take_lease_writes_every_open_take_again() {
 
 #[test]
 fn shutting_down_sends_the_dones_only_then_gives_the_take_lease_up() {
-    let mut o = WorkOutbox::default();
-    let now = Instant::now();
-    o.took(pk(), "e1".into());
-    o.took(pk(), "e2".into());
-    drain(&mut o, now, Scope::Fresh, ok);
-    o.settled(pk(), "e1".into(), true);
-    o.settled(pk(), "e2".into(), false);
+    let (mut o, now) = one_done_one_given_back();
     o.hurry();
     let calls = drain(&mut o, now, Scope::Dones, ok);
     assert!(calls
