@@ -345,10 +345,8 @@ impl Key {
         // The change happened now, whatever the writes below take.
         let stopped_at = unix_ms(ctx.world.now().wall);
         if departing {
-            let mut ended = self.end_takes(ctx);
-            ended.extend(std::mem::take(&mut self.above_open));
-            ended.sort();
-            ended.dedup();
+            let mut ended = std::mem::take(&mut self.above_open);
+            ended.extend(self.end_takes(ctx));
             for id in ended {
                 if let Some(u) = ctx.upper.as_mut() {
                     u.settled(self.pubkey, &id, false);

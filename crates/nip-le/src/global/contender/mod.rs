@@ -273,30 +273,29 @@ fn run(
     loop {
         keep(&mut task);
         let wait = task.wait();
+        let first = match rx.recv_timeout(wait) {
+            Ok(m) => Some(m),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
         // Everything that waited is taken in together (see
-        // `Task::step_all`).
-        let mut inputs = Vec::new();
-        let mut shutdown = None;
-        let mut next = rx.recv_timeout(wait);
-        loop {
-            match next {
-                Ok(Message::Shutdown(done)) => shutdown = Some(done),
-                Ok(Message::In(i)) => inputs.push(i),
-                Ok(Message::Watched(i)) => {
+        // `Task::step_all`), up to a shutdown.
+        let (mut inputs, mut shutdown) = (Vec::new(), None);
+        for m in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+        {
+            match m {
+                Message::Shutdown(done) => {
+                    shutdown = Some(done);
+                    break;
+                }
+                Message::In(i) => inputs.push(i),
+                Message::Watched(i) => {
                     backlog.fetch_sub(1, Ordering::AcqRel);
                     inputs.push(i);
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) if inputs.is_empty() => return,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {}
             }
-            if shutdown.is_some() {
-                break;
-            }
-            next = match rx.try_recv() {
-                Ok(m) => Ok(m),
-                Err(_) => break,
-            };
         }
         task.step_all(inputs);
         task.list_leases();

@@ -10,6 +10,7 @@ use crate::pubkey::AgentPubkey;
 use super::super::etcd::{Change, Kv, Txn};
 use super::super::WhenUnreachable;
 use super::holder_of;
+use super::renewer::deadline;
 use super::task::{Entry, Held, Task, FALLBACK, HELD, NOT_HELD};
 
 impl Task {
@@ -114,7 +115,7 @@ impl Task {
         let e = self.entries.get_mut(&pk).expect("noted checked");
         // Valid all along, and the writer was told so: nothing to say.
         let was_valid = self.clock.boot_nanos() < h.until && e.told.state == HELD;
-        let until = Self::deadline(sent, ttl);
+        let until = deadline(sent, ttl);
         e.grant(HELD, until);
         // A later write of ours that the watch has not brought (it was on
         // a member cut from the majority): the revision a hand-over must
@@ -304,7 +305,7 @@ impl Task {
             // The host moved while we were asking: let the sibling have it.
             return;
         }
-        let until = Self::deadline(sent, ttl);
+        let until = deadline(sent, ttl);
         e.held = Some(Held {
             lease,
             revision,

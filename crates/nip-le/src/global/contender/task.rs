@@ -484,14 +484,6 @@ impl Task {
         (self.cfg.ttl / 20).max(Duration::from_millis(50))
     }
 
-    /// The permit's deadline for a lease renewed (or granted) by a request
-    /// sent at `sent` (a [`cache::boot_nanos`] instant) for `ttl`.
-    pub(super) fn deadline(sent: u64, ttl: Duration) -> u64 {
-        super::renewer::deadline(sent, ttl)
-    }
-}
-
-impl Task {
     /// What we hold now, for the renewer.
     pub(crate) fn listed(&self) -> super::renewer::Listed {
         let keys = self
