@@ -508,7 +508,13 @@ fn a_record_from_another_host_is_never_judged_by_its_pid() {
     std::fs::create_dir_all(tmp.path()).unwrap();
     // A pid that is dead here (a child we reaped) is alive on its host,
     // whose holder keeps refreshing over the shared directory.
-    let mut child = std::process::Command::new("true").spawn().unwrap();
+    // This test binary, listing its tests: a child that exits at once on
+    // every platform.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--list")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     child.wait().unwrap();
     let write = move || {

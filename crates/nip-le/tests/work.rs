@@ -166,7 +166,13 @@ fn after_a_predecessor_without_a_ledger_only_events_published_since_are_owed() {
     std::fs::create_dir_all(tmp.path()).unwrap();
     // A harness record (no epoch) of a dead process: the NIP's dead-pid rule
     // lets us take over, and the harness kept no ledger.
-    let mut child = std::process::Command::new("true").spawn().unwrap();
+    // This test binary, listing its tests: a child that exits at once on
+    // every platform.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--list")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let dead = child.id();
     child.wait().unwrap();
     std::fs::write(

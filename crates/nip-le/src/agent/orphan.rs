@@ -272,6 +272,7 @@ fn signal_all(_m: &AgentMark, targets: &[(u32, u64)], _kill: bool) {
 mod tests {
     use super::*;
 
+    #[cfg_attr(not(unix), allow(dead_code))]
     fn pk() -> AgentPubkey {
         AgentPubkey::parse(&"d".repeat(64)).unwrap()
     }

@@ -282,7 +282,8 @@ mod tests {
 
     #[test]
     fn nip_defaults_are_valid() {
-        let c = Config::new("/tmp/x");
+        // Absolute on every platform (`/tmp/x` is not on Windows).
+        let c = Config::new(std::env::temp_dir().join("x"));
         assert_eq!(c.refresh, Duration::from_secs(5));
         assert_eq!(c.stale, Duration::from_secs(10));
         assert_eq!(c.stand_down, Duration::from_secs(10));

@@ -29,7 +29,7 @@ pub fn hold_path(ledger: &Path) -> PathBuf {
 /// A held append hold; released when dropped.
 #[derive(Debug)]
 pub struct AppendHold {
-    _file: Option<File>,
+    _file: Option<(File, crate::lockfile::os_lock::Held)>,
 }
 
 impl AppendHold {
@@ -42,7 +42,9 @@ impl AppendHold {
     pub fn take(ledger: &Path, exclusive: bool, wait: Duration) -> Result<Self> {
         let path = hold_path(ledger);
         let file = open_regular_file(&path, Create::IfMissing).map_err(|e| Error::io(&path, e))?;
-        lock_polled(&file, &path, exclusive, wait)?;
-        Ok(Self { _file: Some(file) })
+        let held = lock_polled(&file, &path, exclusive, wait)?;
+        Ok(Self {
+            _file: Some((file, held)),
+        })
     }
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The Windows build's tests, run under Wine: `x86_64-pc-windows-gnu`,
+# linked by mingw and run by Debian's wine64. Installs what it needs
+# (packages, the rustup target), makes a Wine prefix under the target
+# directory, and builds into it the one DLL Debian's Wine 8 lacks
+# (scripts/wine/bcryptprimitives.c: without it no Rust program starts).
+#
+#   bash scripts/wine.sh              the engine's tests and the CLI's
+#                                     real-process suites (called by
+#                                     scripts/test.sh)
+#   bash scripts/wine.sh cargo ARGS   any cargo command, set up for Wine
+#
+# What cannot run under Wine, and why, is listed in docs/platforms.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_packages wine64 gcc-mingw-w64-x86-64
+target=x86_64-pc-windows-gnu
+rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+
+wine=$(command -v wine64 || echo /usr/lib/wine/wine64)
+[ -x "$wine" ] || { echo "wine64 not found" >&2; exit 1; }
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+export WINEPREFIX=${NIP_LE_WINEPREFIX:-$target_dir/wine}
+export WINEDEBUG=-all
+if [ ! -f "$WINEPREFIX/system.reg" ]; then
+  echo "== a Wine prefix in $WINEPREFIX"
+  # It also reports that it has no 32-bit rundll32: nothing here is 32-bit.
+  "$wine" wineboot --init >/dev/null 2>&1 || true
+  [ -f "$WINEPREFIX/system.reg" ] || { echo "wineboot made no prefix in $WINEPREFIX" >&2; exit 1; }
+fi
+dll=$WINEPREFIX/drive_c/windows/system32/bcryptprimitives.dll
+if [ ! -f "$dll" ] || [ scripts/wine/bcryptprimitives.c -nt "$dll" ]; then
+  x86_64-w64-mingw32-gcc -O2 -shared -o "$dll" \
+    scripts/wine/bcryptprimitives.c scripts/wine/bcryptprimitives.def -ladvapi32
+fi
+export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
+export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER=$wine
+
+if (($#)); then
+  exec "$@"
+fi
+
+echo "== Windows under Wine: the engine's unit and integration tests (etcd feature; the exhaustive model check runs on Linux only, for time)"
+cargo test --target "$target" -p nip-le --features etcd -- --skip model::
