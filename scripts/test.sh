@@ -6,6 +6,9 @@
 # script names them and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's header names the minutes and seconds since the start, so a
+# slow CI run says where its time went.
+step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 # --- system packages -------------------------------------------------------
 # Tauri v2 on Linux needs the WebKitGTK 4.1 / GTK 3 / libsoup 3 dev packages,
@@ -23,91 +26,94 @@ for tool in cargo npm node; do
 done
 
 # --- TypeScript: guest-js bindings and the example's frontend ---------------
-echo "== npm ci"
+step "npm ci"
 npm ci --no-audit --no-fund
-echo "== guest-js: typecheck, build (ESM, CJS, .d.ts, api-iife.js), vitest"
+step "guest-js: typecheck, build (ESM, CJS, .d.ts, api-iife.js), vitest"
 npm run typecheck
 npm run build
 # api-iife.js is committed (build.rs hands it to Tauri, and the crate ships
 # it): it must be what the build makes of guest-js.
 git diff --quiet -- api-iife.js || { echo "api-iife.js is stale: commit the output of npm run build" >&2; exit 1; }
 npm test
-echo "== guest-js against the lowest @tauri-apps/api it accepts (^2.0.0): typecheck at 2.0.0, vitest at 2.7.0 (the first whose mocks deliver events)"
+step "guest-js against the lowest @tauri-apps/api it accepts (^2.0.0): typecheck at 2.0.0, vitest at 2.7.0 (the first whose mocks deliver events)"
 npm install --no-save --no-audit --no-fund @tauri-apps/api@2.0.0
 npm run typecheck
 npm install --no-save --no-audit --no-fund @tauri-apps/api@2.7.0
 npm test
 npm ci --no-audit --no-fund
-echo "== npm pack: dist-js, types and README, built by prepack"
+step "npm pack: dist-js, types and README, built by prepack"
 pack=$(npm pack --dry-run --json 2>/dev/null)
 for f in dist-js/index.js dist-js/index.cjs dist-js/index.d.ts dist-js/bindings/LeadershipChange.d.ts README.md CHANGELOG.md LICENSE-MIT LICENSE-APACHE package.json; do
   grep -q "\"path\": \"$f\"" <<<"$pack" || { echo "npm pack is missing $f" >&2; exit 1; }
 done
-echo "== example app frontend (installs the API package from this checkout, as the README says)"
+step "example app frontend (installs the API package from this checkout, as the README says)"
 npm run build:example
-echo "== the Buzz-shaped example's frontend: pnpm 11, a frozen lockfile, the API package from this checkout (as Buzz's desktop would install it)"
+step "the Buzz-shaped example's frontend: pnpm 11, a frozen lockfile, the API package from this checkout (as Buzz's desktop would install it)"
 bash scripts/pnpm.sh examples/buzz-app install --frozen-lockfile
 bash scripts/pnpm.sh examples/buzz-app run build
-echo "== the README's code blocks are examples/readme-app's files, its TypeScript type-checks against guest-js, its links resolve"
+step "the README's code blocks are examples/readme-app's files, its TypeScript type-checks against guest-js, its links resolve"
 node scripts/readme-check.mjs
 npx tsc -p examples/readme-app/tsconfig.json
 
 # --- Rust --------------------------------------------------------------------
-echo "== cargo fmt --check"
+step "cargo fmt --check"
 if cargo fmt --version >/dev/null 2>&1; then
   cargo fmt --all -- --check
 else
   echo "rustfmt not installed; skipping the format check"
 fi
 
-echo "== cargo clippy"
+step "cargo clippy"
 if cargo clippy --version >/dev/null 2>&1; then
   cargo clippy --workspace --all-targets -- -D warnings
 else
   echo "clippy not installed; skipping lints"
 fi
 
-echo "== cross-target checks: macOS (Apple silicon, Intel) and Windows"
+step "cross-target checks: macOS (Apple silicon, Intel) and Windows"
 command -v rustup >/dev/null 2>&1 || { echo "missing: rustup (the cross-target checks add their targets with it)" >&2; exit 1; }
 bash scripts/cross-check.sh
 
-echo "== the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin's tests, the engine and the CLI, the engine for macOS and Windows"
+step "the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin's tests, the engine and the CLI, the engine for macOS and Windows"
 bash scripts/lowest-deps.sh
 
-echo "== cargo doc -D warnings (engine, plugin)"
+step "cargo doc -D warnings (engine, plugin)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli
 
-echo "== cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
+step "cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
 cargo test --workspace
 
-echo "== the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
+step "the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
 # The engine's in-process tests of both backends ran above (tests/elector.rs,
 # tests/leaks.rs); here every `nip-le run` the suites spawn inherits it.
 NIP_LE_BACKEND=portable cargo test -p nip-le-cli --test multiprocess --test pauses --test lock_holds \
   --test mixed --test turns --test children --test interop --test hostile_fs --test agent
 
-echo "== the engine links no CLI dependency, and no etcd client unless asked"
+step "Windows, run under Wine (x86_64-pc-windows-gnu): the engine's tests and the CLI's real-process suites"
+bash scripts/wine.sh
+
+step "the engine links no CLI dependency, and no etcd client unless asked"
 if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile|tonic|prost) '; then
   echo "the plugin pulls a CLI-only or etcd-only crate (above)" >&2; exit 1
 fi
 cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^tonic ' \
   || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
 cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
-echo "== one dirs and one windows-sys: the engine's are Tauri's (on every target)"
+step "one dirs and one windows-sys: the engine's are Tauri's (on every target)"
 for c in dirs windows-sys; do
   theirs=$(cargo tree -p tauri --target all -e normal --prefix none | grep -E "^$c v" | sed 's/ (\*)//' | sort -u)
   for v in $(cargo tree -p nip-le --target all -e normal --prefix none | grep -E "^$c v" | sed 's/ (\*)//;s/ /@/' | sort -u); do
     grep -qx "${v/@/ }" <<<"$theirs" || { echo "the engine's ${v/@/ } is not the one Tauri uses: $theirs" >&2; exit 1; }
   done
 done
-echo "== etcd's gRPC code in the engine is what scripts/etcd-proto.sh generates from crates/nip-le/proto (no build needs protoc)"
+step "etcd's gRPC code in the engine is what scripts/etcd-proto.sh generates from crates/nip-le/proto (no build needs protoc)"
 bash scripts/etcd-proto.sh --check
-echo "== the etcd suites on the newest etcd release too (3.7.2 from crates.io; Debian's 3.4 ran above): TLS with client certificates and users together, the contender, a 3-member cluster"
+step "the etcd suites on the newest etcd release too (3.7.2 from crates.io; Debian's 3.4 ran above): TLS with client certificates and users together, the contender, a 3-member cluster"
 NIP_LE_ETCD=$(bash scripts/etcd-newest.sh) NIP_LE_REQUIRE_ETCD=1 cargo test -p nip-le-cli --test etcd_security --test etcd --test etcd_cluster
-echo "== the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
+step "the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
 cargo test -p tauri-plugin-leader-election --features etcd --test etcd
 
-echo "== cargo publish --dry-run (engine and plugin)"
+step "cargo publish --dry-run (engine and plugin)"
 # Cargo extracts the packaged engine into its registry cache, never
 # re-extracts the same version and never rebuilds a registry crate, so a
 # second run would verify the plugin against a stale engine: drop those
@@ -120,7 +126,7 @@ for d in $(grep -l 'registry/src/-' "$target_dir"/debug/deps/nip_le-*.d 2>/dev/n
   rm -rf "$target_dir/debug/.fingerprint/nip-le-${h%.d}"
 done
 cargo publish --dry-run --allow-dirty -p nip-le -p tauri-plugin-leader-election
-echo "== both crates package their license files (and the plugin its changelog)"
+step "both crates package their license files (and the plugin its changelog)"
 for pkg in nip-le tauri-plugin-leader-election; do
   list=$(cargo package --list --allow-dirty -p "$pkg")
   for f in LICENSE-MIT LICENSE-APACHE; do
@@ -130,33 +136,34 @@ done
 cargo package --list --allow-dirty -p tauri-plugin-leader-election | grep -qx CHANGELOG.md \
   || { echo "cargo package of the plugin is missing CHANGELOG.md" >&2; exit 1; }
 
-echo "== cargo build of the example app"
+step "cargo build of the example app"
 cargo build -p leader-election-example
-echo "== cargo build of the README's app (examples/readme-app: its Cargo.toml line, capability and Rust block)"
+step "cargo build of the README's app (examples/readme-app: its Cargo.toml line, capability and Rust block)"
 cargo build -p readme-app
-echo "== cargo build of the Buzz-shaped example (examples/buzz-app: no core:default, exactly the capability docs/buzz.md names)"
+step "cargo build of the Buzz-shaped example (examples/buzz-app: no core:default, exactly the capability docs/buzz.md names)"
 cargo build -p buzz-shaped-example -p nip-le-cli
 
-echo "== end-to-end in real webviews"
+step "end-to-end in real webviews"
 bash scripts/e2e.sh
-echo "== end-to-end in real webviews, every window on the portable backend"
+step "end-to-end in real webviews, every window on the portable backend"
 NIP_LE_BACKEND=portable bash scripts/e2e.sh
 
-echo "== chaos: 60 s of random faults on a mixed cluster"
+step "chaos: 60 s of random faults on a mixed cluster"
 cargo run -q -p nip-le-cli -- chaos --seconds 60
 
-echo "== chaos: 60 s of random faults on extended instances working a queue (exactly once)"
+step "chaos: 60 s of random faults on extended instances working a queue (exactly once)"
 cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60
 
-echo "== chaos on the portable backend: the mixed cluster, and the queue worked exactly once"
+step "chaos on the portable backend: the mixed cluster, and the queue worked exactly once"
 cargo run -q -p nip-le-cli -- chaos --seconds 45 --backend portable
 cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --backend portable
 
-echo "== chaos: the same with harness children sharing their windows' ids (INTEROP.md's writer)"
+step "chaos: the same with harness children sharing their windows' ids (INTEROP.md's writer)"
 cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --children
 
-echo "== chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd over TLS with client certificates and users (paused, members restarted and cut off): exactly once but while etcd was unreachable"
+step "chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd over TLS with client certificates and users (paused, members restarted and cut off): exactly once but while etcd was unreachable"
 cargo run -q -p nip-le-cli -- chaos --seconds 45 --hosts 3 --extended 6 --turn-ms 60 --etcd-members 3 --etcd-secure
 
-echo "== nip-le demo (the main job, short timings)"
+step "nip-le demo (the main job, short timings)"
 cargo run -q -p nip-le-cli -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500
+step "every test passed"

@@ -1,6 +1,8 @@
 //! Interop with an independent writer that follows INTEROP.md's format
 //! (`support/foreign_harness.py`, Python: none of our code on its side).
 //! Each side must respect the other's live claims, releases and deaths.
+// Unix only: the foreign writer is Python with `fcntl.flock`, which
+// Windows' Python lacks, and a Windows build has no Python to run here.
 #![cfg(unix)]
 
 mod support;
@@ -46,7 +48,7 @@ fn ours_respects_a_live_foreign_claim_and_takes_over_after_its_release() {
     );
     assert_eq!(holder.as_deref(), Some("harness-1"));
     // Its graceful release (truncation) lets us take over on our next tick.
-    f.signal(libc::SIGTERM).unwrap();
+    f.terminate().unwrap();
     assert!(f.wait_exit(Duration::from_secs(5)).unwrap().success());
     assert!(wait_until(ms(REFRESH_MS) + MARGIN, || a.is_leader() == Some(true)));
     assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
@@ -67,7 +69,7 @@ fn foreign_respects_our_live_claim_and_takes_over_after_our_release() {
         "the foreign writer took our live claim"
     );
     assert_eq!(s.holder().as_deref(), Some(a.instance_id.as_str()));
-    a.signal(libc::SIGTERM).unwrap();
+    a.terminate().unwrap();
     assert!(a.wait_exit(Duration::from_secs(5)).unwrap().success());
     assert!(wait_until(ms(REFRESH_MS) + MARGIN, || f.is_leader() == Some(true)));
     assert_eq!(s.holder().as_deref(), Some("harness-1"));

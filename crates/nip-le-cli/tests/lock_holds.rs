@@ -1,17 +1,15 @@
-//! A peer hanging on the lock file's `flock` (a real `flock -x <lock> sleep`
-//! process) must not move leadership, during the hold or when it lets go,
+//! A peer hanging on the lock file's lock (this test process, holding it
+//! from a thread: an `flock`, or Windows' `LockFileEx`) must not move leadership, during the hold or when it lets go,
 //! and every mention published meanwhile is answered once when it does. The
 //! holder fences itself at the deadline of its last write (a renewal during
 //! the hold let an observer that never tried to lock take over while the
 //! holder still acted: docs/simulator.md), so the agent is silent for the
 //! rest of the hold, never doubled.
-#![cfg(unix)]
 
 mod support;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nip_le_cli::lab::cluster::{wait_until, Instance};
@@ -46,14 +44,13 @@ fn a_peer_hanging_on_the_file_lock_moves_no_leadership_and_loses_no_mention() {
     let cursors: Vec<usize> = insts.iter().map(Instance::cursor).collect();
     // Three stale bounds of a peer stuck inside its critical section.
     let hold_ms = 3 * STALE_MS;
-    let mut peer = Command::new("flock")
-        .arg("-x")
-        .arg(s.lock_path())
-        .arg("sleep")
-        .arg(format!("{}", hold_ms as f64 / 1000.0))
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("flock(1) from util-linux");
+    let path = s.lock_path();
+    let peer = std::thread::spawn(move || {
+        let held = nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(5))
+            .expect("the peer takes the lock");
+        std::thread::sleep(Duration::from_millis(hold_ms));
+        drop(held);
+    });
     assert!(wait_until(Duration::from_secs(5), || held_by_someone(
         &s.lock_path()
     )));
@@ -87,7 +84,7 @@ fn a_peer_hanging_on_the_file_lock_moves_no_leadership_and_loses_no_mention() {
         (0..3).all(|i| i == leader || !ever_led_after(&insts[i], cursors[i])),
         "leadership moved during the hold"
     );
-    peer.wait().unwrap();
+    peer.join().unwrap();
     // The holder's first write after the hold unfences it: what was
     // published meanwhile is answered then, once, by the holder.
     assert!(

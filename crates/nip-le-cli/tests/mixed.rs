@@ -1,7 +1,6 @@
 //! Mixed modes in one lock directory: extended instances (presence locks,
 //! watch, handoff, epoch) beside spec-only instances and the independent
 //! foreign writer. Every NIP rule must still hold; extensions only add.
-#![cfg(unix)]
 
 mod support;
 
@@ -25,6 +24,8 @@ fn first_lead_after(
     i.wait_after(cursor, bound, |r| r.is_leader() == Some(true))
 }
 
+/// Unix: the foreign writer is Python with `fcntl.flock`.
+#[cfg(unix)]
 #[test]
 fn mixed_crowd_with_spec_and_foreign_writers_elects_exactly_one_leader() {
     let s = Scratch::new();
@@ -85,7 +86,7 @@ fn extended_leader_without_an_extended_sibling_releases_by_truncation() {
     let b = s.spawn_with("spec", spec(s.opts()));
     assert!(wait_until(Duration::from_secs(5), || b.is_leader() == Some(false)));
     let c = b.cursor();
-    a.signal(libc::SIGTERM).unwrap();
+    a.terminate().unwrap();
     assert!(a.wait_exit(Duration::from_secs(5)).unwrap().success());
     // No presence to hand to: the NIP's truncation, then the spec tick.
     let r = first_lead_after(&b, c, ms(REFRESH_MS) + MARGIN).expect("the spec sibling never led");

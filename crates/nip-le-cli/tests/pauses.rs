@@ -1,7 +1,6 @@
 //! Pauses, with real processes and real SIGSTOP/SIGCONT: a whole cluster
 //! paused together keeps its leader, and a leader paused alone is judged
 //! hung at the stale bound, not at some later tick.
-#![cfg(unix)]
 
 mod support;
 
@@ -50,12 +49,12 @@ fn a_whole_cluster_paused_together_keeps_its_leader_whatever_the_resume_order() 
         let cursors: Vec<usize> = insts.iter().map(Instance::cursor).collect();
         let views_before = insts[leader].views().len();
         for &i in &shuffled(3, round) {
-            insts[i].signal(libc::SIGSTOP).unwrap();
+            insts[i].pause().unwrap();
         }
         // The fault itself: the machine stands still this long.
         std::thread::sleep(Duration::from_millis(1_800));
         for (n, &i) in shuffled(3, round + 100).iter().enumerate() {
-            insts[i].signal(libc::SIGCONT).unwrap();
+            insts[i].resume().unwrap();
             // Resumed one after another, as a thawing cgroup or VM would.
             std::thread::sleep(Duration::from_millis(10 * n as u64));
         }
@@ -111,7 +110,7 @@ fn a_leader_paused_alone_is_judged_hung_at_the_stale_bound_not_at_a_later_tick()
         "never replaced"
     );
     let took = stopped.elapsed();
-    insts[leader].signal(libc::SIGCONT).unwrap();
+    insts[leader].resume().unwrap();
     assert!(
         took >= Duration::from_millis(stale - 100),
         "replaced after {took:?}, before the stale bound"

@@ -3,7 +3,6 @@
 //! signals: every mention must be answered exactly once across a crash
 //! mid-turn, a hang, a claim mid-turn and a restart that reads the whole
 //! backlog.
-#![cfg(unix)]
 
 mod support;
 
@@ -193,7 +192,7 @@ fn a_resumed_hung_leader_is_fenced_and_does_not_answer_again() {
     );
     // Resumed: its turn is over by its clock, but it is fenced.
     let c = insts[l].cursor();
-    insts[l].signal(libc::SIGCONT).unwrap();
+    insts[l].resume().unwrap();
     let ended = insts[l].wait_after(
         c,
         Duration::from_secs(5),

@@ -212,12 +212,19 @@ fn forward_changes(
     });
 }
 
-/// Stdin lines become commands. End of stdin is not a reason to exit.
+/// Stdin lines become commands. End of stdin is not a reason to exit;
+/// `exit` stops as a signal does (Windows has no SIGTERM to send a
+/// console-less process).
 fn read_stdin(tx: mpsc::Sender<Msg>) {
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
             let Ok(line) = line else { break };
-            if tx.send(Msg::Line(line)).is_err() {
+            let msg = if line.trim() == "exit" {
+                Msg::Signal
+            } else {
+                Msg::Line(line)
+            };
+            if tx.send(msg).is_err() {
                 return;
             }
         }
@@ -350,7 +357,7 @@ fn command(e: &Elector, pk: &AgentPubkey, line: &str, seen: u64, replied: u64) -
             .handle_control_frame(pk, frame)
             .map(|result| Line::ControlResult { result }),
         other => {
-            eprintln!("nip-le: unknown command {other:?} (claim, release, stand_down, resume, status, or a JSON control frame)");
+            eprintln!("nip-le: unknown command {other:?} (claim, release, stand_down, resume, status, exit, or a JSON control frame)");
             return None;
         }
     };

@@ -343,6 +343,26 @@ impl Instance {
         }
     }
 
+    /// Stops it gracefully: SIGTERM on Unix; on Windows, which has no
+    /// signal for a console-less process, its `exit` line.
+    pub fn terminate(&mut self) -> std::io::Result<()> {
+        #[cfg(unix)]
+        return self.signal(libc::SIGTERM);
+        #[cfg(not(unix))]
+        self.send("exit")
+    }
+
+    /// Stops every thread of it until [`Instance::resume`] (SIGSTOP,
+    /// `NtSuspendProcess`).
+    pub fn pause(&self) -> std::io::Result<()> {
+        super::process::pause(self.pid)
+    }
+
+    /// Lets it run again after [`Instance::pause`].
+    pub fn resume(&self) -> std::io::Result<()> {
+        super::process::resume(self.pid)
+    }
+
     /// SIGKILL and reap at once, so the pid reads as dead (a zombie would
     /// read as alive, as in the harness).
     pub fn kill_and_reap(&mut self) -> std::io::Result<()> {

@@ -24,6 +24,7 @@ pub mod etcd_secure;
 pub mod feed;
 mod peer_net;
 mod ports;
+pub mod process;
 pub mod sim;
 pub mod slow_link;
 pub mod stand_in;

@@ -138,7 +138,13 @@ pub struct Unrelated(pub Child);
 
 impl Unrelated {
     pub fn start() -> Self {
-        Self(Command::new("sleep").arg("120").spawn().unwrap())
+        // The stand-in agent's worker: it only sleeps, on every platform.
+        Self(
+            Command::new(env!("CARGO_BIN_EXE_nip-le"))
+                .arg("stand-in-worker")
+                .spawn()
+                .unwrap(),
+        )
     }
     pub fn pid(&self) -> u32 {
         self.0.id()
@@ -183,12 +189,11 @@ pub fn flock_free(path: &Path) -> bool {
 /// its lock"); the lock-hold tests cover that case on purpose, so the tests
 /// of a hung window must not meet it by chance. Returns how many stops
 /// landed inside the lock before one did not.
-#[cfg(unix)]
 pub fn stop_outside_flock(inst: &Instance, lock: &Path) -> u32 {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut inside = 0;
     loop {
-        inst.signal(libc::SIGSTOP).unwrap();
+        inst.pause().unwrap();
         // The signal is delivered when each thread next runs: only a
         // process whose every thread has stopped can take no lock after
         // the check.
@@ -201,7 +206,7 @@ pub fn stop_outside_flock(inst: &Instance, lock: &Path) -> u32 {
             return inside;
         }
         inside += 1;
-        inst.signal(libc::SIGCONT).unwrap();
+        inst.resume().unwrap();
         assert!(
             std::time::Instant::now() < deadline,
             "{} held the lock file's flock at each of {inside} stops",
@@ -212,8 +217,8 @@ pub fn stop_outside_flock(inst: &Instance, lock: &Path) -> u32 {
 }
 
 /// Whether every thread of `pid` is stopped (Linux: `T` in each
-/// `/proc/<pid>/task/*/stat`; elsewhere a short wait stands in).
-#[cfg(unix)]
+/// `/proc/<pid>/task/*/stat`; Windows: `NtSuspendProcess` returned after
+/// suspending them; elsewhere a short wait stands in).
 fn all_stopped(pid: u32) -> bool {
     #[cfg(target_os = "linux")]
     {
@@ -227,22 +232,22 @@ fn all_stopped(pid: u32) -> bool {
             })
         })
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(all(unix, not(target_os = "linux")))]
     {
         let _ = pid;
         std::thread::sleep(Duration::from_millis(20));
+        true
+    }
+    #[cfg(windows)]
+    {
+        let _ = pid;
         true
     }
 }
 
 /// Whether `pid` is gone (or a zombie nobody reaped yet).
 pub fn dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
+    !nip_le_cli::lab::process::alive(pid)
 }
 
 /// The pid of the agent `i` runs now: its last `started` with no end after.

@@ -45,16 +45,13 @@ impl Bench {
         let (tmp, pk, insts, leader) = self.cluster(v, 3)?;
         std::thread::sleep(random_below(self.cfg.refresh));
         let cursors: Vec<usize> = insts.iter().map(Instance::cursor).collect();
-        #[cfg(unix)]
-        {
-            for i in shuffled(insts.len()) {
-                insts[i].signal(libc::SIGSTOP)?;
-            }
-            std::thread::sleep(self.cfg.stale * 3);
-            for i in shuffled(insts.len()) {
-                insts[i].signal(libc::SIGCONT)?;
-                std::thread::sleep(random_below(Duration::from_millis(50)));
-            }
+        for i in shuffled(insts.len()) {
+            insts[i].pause()?;
+        }
+        std::thread::sleep(self.cfg.stale * 3);
+        for i in shuffled(insts.len()) {
+            insts[i].resume()?;
+            std::thread::sleep(random_below(Duration::from_millis(50)));
         }
         // Long enough for anyone who judged the leader hung to take over.
         wait_until(self.cfg.stale + self.cfg.refresh, || {
