@@ -21,9 +21,11 @@
 //! On macOS and Windows, and on Linux with [`Backend::Portable`] (which
 //! runs exactly that code, so that it is tested), the directory watch is
 //! the `notify` crate's watcher, owned and dropped by the writer, and a
-//! holder's death is a thread that polls its presence lock
-//! ([`holder_poll`]), stopped and joined when the watch is dropped. A
-//! native Linux without `pidfd_open` polls too.
+//! holder's death is a thread blocked on the holder process's exit
+//! ([`holder_exit`]: a `pidfd`, `kqueue`'s `NOTE_EXIT`, the process handle),
+//! stopped and joined when the watch is dropped. Where that cannot be had
+//! (another platform, a pid that is not a process here, no `pidfd_open`),
+//! a thread polls the holder's presence lock instead ([`holder_poll`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -40,9 +42,13 @@ use crate::presence;
 use crate::pubkey::AgentPubkey;
 
 mod dir_watch;
+#[cfg(any(target_os = "linux", target_os = "macos", windows))]
+mod holder_exit;
 mod holder_poll;
 
 use dir_watch::DirWatch;
+#[cfg(any(target_os = "linux", target_os = "macos", windows))]
+use holder_exit::{HolderExit, Started};
 use holder_poll::HolderPoll;
 
 const MAILBOX: Token = Token(0);
@@ -346,38 +352,51 @@ impl<C: Send + 'static> WakeSources<C> {
         self.holders.contains_key(token)
     }
 
-    #[cfg(target_os = "linux")]
+    /// A watch on the death of the holder of `token`; `None` if it is gone
+    /// already (look again).
     fn start_holder_watch(&mut self, token: &str) -> Option<HolderWatch> {
-        if !self.backend.linux_fast_paths() {
-            return self.start_holder_poll(token);
-        }
-        if let Some(pid) = presence::token_pid(token) {
-            match pidfd::open(pid) {
-                Ok(fd) => {
-                    let t = Token(self.next_token);
-                    self.next_token += 1;
-                    use std::os::fd::AsRawFd;
-                    let raw = fd.as_raw_fd();
-                    if self
-                        .poll
-                        .registry()
-                        .register(&mut mio::unix::SourceFd(&raw), t, Interest::READABLE)
-                        .is_ok()
-                    {
-                        return Some(HolderWatch::Pidfd { mio: t, fd });
-                    }
-                }
-                // The process is gone already.
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return None,
-                Err(_) => {}
+        #[cfg(target_os = "linux")]
+        if self.backend.linux_fast_paths() {
+            match self.start_pidfd(token) {
+                Ok(w) => return Some(w),
+                Err(Gone) => return None,
+                Err(Unwatchable) => return self.start_holder_poll(token),
             }
+        }
+        #[cfg(any(target_os = "linux", target_os = "macos", windows))]
+        match HolderExit::start(
+            self.dir.clone(),
+            token.to_owned(),
+            self.holder_poll,
+            self.mailbox.clone(),
+        ) {
+            Started::Watching(w) => return Some(HolderWatch::Exit(w)),
+            Started::Gone => return None,
+            Started::Unsupported => {}
         }
         self.start_holder_poll(token)
     }
 
-    #[cfg(not(target_os = "linux"))]
-    fn start_holder_watch(&mut self, token: &str) -> Option<HolderWatch> {
-        self.start_holder_poll(token)
+    /// Native Linux: the holder's `pidfd` in our own `mio::Poll`.
+    #[cfg(target_os = "linux")]
+    fn start_pidfd(&mut self, token: &str) -> Result<HolderWatch, NoPidfd> {
+        let pid = presence::token_pid(token).ok_or(Unwatchable)?;
+        match pidfd::open(pid) {
+            Ok(fd) => {
+                let t = Token(self.next_token);
+                self.next_token += 1;
+                use std::os::fd::AsRawFd;
+                let raw = fd.as_raw_fd();
+                self.poll
+                    .registry()
+                    .register(&mut mio::unix::SourceFd(&raw), t, Interest::READABLE)
+                    .map_err(|_| Unwatchable)?;
+                Ok(HolderWatch::Pidfd { mio: t, fd })
+            }
+            // The process is gone already.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Err(Gone),
+            Err(_) => Err(Unwatchable),
+        }
     }
 
     fn start_holder_poll(&mut self, token: &str) -> Option<HolderWatch> {
@@ -426,6 +445,17 @@ struct Watched {
     keys: BTreeSet<AgentPubkey>,
 }
 
+/// Why native Linux has no `pidfd` of a holder.
+#[cfg(target_os = "linux")]
+enum NoPidfd {
+    /// Its process is gone already.
+    Gone,
+    /// No `pidfd_open`, or no pid in the token: poll.
+    Unwatchable,
+}
+#[cfg(target_os = "linux")]
+use NoPidfd::{Gone, Unwatchable};
+
 /// A watch on one holder's death.
 enum HolderWatch {
     #[cfg(target_os = "linux")]
@@ -433,6 +463,8 @@ enum HolderWatch {
         mio: Token,
         fd: std::os::fd::OwnedFd,
     },
+    #[cfg(any(target_os = "linux", target_os = "macos", windows))]
+    Exit(HolderExit),
     Poll(HolderPoll),
 }
 
@@ -445,6 +477,11 @@ impl HolderWatch {
                 let raw = fd.as_raw_fd();
                 let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
                 drop(fd);
+            }
+            #[cfg(any(target_os = "linux", target_os = "macos", windows))]
+            HolderWatch::Exit(w) => {
+                let _ = poll;
+                w.stop();
             }
             HolderWatch::Poll(p) => {
                 let _ = poll;
