@@ -360,7 +360,14 @@ impl Sim {
 
     /// Runs to the end; returns what it found.
     pub fn run(mut self) -> Outcome {
-        while self.next_at().is_some() {
+        // A day-long run takes hours of real time: one line per simulated
+        // hour (target `nip_le::sim::progress`) says how far it is.
+        let mut hour = 0;
+        while let Some(at) = self.next_at() {
+            if at / (3_600_000 * MS) > hour {
+                hour = at / (3_600_000 * MS);
+                tracing::info!(target: "nip_le::sim::progress", hour, answered = self.answers.len(), published = self.published.len(), "simulated");
+            }
             self.step();
         }
         self.finish()
