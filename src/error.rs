@@ -23,7 +23,8 @@ pub enum ErrorKind {
     InvalidEventId,
     /// A peer held the lock file longer than the configured wait.
     LockTimeout,
-    /// The lock path is a symlink, a directory or another non-file.
+    /// The lock path is a symlink, a directory or another non-file, or the
+    /// lock directory is not the user's (another owner, or writable by others).
     UnsafeLockPath,
     /// Another filesystem error.
     Io,
@@ -87,7 +88,10 @@ impl Error {
             Error::Engine(E::EventId(_)) => ErrorKind::InvalidEventId,
             Error::Engine(E::LockTimeout { .. }) => ErrorKind::LockTimeout,
             Error::Engine(
-                E::Symlink { .. } | E::NotRegularFile { .. } | E::NotADirectory { .. },
+                E::Symlink { .. }
+                | E::NotRegularFile { .. }
+                | E::NotADirectory { .. }
+                | E::UnsafeLockDir { .. },
             ) => ErrorKind::UnsafeLockPath,
             Error::Engine(E::ShutDown) => ErrorKind::ShutDown,
             Error::Engine(E::Io { .. }) | Error::Task(_) => ErrorKind::Io,

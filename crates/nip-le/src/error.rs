@@ -43,6 +43,15 @@ pub enum Error {
         /// The offending path.
         path: PathBuf,
     },
+    /// The lock directory is not ours: another user owns it, or others may
+    /// write in it, so a record or mark in it could be anyone's. Refused.
+    #[error("{}: lock directory refused: {why}; it must belong to you (or root) and be writable by no one else (chmod 700)", path.display())]
+    UnsafeLockDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A peer held the exclusive lock for longer than the configured wait;
     /// the attempt changed nothing.
     #[error("{}: exclusive lock not obtained within {waited:?}", path.display())]

@@ -11,7 +11,18 @@ use crate::identity::InstanceId;
 impl Elector {
     /// Validates `config` and starts the writer thread. `id` is this
     /// window's election id (see [`InstanceId::from_env`]).
+    ///
+    /// A lock directory that is not the user's (another user owns it, or
+    /// others may write in it) is refused here with
+    /// [`Error::UnsafeLockDir`](crate::Error::UnsafeLockDir); one that merely
+    /// cannot be created is the NIP's fail-safe (every window leads).
     pub fn start(config: Config, id: InstanceId) -> Result<Self> {
+        config.validate()?;
+        if let Err(e @ crate::Error::UnsafeLockDir { .. }) =
+            crate::lockfile::ensure_dir(&config.lock_dir)
+        {
+            return Err(e);
+        }
         let stores = Elector::file_stores(&config);
         let upper = upper_level(&config, &id);
         Elector::start_with(config, id, stores, upper)

@@ -207,6 +207,20 @@ fn lock_dir_is_created_private() {
     );
 }
 
+#[cfg(unix)]
+#[test]
+fn a_lock_dir_others_may_write_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("shared");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = Elector::start(config(&dir), InstanceId::random()).unwrap_err();
+    assert!(matches!(e, Error::UnsafeLockDir { .. }), "{e}");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    Elector::start(config(&dir), InstanceId::random()).unwrap();
+}
+
 // ---- extended mode ----------------------------------------------------------
 
 #[test]

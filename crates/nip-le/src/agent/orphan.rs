@@ -104,6 +104,10 @@ pub(super) fn name_agent(dir: &Path, pubkey: &AgentPubkey, instance_id: &str, pi
 /// The mark on file, if one parses.
 pub fn read_mark(dir: &Path, pubkey: &AgentPubkey) -> Option<AgentMark> {
     let f = open_regular_file(&mark_path(dir, pubkey), Create::No).ok()?;
+    // Only a mark we wrote names a process for us to stop.
+    if !crate::lockfile::written_by_us(&f.metadata().ok()?) {
+        return None;
+    }
     let mut buf = [0u8; MAX_MARK_BYTES];
     let n = read_prefix(&f, &mut buf).ok()?;
     if n == buf.len() {
@@ -160,9 +164,14 @@ fn window_lost_lead(dir: &Path, pubkey: &AgentPubkey, m: &AgentMark) -> bool {
 }
 
 /// Whether the mark may name a process we would signal at all: not pid 0
-/// or 1, not us or our parent, of this boot.
+/// or 1, not us, our parent or a process of our own group (an agent runs in
+/// its own session), of this boot.
 fn may_signal(m: &AgentMark) -> bool {
-    if m.pid <= 1 || m.pid == std::process::id() || Some(m.pid) == parent_pid() {
+    if m.pid <= 1
+        || m.pid == std::process::id()
+        || Some(m.pid) == parent_pid()
+        || in_our_group(m.pid)
+    {
         return false;
     }
     let here = crate::host::here().boot.as_deref();
@@ -178,6 +187,21 @@ fn parent_pid() -> Option<u32> {
 #[cfg(not(unix))]
 fn parent_pid() -> Option<u32> {
     None
+}
+
+/// Whether `pid` is in our process group (or is its leader).
+#[cfg(unix)]
+fn in_our_group(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: getpgrp and getpgid only read.
+    unsafe { p == libc::getpgrp() || libc::getpgid(p) == libc::getpgrp() }
+}
+
+#[cfg(not(unix))]
+fn in_our_group(_: u32) -> bool {
+    false
 }
 
 /// What the mark's agent left in its session or group (Linux: read from
@@ -232,13 +256,14 @@ fn signal_all(m: &AgentMark, targets: &[(u32, u64)], kill: bool) {
         leader_alive || pid_free
     };
     // SAFETY: kill(2) of processes whose start time (and, on Linux, id and
-    // session) were checked just before; the group only as said above.
+    // session) were checked just before; the group only as said above, and
+    // never our own group or a process in it: no mark stops us.
     unsafe {
-        if group_ours && leader > 1 {
+        if group_ours && leader > 1 && leader != libc::getpgrp() {
             libc::kill(-leader, sig);
         }
         for (p, s) in targets {
-            if tree::start_time(*p) == Some(*s) {
+            if tree::start_time(*p) == Some(*s) && !in_our_group(*p) {
                 if let Ok(p) = libc::pid_t::try_from(*p) {
                     if p > 1 {
                         libc::kill(p, sig);
@@ -293,11 +318,17 @@ mod tests {
         std::fs::remove_file(mark_path(dir, &pk())).unwrap();
         // A live process with another start time (a recycled pid) is left
         // alone; so is our own child.
-        let mut sleeper = std::process::Command::new("sleep")
-            .arg("30")
-            .env(crate::identity::ELECTION_ID_ENV, "w")
-            .spawn()
-            .unwrap();
+        use std::os::unix::process::CommandExt;
+        let sleep_in = |group: i32| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .env(crate::identity::ELECTION_ID_ENV, "w")
+                .process_group(group)
+                .spawn()
+                .unwrap()
+        };
+        // An agent runs in a group of its own.
+        let mut sleeper = sleep_in(0);
         let pid = sleeper.id();
         let start = start_time(pid).unwrap();
         let boot = crate::host::here().boot.clone();
@@ -370,6 +401,37 @@ mod tests {
             None
         );
         assert!(sleeper.try_wait().unwrap().is_none(), "left alone");
+        // A process of our own group, even one that carries the window's
+        // id and has the mark's start, is never signalled.
+        let mut sibling = sleep_in(unsafe { libc::getpgrp() });
+        let sib = AgentMark {
+            pid: sibling.id(),
+            start: start_time(sibling.id()).unwrap(),
+            ..mark(start)
+        };
+        write_mark(dir, &pk(), &sib).unwrap();
+        assert_eq!(
+            stop_orphan(dir, &pk(), None, Duration::from_millis(100)),
+            None
+        );
+        assert!(
+            sibling.try_wait().unwrap().is_none(),
+            "our group: left alone"
+        );
+        let _ = sibling.kill();
+        let _ = sibling.wait();
+        // A mark someone else wrote names nobody (root can show it).
+        write_mark(dir, &pk(), &mark(start)).unwrap();
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(mark_path(dir, &pk()), Some(65534), None).unwrap();
+            assert_eq!(read_mark(dir, &pk()), None, "not ours");
+            assert_eq!(
+                stop_orphan(dir, &pk(), None, Duration::from_millis(100)),
+                None
+            );
+            assert!(sleeper.try_wait().unwrap().is_none(), "left alone");
+            write_mark(dir, &pk(), &mark(start)).unwrap();
+        }
         // The orphan itself is stopped (SIGTERM is enough for sleep).
         let stopper = std::thread::spawn({
             let dir = dir.to_owned();

@@ -19,6 +19,9 @@ use crate::pubkey::AgentPubkey;
 use crate::record::{LockContent, MAX_RECORD_BYTES};
 
 pub(crate) mod os_lock;
+mod ownership;
+
+pub(crate) use ownership::written_by_us;
 
 /// The NIP's read side, whole: one unguarded read of `pubkey`'s lock file
 /// in `lock_dir`, decided for `our_id` by
@@ -37,10 +40,11 @@ pub fn lock_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
 }
 
 /// Creates the lock directory (mode `0700`) if missing; errors if the path is
-/// something other than a directory.
+/// something other than a directory, or one that is not ours
+/// ([`Error::UnsafeLockDir`]: owned by another user, or writable by others).
 pub fn ensure_dir(dir: &Path) -> Result<()> {
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(m) if m.is_dir() => return ownership::check_dir(dir, &m),
         Ok(_) => return Err(Error::NotADirectory { path: dir.into() }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(dir, e)),
@@ -52,7 +56,10 @@ pub fn ensure_dir(dir: &Path) -> Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         b.mode(0o700);
     }
-    b.create(dir).map_err(|e| Error::io(dir, e))
+    b.create(dir).map_err(|e| Error::io(dir, e))?;
+    // Someone may have made it first, as theirs.
+    let m = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+    ownership::check_dir(dir, &m)
 }
 
 /// How an open may create the file.

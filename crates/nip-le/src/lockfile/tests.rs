@@ -202,3 +202,30 @@ fn only_hostile_junk_longer_than_a_record_is_cut() {
     l.write(b"{}").unwrap();
     assert_eq!(std::fs::read(&p).unwrap(), b"{}     ");
 }
+
+#[test]
+fn a_dir_others_may_write_or_another_user_owns_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("locks");
+    ensure_dir(&dir).unwrap();
+    let chmod = |mode| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode));
+    for ok in [0o700, 0o750, 0o755, 0o500] {
+        chmod(ok).unwrap();
+        ensure_dir(&dir).unwrap_or_else(|e| panic!("{ok:o}: {e}"));
+    }
+    for bad in [0o770, 0o707, 0o777, 0o1777, 0o720] {
+        chmod(bad).unwrap();
+        let e = ensure_dir(&dir).unwrap_err();
+        assert!(matches!(e, Error::UnsafeLockDir { .. }), "{bad:o}: {e}");
+        assert!(e.to_string().contains("chmod 700"), "{e}");
+    }
+    chmod(0o700).unwrap();
+    // Another user's directory (root can show it; root's own are trusted,
+    // as the read-only setups of the hostile-files suite need).
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
+        let e = ensure_dir(&dir).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+    }
+}
