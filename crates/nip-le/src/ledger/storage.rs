@@ -67,20 +67,30 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
 #[derive(Debug)]
 pub struct FileLedger {
     path: PathBuf,
+    /// The file last read ([`file_identity`]): a rewrite renames another
+    /// file over it, which may be longer than what we read of the old one,
+    /// so its length alone cannot tell.
+    seen: Option<(u64, u64)>,
 }
 
 impl FileLedger {
     /// The ledger file at `path` (opened for each read and append).
     pub fn new(path: PathBuf) -> Self {
-        Self { path }
+        Self { path, seen: None }
     }
 }
 
 impl LedgerStorage for FileLedger {
     fn read(&mut self) -> std::result::Result<Vec<u8>, LedgerError> {
         match open_regular_file(&self.path, Create::No) {
-            Ok(f) => read_capped(f),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Ok(f) => {
+                self.seen = file_identity(&f);
+                read_capped(f)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.seen = None;
+                Ok(Vec::new())
+            }
             Err(e) => Err(LedgerError::Unreadable(e.to_string())),
         }
     }
@@ -99,9 +109,11 @@ impl LedgerStorage for FileLedger {
         };
         let unreadable = |e: std::io::Error| LedgerError::Unreadable(e.to_string());
         let len = f.metadata().map_err(unreadable)?.len();
-        if len < offset {
+        let id = file_identity(&f);
+        if len < offset || (self.seen.is_some() && id != self.seen) {
             return Err(LedgerError::Rewritten);
         }
+        self.seen = id;
         if len > MAX_LEDGER_BYTES {
             return Err(LedgerError::Oversized);
         }
@@ -158,7 +170,12 @@ impl LedgerStorage for FileLedger {
         // A power cut must leave the old ledger or the new one, never an
         // empty file in its place.
         crate::lockfile::replace_whole_synced(&tmp, &self.path, body)
-            .map_err(|e| Error::io(&self.path, e))
+            .map_err(|e| Error::io(&self.path, e))?;
+        // Ours: read on from it (the hold keeps others' rewrites out).
+        self.seen = open_regular_file(&self.path, Create::No)
+            .ok()
+            .and_then(|f| file_identity(&f));
+        Ok(())
     }
 
     fn hold_appends(&mut self) -> Result<AppendHold> {
@@ -183,4 +200,35 @@ fn read_capped(f: File) -> std::result::Result<Vec<u8>, LedgerError> {
         return Err(LedgerError::Oversized);
     }
     Ok(buf)
+}
+
+/// Which file `f` is (device and file number; Windows: volume serial and
+/// file index), to tell a file renamed over the ledger from the one read.
+#[cfg(unix)]
+fn file_identity(f: &File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata().ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+#[cfg(windows)]
+fn file_identity(f: &File) -> Option<(u64, u64)> {
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Storage::FileSystem::{
+        GetFileInformationByHandle, BY_HANDLE_FILE_INFORMATION,
+    };
+    // SAFETY: a valid handle owned by `f`; the struct is plain data.
+    unsafe {
+        let mut info: BY_HANDLE_FILE_INFORMATION = std::mem::zeroed();
+        if GetFileInformationByHandle(f.as_raw_handle(), &mut info) == 0 {
+            return None;
+        }
+        let index = (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow);
+        Some((u64::from(info.dwVolumeSerialNumber), index))
+    }
+}
+
+#[cfg(not(any(unix, windows)))]
+fn file_identity(_: &File) -> Option<(u64, u64)> {
+    None
 }

@@ -187,6 +187,9 @@ pub struct State {
     pub requests: BTreeMap<AgentPubkey, LeadRequest>,
     /// Work ledgers (`<pubkey>.work`).
     pub ledgers: BTreeMap<AgentPubkey, Vec<u8>>,
+    /// Which file each ledger is: counts its rewrites (a file renamed over
+    /// it), as a real one's inode tells.
+    pub ledger_files: BTreeMap<AgentPubkey, u64>,
     /// How much of each ledger is on disk (synced): a power loss keeps
     /// that, and perhaps part of the rest.
     pub ledger_synced: BTreeMap<AgentPubkey, usize>,
@@ -242,6 +245,7 @@ impl State {
             files: BTreeMap::new(),
             requests: BTreeMap::new(),
             ledgers: BTreeMap::new(),
+            ledger_files: BTreeMap::new(),
             ledger_synced: BTreeMap::new(),
             ledger_peak: 0,
             unkept: BTreeSet::new(),

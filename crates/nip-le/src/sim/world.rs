@@ -109,6 +109,7 @@ impl World for SimWorld {
             m: Arc::clone(&self.m),
             pk: *pk,
             me: self.me,
+            seen: None,
         })
     }
 
@@ -361,6 +362,8 @@ struct SimLedger {
     pk: AgentPubkey,
     /// The writing process, for the checker's account of refused lines.
     me: ProcId,
+    /// The file last read ([`State::ledger_files`]).
+    seen: Option<u64>,
 }
 
 /// The ledger lines in `bytes`.
@@ -412,6 +415,7 @@ impl LedgerStorage for SimLedger {
         if s.faults.eio_until > s.t {
             return Err(LedgerError::Unreadable("EIO".into()));
         }
+        self.seen = Some(s.ledger_files.get(&self.pk).copied().unwrap_or(0));
         Ok(s.ledgers.get(&self.pk).cloned().unwrap_or_default())
     }
     /// Only the tail (the default reads the whole file: a day's run copied
@@ -421,6 +425,11 @@ impl LedgerStorage for SimLedger {
         if s.faults.eio_until > s.t {
             return Err(LedgerError::Unreadable("EIO".into()));
         }
+        let file = s.ledger_files.get(&self.pk).copied().unwrap_or(0);
+        if self.seen.is_some_and(|seen| seen != file) {
+            return Err(LedgerError::Rewritten);
+        }
+        self.seen = Some(file);
         let all = s.ledgers.get(&self.pk).map_or(&[][..], Vec::as_slice);
         let from = usize::try_from(offset).map_err(|_| LedgerError::Rewritten)?;
         all.get(from..)
@@ -460,6 +469,9 @@ impl LedgerStorage for SimLedger {
             return Err(e);
         }
         s.ledgers.insert(self.pk, body.to_vec());
+        let file = s.ledger_files.entry(self.pk).or_default();
+        *file += 1;
+        self.seen = Some(*file);
         // The temporary file and the directory are synced around the rename.
         s.ledger_synced.insert(self.pk, body.len());
         written(&mut s, self.me, body);

@@ -31,6 +31,12 @@ pub(super) struct Unwritten {
     /// Settles the ledger could not even be read for (whose take they end
     /// is not known yet): done at the first read.
     unsettled: Vec<(Settle, String, u64, bool)>,
+    /// The ledger the last settle read, all of it written: the next one
+    /// reads only what was appended since (a follower's settles each read
+    /// the whole file again: a day's run in the simulator spent half its
+    /// time there). Not waiting for anything: [`Unwritten::is_empty`]
+    /// ignores it, and it goes with the key.
+    read: Option<Ledger>,
 }
 
 impl Unwritten {
@@ -39,21 +45,45 @@ impl Unwritten {
         self.ledger.is_none() && self.unsettled.is_empty()
     }
 
-    /// Keeps `l`'s refused lines, if it has any.
+    /// Keeps `l`'s refused lines, if it has any; else `l` itself, to be
+    /// read on from where it is.
     pub(super) fn keep(&mut self, l: Ledger) {
         if l.has_pending() {
             let l = self.carried_into(l);
             self.ledger = Some(l);
+        } else {
+            self.read = Some(l);
         }
     }
 
     /// `l`, a ledger of the same key opened since, with the lines kept here
     /// carried into it (applied there, written first).
     pub(super) fn carried_into(&mut self, mut l: Ledger) -> Ledger {
+        self.read = None;
         if let Some(older) = self.ledger.take() {
             l.carry(older);
         }
         l
+    }
+
+    /// The ledger to settle in: the one with our refused lines, else the
+    /// one read last, brought up to date (what others appended since, read
+    /// whole again if it was rewritten), else `open`ed.
+    fn ledger(
+        &mut self,
+        open: &mut dyn FnMut() -> Result<Ledger, LedgerError>,
+        now_ms: u64,
+    ) -> Result<Ledger, LedgerError> {
+        if let Some(l) = self.ledger.take() {
+            return Ok(l);
+        }
+        if let Some(mut l) = self.read.take() {
+            if l.refresh(now_ms).is_ok() {
+                l.expire_if_due(now_ms);
+                return Ok(l);
+            }
+        }
+        open()
     }
 
     /// A `done` or give-back of ours while we do not hold the key: recorded
@@ -67,21 +97,18 @@ impl Unwritten {
         line: (Settle, &str, u64, bool),
     ) -> bool {
         let (what, id, at_ms, done_anyway) = line;
-        let mut l = match self.ledger.take() {
-            Some(l) => l,
-            None => match open() {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(%pubkey, "the work ledger cannot be read; the turn's end is kept, to be written later: {e}");
-                    if self.unsettled.len() >= MAX_UNSETTLED {
-                        let (_, lost, _, _) = self.unsettled.remove(0);
-                        tracing::warn!(%pubkey, event = %lost, "too many turns' ends wait for an unreadable work ledger: the oldest is dropped");
-                    }
-                    self.unsettled
-                        .push((what, id.to_owned(), at_ms, done_anyway));
-                    return true;
+        let mut l = match self.ledger(open, at_ms) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(%pubkey, "the work ledger cannot be read; the turn's end is kept, to be written later: {e}");
+                if self.unsettled.len() >= MAX_UNSETTLED {
+                    let (_, lost, _, _) = self.unsettled.remove(0);
+                    tracing::warn!(%pubkey, event = %lost, "too many turns' ends wait for an unreadable work ledger: the oldest is dropped");
                 }
-            },
+                self.unsettled
+                    .push((what, id.to_owned(), at_ms, done_anyway));
+                return true;
+            }
         };
         let recorded = match settle_line(&l.index, id, token, what, at_ms, done_anyway) {
             Some(op) => {

@@ -6,6 +6,7 @@ use std::io::Write;
 use super::*;
 
 mod floor;
+mod rewrite;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
