@@ -27,6 +27,9 @@ if [ ! -f "$WINEPREFIX/system.reg" ]; then
   echo "== a Wine prefix in $WINEPREFIX"
   # It also reports that it has no 32-bit rundll32: nothing here is 32-bit.
   "$wine" wineboot --init >/dev/null 2>&1 || true
+  # The registry files are written when the wineserver exits, which may
+  # be after wineboot returns (a fresh machine's first boot): wait for it.
+  "$(command -v wineserver || echo /usr/lib/wine/wineserver)" -w || true
   [ -f "$WINEPREFIX/system.reg" ] || { echo "wineboot made no prefix in $WINEPREFIX" >&2; exit 1; }
 fi
 dll=$WINEPREFIX/drive_c/windows/system32/bcryptprimitives.dll

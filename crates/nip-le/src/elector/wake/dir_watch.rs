@@ -1,5 +1,6 @@
 //! The directory watch, per backend: inotify on native Linux, the `notify`
-//! crate on macOS, Windows and portable Linux.
+//! crate on macOS and Windows, and on portable Linux a watch of what those
+//! report ([`ChangeWatch`]).
 
 use super::*;
 
@@ -8,7 +9,11 @@ pub(super) enum DirWatch {
     /// Native Linux.
     #[cfg(target_os = "linux")]
     Inotify(InotifyWatch),
-    /// Everything else.
+    /// Portable Linux.
+    #[cfg(target_os = "linux")]
+    Changes(super::change_watch::ChangeWatch),
+    /// macOS, Windows and the rest.
+    #[cfg(not(target_os = "linux"))]
     Notify(NotifyWatch),
 }
 
@@ -20,11 +25,16 @@ impl DirWatch {
         backend: Backend,
     ) -> std::io::Result<Self> {
         #[cfg(target_os = "linux")]
-        if backend.linux_fast_paths() {
-            return InotifyWatch::start(dir, poll).map(DirWatch::Inotify);
+        return if backend.linux_fast_paths() {
+            InotifyWatch::start(dir, poll).map(DirWatch::Inotify)
+        } else {
+            super::change_watch::ChangeWatch::start(dir, mailbox).map(DirWatch::Changes)
+        };
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (poll, backend);
+            NotifyWatch::start(dir, mailbox).map(DirWatch::Notify)
         }
-        let _ = (poll, backend);
-        NotifyWatch::start(dir, mailbox).map(DirWatch::Notify)
     }
 
     /// Watches `pubkey`'s lock file for writes (inotify; the `notify`
@@ -33,6 +43,9 @@ impl DirWatch {
         match self {
             #[cfg(target_os = "linux")]
             DirWatch::Inotify(w) => w.watch_file(pubkey, path),
+            #[cfg(target_os = "linux")]
+            DirWatch::Changes(_) => {}
+            #[cfg(not(target_os = "linux"))]
             DirWatch::Notify(_) => {
                 let _ = (pubkey, path);
             }
@@ -44,6 +57,9 @@ impl DirWatch {
         match self {
             #[cfg(target_os = "linux")]
             DirWatch::Inotify(w) => w.unwatch_file(pubkey),
+            #[cfg(target_os = "linux")]
+            DirWatch::Changes(_) => {}
+            #[cfg(not(target_os = "linux"))]
             DirWatch::Notify(_) => {
                 let _ = pubkey;
             }
@@ -64,6 +80,12 @@ impl DirWatch {
         match self {
             #[cfg(target_os = "linux")]
             DirWatch::Inotify(w) => w.stop(poll),
+            #[cfg(target_os = "linux")]
+            DirWatch::Changes(w) => {
+                let _ = poll;
+                drop(w);
+            }
+            #[cfg(not(target_os = "linux"))]
             DirWatch::Notify(w) => {
                 let _ = poll;
                 drop(w);
@@ -193,13 +215,14 @@ impl InotifyWatch {
 }
 
 /// The `notify` crate's watcher of the directory (FSEvents on macOS,
-/// `ReadDirectoryChangesW` on Windows, inotify with `notify`'s own masks on
-/// portable Linux), whose callback posts keys to the mailbox. Dropping it
-/// stops its thread.
+/// `ReadDirectoryChangesW` on Windows), whose callback posts keys to the
+/// mailbox. Dropping it stops its thread.
+#[cfg(not(target_os = "linux"))]
 pub(super) struct NotifyWatch {
     _watcher: notify::RecommendedWatcher,
 }
 
+#[cfg(not(target_os = "linux"))]
 impl NotifyWatch {
     fn start<C: Send + 'static>(dir: &Path, mailbox: Mailbox<C>) -> std::io::Result<Self> {
         use notify::{EventKind, RecursiveMode, Watcher};
@@ -218,14 +241,8 @@ impl NotifyWatch {
             }
             let removed = matches!(ev.kind, EventKind::Remove(_));
             for p in &ev.paths {
-                match p.file_name().and_then(|n| n.to_str()).and_then(name_event) {
-                    Some(NameEvent::Key(k)) => {
-                        let _ = mailbox.send(Msg::Key(k));
-                    }
-                    Some(NameEvent::Presence(token)) if removed => {
-                        let _ = mailbox.send(Msg::PresenceGone(token));
-                    }
-                    _ => {}
+                if let Some(name) = p.file_name().and_then(|n| n.to_str()) {
+                    post_name(&mailbox, name, removed);
                 }
             }
         };

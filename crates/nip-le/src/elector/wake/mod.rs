@@ -18,10 +18,12 @@
 //!   dropped its locks). It is opened only after the holder's presence lock
 //!   was seen held, so the pid cannot have been recycled.
 //!
-//! On macOS and Windows, and on Linux with [`Backend::Portable`] (which
-//! runs exactly that code, so that it is tested), the directory watch is
-//! the `notify` crate's watcher, owned and dropped by the writer, and a
-//! holder's death is a thread blocked on the holder process's exit
+//! On macOS and Windows the directory watch is the `notify` crate's
+//! watcher (FSEvents, `ReadDirectoryChangesW`: run on Windows under Wine by
+//! the test command), owned and dropped by the writer; Linux with
+//! [`Backend::Portable`] (the rest of their code, so that it is tested
+//! here) watches what those report, changes and no opens, from a thread of
+//! its own ([`change_watch`]). There a holder's death is a thread blocked on the holder process's exit
 //! ([`holder_exit`]: a `pidfd`, `kqueue`'s `NOTE_EXIT`, the process handle),
 //! stopped and joined when the watch is dropped. Where that cannot be had
 //! (another platform, a pid that is not a process here, no `pidfd_open`),
@@ -41,6 +43,8 @@ use crate::lockfile;
 use crate::presence;
 use crate::pubkey::AgentPubkey;
 
+#[cfg(target_os = "linux")]
+mod change_watch;
 mod dir_watch;
 #[cfg(any(target_os = "linux", target_os = "macos", windows))]
 mod holder_exit;
@@ -519,6 +523,20 @@ enum NameEvent {
     Key(AgentPubkey),
     /// `<token>.live`.
     Presence(String),
+}
+
+/// Posts what a change to `name` in the lock directory means, from a
+/// watcher's own thread: a key to look at, or a departed elector.
+fn post_name<C>(mailbox: &Mailbox<C>, name: &str, removed: bool) {
+    match name_event(name) {
+        Some(NameEvent::Key(k)) => {
+            let _ = mailbox.send(Msg::Key(k));
+        }
+        Some(NameEvent::Presence(token)) if removed => {
+            let _ = mailbox.send(Msg::PresenceGone(token));
+        }
+        _ => {}
+    }
 }
 
 fn name_event(name: &str) -> Option<NameEvent> {
