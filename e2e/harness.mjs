@@ -275,6 +275,7 @@ export async function launch(n = 3, env = {}, name = '', app = APP) {
   for (let i = 0; i < n; i++) {
     const name = `w${i + 1}`
     const xdg = path.join(tmp, name)
+    const backend = backendOf(i, shared.NIP_LE_BACKEND)
     let driver
     for (let attempt = 1; !driver; attempt++) {
       // One driver per window: a tauri-driver serves one session at a time.
@@ -287,7 +288,8 @@ export async function launch(n = 3, env = {}, name = '', app = APP) {
           XDG_DATA_HOME: path.join(xdg, 'data'),
           XDG_CACHE_HOME: path.join(xdg, 'cache'),
           XDG_CONFIG_HOME: path.join(xdg, 'config'),
-          BUZZ_DEMO_WINDOW_X: String(i * 640)
+          BUZZ_DEMO_WINDOW_X: String(i * 640),
+          ...(backend ? { NIP_LE_BACKEND: backend } : {})
         },
         `tauri-driver-${name}${attempt > 1 ? `-${attempt}` : ''}.log`
       )
@@ -324,12 +326,22 @@ export async function launch(n = 3, env = {}, name = '', app = APP) {
   // portable one leaves a presence file per window, the native one a slot
   // each in one shared file.
   const locks = path.join(tmp, 'locks')
-  const portable = shared.NIP_LE_BACKEND === 'portable'
-  await waitFor(`${portable ? 'portable' : 'native'} presence in the lock dir`, 10_000, () => {
+  const portable = [...Array(n).keys()].filter((i) => backendOf(i, shared.NIP_LE_BACKEND) === 'portable').length
+  await waitFor(`${portable} portable and ${n - portable} native presences in the lock dir`, 10_000, () => {
     const names = fs.existsSync(locks) ? fs.readdirSync(locks) : []
     const own = names.filter((f) => /^\d+-[0-9a-f]{16}\.live$/.test(f)).length
-    return portable ? own === n && !names.includes('presence.live') : own === 0 && names.includes('presence.live')
+    return own === portable && names.includes('presence.live') === portable < n
   })
+}
+
+/**
+ * The backend of window `i` for the run's `NIP_LE_BACKEND`: `mixed` makes
+ * every second window (w2, w4, ...) portable and the others native, so one
+ * run drives both backends' code and their hand-overs to each other.
+ */
+function backendOf(i, asked) {
+  if (asked === 'mixed') return i % 2 === 1 ? 'portable' : 'native'
+  return asked
 }
 
 /**

@@ -29,9 +29,9 @@ pub struct TimingArgs {
     #[arg(long)]
     pub mode: Option<nip_le::Mode>,
     /// `native` (Linux: shared presence file, inotify, pidfd, boot id) or
-    /// `portable` (what macOS and Windows run: presence files, the
-    /// `notify` watch, holder polls, no boot id) [default: $NIP_LE_BACKEND
-    /// or native].
+    /// `portable` (what macOS and Windows run: presence files, a directory
+    /// watch of changes, a thread per holder waiting for its exit, no boot
+    /// id) [default: $NIP_LE_BACKEND or native].
     #[arg(long)]
     pub backend: Option<nip_le::Backend>,
 }

@@ -77,9 +77,10 @@ pub enum Backend {
     Native,
     /// What macOS and Windows run, selectable on Linux so that it is tested
     /// there: one presence file per elector (an exclusive `flock` and a
-    /// `.info` body), the `notify` crate's directory watch, one polling
-    /// thread per watched holder (stopped when the key is left), no
-    /// `pidfd`, no boot id in records (as on Windows; macOS writes its
+    /// `.info` body), a directory watch of changes from a thread of its own
+    /// (the `notify` crate on macOS and Windows), one thread per watched
+    /// holder blocked on its process's exit (stopped when the key is left),
+    /// no boot id in records (as on Windows; macOS writes its
     /// own), and supervised agents that are not killed with their window
     /// but stopped by its successor ([`crate::agent`]).
     Portable,
@@ -207,9 +208,11 @@ impl Config {
         Ok(c)
     }
 
-    /// How often the portable backend probes a watched holder for its
-    /// death (a crash; a graceful exit is seen at once): a twentieth of
-    /// the refresh, within 10 ms to 250 ms (250 ms at the NIP's defaults).
+    /// How often a watched holder's presence lock is probed where its
+    /// process's exit cannot be waited for (a pid that is no process here,
+    /// no `pidfd_open`), and the longest pause between the probes that
+    /// confirm an exit: a twentieth of the refresh, within 10 ms to 250 ms
+    /// (250 ms at the NIP's defaults).
     pub fn holder_poll(&self) -> Duration {
         (self.refresh / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))
     }
