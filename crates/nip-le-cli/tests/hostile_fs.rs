@@ -63,12 +63,14 @@ impl Drop for Unmount {
     }
 }
 
-/// Mounts a 16 KiB tmpfs on the lock directory and fills it: returns the
-/// guard and the filler, whose removal gives the space back.
+/// Mounts a 16 KiB tmpfs on the lock directory (mode 0700: a tmpfs is
+/// world-writable by default, and such a lock directory is refused) and
+/// fills it: returns the guard and the filler, whose removal gives the
+/// space back.
 fn full_lock_dir(s: &Scratch) -> (Unmount, std::path::PathBuf) {
     std::fs::create_dir_all(&s.lock_dir).unwrap();
     let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=16k", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs"])
         .arg(&s.lock_dir)
         .status()
         .unwrap();
