@@ -70,11 +70,11 @@ else
   echo "clippy not installed; skipping lints"
 fi
 
-step "cross-target checks: macOS (Apple silicon, Intel) and Windows"
+step "cross-target checks: macOS (Apple silicon; Intel compiles the same code) and Windows"
 command -v rustup >/dev/null 2>&1 || { echo "missing: rustup (the cross-target checks add their targets with it)" >&2; exit 1; }
 bash scripts/cross-check.sh
 
-step "the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin's tests, the engine and the CLI, the engine for macOS and Windows"
+step "the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin, the engine and the CLI type-checked, the engine for macOS and Windows"
 bash scripts/lowest-deps.sh
 
 step "cargo doc -D warnings (engine, plugin)"
