@@ -127,14 +127,11 @@ impl Unwritten {
         open: &mut dyn FnMut() -> Result<Ledger, LedgerError>,
         token: Option<&str>,
         pubkey: &AgentPubkey,
+        now_ms: u64,
     ) {
         if !self.unsettled.is_empty() {
             // One read for them all; none while it cannot be read.
-            let l = match self.ledger.take() {
-                Some(l) => Ok(l),
-                None => open(),
-            };
-            if let Ok(mut l) = l {
+            if let Ok(mut l) = self.ledger(open, now_ms) {
                 for (what, id, at_ms, done_anyway) in std::mem::take(&mut self.unsettled) {
                     if let Some(op) = settle_line(&l.index, &id, token, what, at_ms, done_anyway) {
                         append(&mut l, pubkey, op);

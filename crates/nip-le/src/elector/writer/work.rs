@@ -391,8 +391,9 @@ pub(super) fn retry(u: &mut Unwritten, ctx: &Ctx, pubkey: &crate::pubkey::AgentP
     if u.is_empty() {
         return;
     }
-    let mut open = opener(ctx, pubkey, unix_ms(ctx.world.now().wall));
-    u.retry(&mut open, ctx.token(), pubkey);
+    let now_ms = unix_ms(ctx.world.now().wall);
+    let mut open = opener(ctx, pubkey, now_ms);
+    u.retry(&mut open, ctx.token(), pubkey, now_ms);
 }
 
 /// Appends the `held` line of `by` at `epoch`, unless the ledger has it.
