@@ -1,7 +1,7 @@
 //! The messages the facade (and the level above the host) send the
 //! writer, and where their answers go.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use crate::error::{Error, Result};
 use crate::pubkey::AgentPubkey;
@@ -40,7 +40,9 @@ pub(crate) enum WorkOp {
     Take(String),
     Done(String),
     GiveBack(String),
-    Owed(Vec<QueuedEvent>),
+    /// The app's whole queue, shared: a simulated app passes its own
+    /// (copied only if it changes while the writer reads it).
+    Owed(Arc<Vec<QueuedEvent>>),
 }
 
 /// Where a work-ledger answer goes.

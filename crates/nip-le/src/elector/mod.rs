@@ -444,7 +444,8 @@ impl Work {
         if !self.may_act() {
             return Ok(Vec::new());
         }
-        self.call(WorkOp::Owed(queue.to_vec()), writer::WorkReply::Owed)
+        let queue = std::sync::Arc::new(queue.to_vec());
+        self.call(WorkOp::Owed(queue), writer::WorkReply::Owed)
     }
 }
 

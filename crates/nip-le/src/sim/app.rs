@@ -6,6 +6,8 @@
 //! turn in flight and gives the mention back. Every reply sent is
 //! recorded, so a mention answered twice is seen the moment it happens.
 
+use std::sync::Arc;
+
 use crate::elector::QueuedEvent;
 
 /// A turn in flight.
@@ -22,8 +24,10 @@ pub struct Turn {
 /// One window's app.
 #[derive(Debug, Default)]
 pub struct App {
-    /// The mentions the relay brought, in order.
-    pub queue: Vec<QueuedEvent>,
+    /// The mentions the relay brought, in order; shared with the writer
+    /// for an `owed` call instead of copied (a day-long run's observers
+    /// keep thousands).
+    pub queue: Arc<Vec<QueuedEvent>>,
     /// What the last change event said.
     pub gate: bool,
     /// The turn in flight.
@@ -51,21 +55,22 @@ impl App {
         if !self.known.insert(h.hash_one(id)) {
             return None;
         }
-        self.queue.push(QueuedEvent {
+        let queue = Arc::make_mut(&mut self.queue);
+        queue.push(QueuedEvent {
             id: id.to_owned(),
             published_ms: Some(published_ms),
         });
-        if cap == 0 || self.queue.len() <= cap {
+        if cap == 0 || queue.len() <= cap {
             return None;
         }
         let busy = self.turn.as_ref().map(|t| t.id.as_str());
-        let i = (self.queue.iter()).position(|e| Some(e.id.as_str()) != busy)?;
-        Some(self.queue.remove(i).id)
+        let i = (queue.iter()).position(|e| Some(e.id.as_str()) != busy)?;
+        Some(queue.remove(i).id)
     }
 
     /// Drops a mention from the queue (answered, or done elsewhere).
     pub fn drop_mention(&mut self, id: &str) {
-        self.queue.retain(|e| e.id != id);
+        Arc::make_mut(&mut self.queue).retain(|e| e.id != id);
     }
 
     /// Whether the app would look for work now.

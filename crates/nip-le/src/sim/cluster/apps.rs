@@ -31,7 +31,7 @@ impl Sim {
         if !self.windows[w].app.idle_with_work() {
             return;
         }
-        let queue = self.windows[w].app.queue.clone();
+        let queue = Arc::clone(&self.windows[w].app.queue);
         let pk = self.pk;
         let owed = self
             .call(w, |r| {
