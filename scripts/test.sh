@@ -21,6 +21,9 @@ ensure_packages pkg-config libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev li
 # Debian's package starts a system etcd on the default ports; the tests
 # need none (they pick free ports), so it may stay or go.
 export NIP_LE_REQUIRE_ETCD=1
+# Line tables are all a failing test's backtrace needs; full debug info
+# makes every test binary several times larger and slower to link.
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_PROFILE_TEST_DEBUG=line-tables-only
 for tool in cargo npm node; do
   command -v "$tool" >/dev/null 2>&1 || { echo "missing: $tool (install Rust with rustup, Node 20+ with npm)" >&2; exit 1; }
 done
@@ -81,7 +84,13 @@ step "cargo doc -D warnings (engine, plugin)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli
 
 step "cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
-cargo test --workspace
+# The three example apps have no tests (checked): a test build of each
+# would only link another Tauri binary; they are built below.
+examples=(examples/tauri-app/src-tauri examples/readme-app/src-tauri examples/buzz-app/src-tauri)
+if grep -rnE '#\[(tokio::)?test' "${examples[@]}" --include=*.rs; then
+  echo "an example app has tests (above): run them in cargo test" >&2; exit 1
+fi
+cargo test --workspace --exclude leader-election-example --exclude readme-app --exclude buzz-shaped-example
 
 step "the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
 # The engine's in-process tests of both backends ran above (tests/elector.rs,
