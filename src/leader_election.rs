@@ -366,5 +366,5 @@ pub fn read_side(pubkey: &str) -> Result<bool> {
     let pk = key(pubkey)?;
     let dir = nip_le::config::default_lock_dir().map_err(nip_le::Error::from)?;
     let id = nip_le::InstanceId::from_env().map_err(nip_le::Error::from)?;
-    Ok(nip_le::lockfile::read_side(&dir, &pk, id.as_str()))
+    Ok(nip_le::read_side(&dir, &pk, id.as_str()))
 }

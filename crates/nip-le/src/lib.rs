@@ -16,7 +16,10 @@
 //! * [`record`]: the lock record, parsed defensively, written compatibly;
 //! * [`lockfile`]: lock file I/O (no symlinks, capped reads, bounded waits);
 //! * [`liveness`]: is a holder's pid running;
+//! * `token`: the presence token a record names its holder by, and what
+//!   a probe of it says (a leaf);
 //! * [`election`]: the NIP's read-side and acquire-side rules, pure;
+//! * [`read_side()`]: the read side whole, a file read decided by the rules;
 //! * [`presence`]: extension, per-participant liveness locks;
 //! * [`control`]: `claim_leadership` frames and local lead requests;
 //! * [`ledger`]: extension, the work ledger (exactly-once across changes);
@@ -56,10 +59,12 @@ pub mod liveness;
 pub mod lockfile;
 pub mod presence;
 pub mod pubkey;
+mod read_side;
 pub mod record;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod start;
+mod token;
 mod work;
 
 pub use config::{Backend, Config, Mode};
@@ -71,3 +76,4 @@ pub use elector::{
 pub use error::{Error, Result};
 pub use identity::{InstanceId, ELECTION_ID_ENV};
 pub use pubkey::AgentPubkey;
+pub use read_side::read_side;

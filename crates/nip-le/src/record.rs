@@ -169,7 +169,7 @@ impl LockContent {
                 live: raw
                     .live
                     .as_str()
-                    .filter(|t| crate::presence::valid_token(t))
+                    .filter(|t| crate::token::valid_token(t))
                     .map(str::to_owned),
                 host: field(&raw.host),
                 boot: field(&raw.boot),

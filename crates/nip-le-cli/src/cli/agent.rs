@@ -8,7 +8,7 @@ use clap::Args;
 use nip_le::agent::{AgentCommand, AgentSupervisor};
 use nip_le::{AgentPubkey, Elector};
 
-use super::run::Msg;
+use super::msg::Msg;
 use crate::lines::Line;
 
 /// The supervised agent's flags.

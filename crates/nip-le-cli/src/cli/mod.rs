@@ -2,6 +2,7 @@
 //! timing flags every command shares.
 
 pub mod agent;
+mod msg;
 mod replies;
 pub mod run;
 pub mod status;

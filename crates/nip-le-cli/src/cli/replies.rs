@@ -12,7 +12,7 @@ use std::time::Duration;
 use nip_le::{InstanceId, LeaderFlag, QueuedEvent, TakeOutcome, Work};
 use serde_json::Value;
 
-use super::run::Msg;
+use super::msg::Msg;
 use crate::lab::feed::FeedFollower;
 use crate::lines::{Line, MentionLine, ReplyLine, TurnOutcome};
 use crate::unix_ms;

@@ -15,9 +15,9 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use clap::Args;
-use nip_le::{AgentPubkey, Elector, InstanceId, LeadershipChange};
-use serde_json::Value;
+use nip_le::{AgentPubkey, Elector, InstanceId};
 
+use super::msg::Msg;
 use super::replies::{Feed, Turns};
 use super::{EtcdArgs, TimingArgs};
 use crate::lab::feed::FeedFollower;
@@ -66,22 +66,6 @@ pub struct RunArgs {
     etcd: EtcdArgs,
     #[command(flatten)]
     agent: super::agent::AgentArgs,
-}
-
-pub(super) enum Msg {
-    Line(String),
-    Signal,
-    Change(LeadershipChange),
-    ChangesClosed,
-    Mention {
-        id: Value,
-        replied: bool,
-        error: Option<String>,
-    },
-    /// `--turn-ms`: a line to print as is.
-    Report(Line),
-    /// `--relay`: a control frame the relay delivered.
-    Relay(String),
 }
 
 fn emit(line: &Line) {

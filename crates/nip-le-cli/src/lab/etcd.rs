@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use nip_le::global::{EtcdConfig, EtcdTls};
 use nip_le::AgentPubkey;
 
 use super::etcd_secure::Secure;
-use super::peer_net::PeerNet;
+use super::peer_net::{find, lock, PeerNet};
 use super::ports::{free_port, free_ports};
 
 /// A running etcd.
@@ -588,12 +588,4 @@ fn post_json(port: u16, path: &str, body: &str) -> std::io::Result<serde_json::V
     s.take(1 << 20).read_to_end(&mut answer)?;
     let start = find(&answer, b"\r\n\r\n").map_or(answer.len(), |p| p + 4);
     serde_json::from_slice(&answer[start..]).map_err(std::io::Error::other)
-}
-
-pub(super) fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

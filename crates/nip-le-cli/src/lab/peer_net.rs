@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::etcd::{find, lock};
-
 /// The members' peer network: one proxy per member, in front of its real
 /// peer port. A connection's sender is the member etcd's raft transport
 /// names in its first request (`X-Server-From`); a connection to or from
@@ -133,4 +131,15 @@ impl PeerNet {
         lock(&self.state).conns.remove(&key);
         Ok(())
     }
+}
+
+/// Where `needle` first occurs in `hay`.
+pub(super) fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A mutex's guard, poisoned or not (a test thread that panicked must not
+/// take the cluster's bookkeeping down with it).
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

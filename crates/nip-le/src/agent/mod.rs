@@ -24,6 +24,7 @@
 //! What each platform guarantees when the window itself is killed:
 //! `docs/platforms.md`.
 
+mod agent_command;
 mod command;
 pub mod machine;
 pub mod orphan;
@@ -34,7 +35,8 @@ mod tree;
 
 use serde::{Deserialize, Serialize};
 
-pub use command::{AgentCommand, CommandRunner};
+pub use agent_command::AgentCommand;
+pub use command::CommandRunner;
 pub use machine::AgentTimings;
 pub use runner::{AgentExit, AgentExits, AgentRunner, AgentStart, StartError, StopOutcome};
 pub use supervisor::{AgentSupervisor, POLL};

@@ -14,7 +14,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
-use super::AgentCommand;
+use super::agent_command::AgentCommand;
 use crate::identity::ELECTION_ID_ENV;
 
 /// The shell that holds an agent back until it is named, then becomes it.

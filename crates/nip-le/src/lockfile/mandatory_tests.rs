@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use super::os_lock::mandatory;
 use super::*;
+use crate::read_side;
 use crate::record::encode_record;
 
 fn key() -> AgentPubkey {

@@ -48,6 +48,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::Backend;
 use crate::error::Result;
 use crate::pubkey::AgentPubkey;
+pub(crate) use crate::token::parse_token;
+pub use crate::token::{token_pid, valid_token, PeerPresence};
 
 /// Our presence lock, of the backend the configuration chose.
 #[derive(Debug)]
@@ -113,37 +115,6 @@ pub fn live_siblings(dir: &Path, key: &AgentPubkey, except_token: &str) -> Vec<S
     out
 }
 
-/// Whether `t` is a well-formed presence token: `<1-10 digits>-<16 hex>`,
-/// optionally followed by `-s<1-5 digits>` (a slot). Anything else in a
-/// record is ignored.
-pub fn valid_token(t: &str) -> bool {
-    parse_token(t).is_some()
-}
-
-/// The parts of a token: pid, and slot when it has one.
-pub(crate) fn parse_token(t: &str) -> Option<(u32, Option<u32>)> {
-    let (pid, rest) = t.split_once('-')?;
-    let (rand, slot) = match rest.split_once("-s") {
-        Some((rand, slot)) => (rand, Some(slot)),
-        None => (rest, None),
-    };
-    let digits =
-        |s: &str, max: usize| (1..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(pid, 10)
-        || rand.len() != 16
-        || !rand.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        || slot.is_some_and(|s| !digits(s, 5))
-    {
-        return None;
-    }
-    Some((pid.parse().ok()?, slot.and_then(|s| s.parse().ok())))
-}
-
-/// The pid in a token, for a process handle on its holder.
-pub fn token_pid(t: &str) -> Option<u32> {
-    parse_token(t).map(|(pid, _)| pid)
-}
-
 /// The token of a file name that announces an elector's departure: a
 /// presence file removed (`<token>.live`), or a departure notice removed
 /// (`.<token>.gone`).
@@ -162,19 +133,6 @@ pub(crate) struct Body {
     pub pid: u32,
     #[serde(default)]
     pub keys: Vec<AgentPubkey>,
-}
-
-/// What a presence probe says about a record's holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PeerPresence {
-    /// Its lock is held and it still takes part in the election.
-    Alive,
-    /// No presence, its lock is free (the process is gone), or it no
-    /// longer lists the election's key (it left).
-    Gone,
-    /// Something we cannot judge (a hostile entry, an I/O error): fall back
-    /// to the NIP's rules.
-    Unknown,
 }
 
 /// What a holder's presence says, whatever the election.
@@ -231,29 +189,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_are_validated() {
-        assert_eq!(parse_token("1234-0123456789abcdef"), Some((1234, None)));
-        assert_eq!(
-            parse_token("1234-0123456789abcdef-s17"),
-            Some((1234, Some(17)))
-        );
-        for bad in [
-            "",
-            "1234",
-            "-0123456789abcdef",
-            "12a-0123456789abcdef",
-            "1-0123456789ABCDEF",
-            "1-0123",
-            "../x",
-            "1-0123456789abcdef/",
-            "1-0123456789abcdef-s",
-            "1-0123456789abcdef-s123456",
-            "1-0123456789abcdef-sx",
-            "1-0123456789abcdef-s1/../x",
-        ] {
-            assert!(!valid_token(bad), "{bad}");
-        }
-        assert_eq!(token_pid("12-0123456789abcdef-s3"), Some(12));
+    fn departures_are_told_by_name() {
         assert_eq!(
             departed_token_of_name("12-0123456789abcdef.live"),
             Some("12-0123456789abcdef")

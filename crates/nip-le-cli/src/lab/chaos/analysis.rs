@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use nip_le::Mode;
 
-use super::runner::{Life, Outcome};
+use super::outcome::{Life, Outcome};
 use crate::lines::ReplyLine;
 
 /// What the run amounted to.

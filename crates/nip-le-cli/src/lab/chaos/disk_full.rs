@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::runner::Outcome;
+use super::outcome::Outcome;
 
 /// Fills `dir`'s filesystem for `full_for` every `every`.
 pub struct DiskFiller {

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::runner::Outcome;
+use super::outcome::Outcome;
 use crate::lab::etcd::{Cluster, Etcd};
 use crate::unix_ms;
 

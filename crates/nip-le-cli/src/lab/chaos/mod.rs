@@ -16,6 +16,7 @@ pub mod analysis;
 pub mod disk_full;
 pub mod etcd_faults;
 pub mod harness;
+pub mod outcome;
 pub mod plan;
 pub mod report;
 pub mod runner;

@@ -161,7 +161,7 @@ fn nearest_rank(sorted: &[u64], q: f64) -> u64 {
 /// Every life's reports, etcd's faults and the mentions, one line each in
 /// time order (unix ms, host, instance): kept with `--keep`, to trace a
 /// miss or a duplicate after the run.
-pub fn timeline(out: &super::runner::Outcome) -> String {
+pub fn timeline(out: &super::outcome::Outcome) -> String {
     let mut lines: Vec<(u64, String)> = Vec::new();
     for l in &out.lives {
         let who = format!("host{} {} {:?}", l.host, l.instance_id, l.mode);

@@ -2,7 +2,7 @@
 //! and records every incarnation's life (start, stops, end) and views, and
 //! every mention sent. What happened is judged later, by the analysis.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -11,68 +11,11 @@ use nip_le::Mode;
 use super::disk_full::DiskFiller;
 use super::etcd_faults::EtcdFaults;
 use super::harness::Harness;
+use super::outcome::{Life, Outcome};
 use super::plan::{Fault, Plan, View};
 use crate::lab::cluster::{Instance, RunOptions};
 use crate::lines::MentionLine;
 use crate::unix_ms;
-
-/// One incarnation of an instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Life {
-    /// Its election id.
-    pub instance_id: String,
-    /// Its mode.
-    pub mode: Mode,
-    /// Its (simulated) host.
-    pub host: usize,
-    /// Start, unix ms.
-    pub start: u64,
-    /// End (killed, exited, or the run's end), unix ms.
-    pub end: Option<u64>,
-    /// (stop, cont) intervals, unix ms.
-    pub stops: Vec<(u64, u64)>,
-    /// Of those, the ones its harness child ran through: their shared
-    /// record stayed fresh, so nothing could take the lock over.
-    pub fresh_stops: Vec<(u64, u64)>,
-    /// When a claim was sent to it (its user claimed the agent), unix ms.
-    pub claims: Vec<u64>,
-    /// Leadership reports: (at_ms, is_leader).
-    pub views: Vec<(u64, bool)>,
-    /// The same reports as said: (at_ms, "level reason"), to explain a
-    /// duplicate.
-    pub said: Vec<(u64, String)>,
-}
-
-/// Everything the runner recorded.
-#[derive(Debug, Default)]
-pub struct Outcome {
-    /// Every incarnation of every slot.
-    pub lives: Vec<Life>,
-    /// Mentions sent: (id, unix ms).
-    pub sent: Vec<(String, u64)>,
-    /// SIGKILLs: (unix ms, whether the victim was leading).
-    pub deaths: Vec<(u64, bool)>,
-    /// How many faults of each kind.
-    pub counts: BTreeMap<&'static str, u64>,
-    /// Cross-host runs: when etcd was stopped, (stop, cont) in unix ms.
-    pub etcd_pauses: Vec<(u64, u64)>,
-    /// Cross-host runs: how long after a pause etcd still counts as
-    /// unreachable (the fall-back policy acts on a whole TTL of silence,
-    /// and the hosts settle again after), ms.
-    pub etcd_grace_ms: u64,
-    /// Cross-host runs on a cluster: a member restarted or partitioned,
-    /// (from, until) in unix ms; the majority still serves, so nothing is
-    /// excused by them.
-    pub etcd_member_faults: Vec<(u64, u64)>,
-    /// Runs with harness children: from the SIGKILL of a leading window
-    /// to its child's exit, unix ms. The child holds the lock with the
-    /// window's id meanwhile, as the NIP lets it, and answers nothing
-    /// here (in Buzz's desktop, the harness is what answers).
-    pub orphan_holds: Vec<(u64, u64)>,
-    /// `--fill-locks-fs`: when the lock directories' filesystem was full,
-    /// (from, until) in unix ms.
-    pub disk_full: Vec<(u64, u64)>,
-}
 
 /// A place in the cluster that an instance occupies, restarted after death.
 struct Slot {

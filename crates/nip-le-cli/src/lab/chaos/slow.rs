@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::runner::Outcome;
+use super::outcome::Outcome;
 use crate::lines::ReplyLine;
 
 /// The `n` slowest answered mentions, slowest first, each as one line of
