@@ -326,8 +326,8 @@ export class LeaderGate {
   /**
    * The reply to `eventId` was sent, and recorded done by the app's Rust
    * side (the command that sent it called `Work::done` right after the
-   * send, as the README's `send_reply` does): the gate stops tracking it as
-   * in flight, with no IPC. {@link LeaderGate.done} would record it again.
+   * send, as the README's `reply` command does): the gate stops tracking it
+   * as in flight, with no IPC. {@link LeaderGate.done} would record it again.
    */
   sent(pubkey: string, eventId: string): void {
     this.flying(pubkey.toLowerCase()).delete(eventId)
