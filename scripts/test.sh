@@ -92,6 +92,9 @@ if grep -rnE '#\[(tokio::)?test' "${examples[@]}" --include=*.rs; then
 fi
 cargo test --workspace --exclude leader-election-example --exclude readme-app --exclude buzz-shaped-example
 
+step "the docs name every CLI flag, event field, reason, command and permission that exists, and nothing else"
+node scripts/docs-check.mjs "${CARGO_TARGET_DIR:-target}/debug/nip-le"
+
 step "the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
 # The engine's in-process tests of both backends ran above (tests/elector.rs,
 # tests/leaks.rs); here every `nip-le run` the suites spawn inherits it.
