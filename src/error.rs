@@ -8,6 +8,7 @@ use serde::{Serialize, Serializer};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export_to = "ErrorKind.ts"))]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// The agent pubkey is not 64 hex characters.
     InvalidPubkey,
@@ -50,6 +51,7 @@ pub struct LeaderElectionError {
 
 /// Errors of the plugin's Rust API and commands.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An error from the election engine.
     #[error(transparent)]
@@ -95,6 +97,9 @@ impl Error {
             ) => ErrorKind::UnsafeLockPath,
             Error::Engine(E::ShutDown) => ErrorKind::ShutDown,
             Error::Engine(E::Io { .. }) | Error::Task(_) => ErrorKind::Io,
+            // An engine error newer than this mapping: an I/O failure is
+            // the kind a caller already retries or reports.
+            Error::Engine(_) => ErrorKind::Io,
             Error::NotAllowed(_) => ErrorKind::NotAllowed,
             Error::NotTaken { .. } => ErrorKind::NotTaken,
         }

@@ -55,9 +55,18 @@ pub use nip_le::agent::{
 /// The engine's types that cross IPC or that an app handles: one vocabulary
 /// from the engine to the webview.
 pub use nip_le::{
-    Backend, ChangeReason, ClaimOutcome, ControlResult, ElectionStatus, HolderStatus, LeaderFlag,
-    LeadershipChange, LockState, Mode, QueuedEvent, TakeOutcome, Work, ELECTION_ID_ENV,
+    Backend, ChangeReason, ClaimOutcome, Config, ControlResult, ElectionStatus, GlobalHolder,
+    GlobalStatus, HolderStatus, LeaderFlag, LeadershipChange, Level, LockState, Mode, QueuedEvent,
+    TakeOutcome, Work, ELECTION_ID_ENV,
 };
+/// Feature `etcd`: the cross-host configuration [`Builder::etcd_config`]
+/// takes, without a direct dependency on the engine.
+#[cfg(feature = "etcd")]
+pub use nip_le::global::{EtcdAuth, EtcdConfig, EtcdTls, WhenUnreachable};
+/// The engine itself, for what the plugin does not wrap
+/// ([`Error::Engine`]'s cause, the read side for agent processes, the
+/// simulator), at exactly the version and features the plugin uses.
+pub use nip_le;
 
 /// The event emitted to every webview on each leadership change, with a
 /// [`LeadershipChange`] payload.
@@ -242,12 +251,12 @@ impl Builder {
 
     /// Feature `etcd`: the whole cross-host configuration (host id, TTL,
     /// key prefix, what to do while etcd is unreachable, and its transport
-    /// security: `tls` for `https://` endpoints, which needs `nip-le`'s
+    /// security: `tls` for `https://` endpoints, which needs this crate's
     /// feature `etcd-tls`, and `auth` for an etcd user; see
     /// `docs/cross-host.md`, "Transport security and trust model").
     /// Validated at setup (the TLS and password files are read then).
     #[cfg(feature = "etcd")]
-    pub fn etcd_config(mut self, config: nip_le::global::EtcdConfig) -> Self {
+    pub fn etcd_config(mut self, config: EtcdConfig) -> Self {
         self.etcd = Some(config);
         self
     }

@@ -7,12 +7,11 @@
 
 use std::time::{Duration, Instant};
 
-use nip_le::global::EtcdConfig;
-use nip_le::Level;
 use nip_le_cli::lab::etcd::{find_etcd, Etcd};
 use tauri::test::{mock_builder, mock_context, noop_assets, MockRuntime};
 use tauri::App;
-use tauri_plugin_leader_election::{Builder, LeaderElectionExt};
+// What an app names comes from the plugin alone.
+use tauri_plugin_leader_election::{Builder, EtcdConfig, LeaderElectionExt, Level};
 
 const KEY: &str = "e1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
 

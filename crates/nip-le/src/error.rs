@@ -10,6 +10,7 @@ use crate::pubkey::{AgentPubkey, PubkeyError};
 
 /// Errors from the election engine.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The agent pubkey is not 64 hex characters.
     #[error("invalid agent pubkey: {0}")]

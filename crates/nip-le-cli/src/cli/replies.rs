@@ -218,12 +218,13 @@ impl Turns {
                     queue.pop_front();
                     continue;
                 }
-                Ok(TakeOutcome::NotLeader) | Err(_) => continue,
                 // The disk refuses the take: ask again in a moment.
                 Ok(TakeOutcome::Unavailable) => {
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
+                // Not ours to work now (and any outcome a later engine adds).
+                Ok(_) | Err(_) => continue,
             };
             if !report_turn(tx, &raw, TurnOutcome::Started, epoch) {
                 return;

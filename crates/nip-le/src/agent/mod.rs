@@ -47,6 +47,7 @@ use crate::pubkey::AgentPubkey;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "AgentEvent.ts"))]
 #[serde(tag = "what", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum AgentEvent {
     /// Started, with its pid.
     Started {

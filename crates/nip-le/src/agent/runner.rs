@@ -44,6 +44,7 @@ pub trait AgentRunner: Send + 'static {
 
 /// Why a start did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// The agent's instance lease is held elsewhere: retried after
     /// [`super::AgentTimings::busy_min`], doubling to `busy_max`.

@@ -114,6 +114,7 @@ impl std::str::FromStr for Backend {
 
 /// Why a configuration was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A duration that must be positive is zero.
     #[error("{0} must be greater than zero")]

@@ -11,6 +11,7 @@ use crate::pubkey::AgentPubkey;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "ChangeReason.ts"))]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ChangeReason {
     /// We took a free lock (absent, empty/released, or malformed).
     Acquired,
@@ -122,6 +123,7 @@ pub struct LeadershipChange {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "Level.ts"))]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Level {
     /// An observer.
     #[default]
@@ -181,6 +183,7 @@ pub struct GlobalStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "ClaimOutcome.ts"))]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ClaimOutcome {
     /// We already held the lock.
     AlreadyLeader,
@@ -196,6 +199,7 @@ pub enum ClaimOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "LockState.ts"))]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum LockState {
     /// A record (see [`ElectionStatus::holder`]).
     Record,
@@ -279,6 +283,7 @@ pub struct ElectionStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "TakeOutcome.ts"))]
 #[serde(tag = "outcome", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TakeOutcome {
     /// Dispatch it: the turn is ours. `epoch` is the fencing epoch it was
     /// taken at (`null` when no ledger applies: spec mode, a fail-safe
