@@ -46,12 +46,20 @@ mod turns;
 pub use error::{Error, ErrorKind, LeaderElectionError, Result};
 pub use leader_election::{read_side, LeaderElection};
 pub use models::Status;
+/// The engine itself, for what the plugin does not wrap
+/// ([`Error::Engine`]'s cause, the read side for agent processes, the
+/// simulator), at exactly the version and features the plugin uses.
+pub use nip_le;
 /// The runner seam and the supervised agent's reports (see
 /// [`LeaderElection::run_agent`] and [`LeaderElection::supervise_agent`]).
 pub use nip_le::agent::{
     AgentCommand, AgentEvent, AgentExit, AgentExits, AgentReport, AgentRunner, AgentStart,
     AgentTimings, CommandRunner, StartError, StopOutcome,
 };
+/// Feature `etcd`: the cross-host configuration [`Builder::etcd_config`]
+/// takes, without a direct dependency on the engine.
+#[cfg(feature = "etcd")]
+pub use nip_le::global::{EtcdAuth, EtcdConfig, EtcdTls, WhenUnreachable};
 /// The engine's types that cross IPC or that an app handles: one vocabulary
 /// from the engine to the webview.
 pub use nip_le::{
@@ -59,14 +67,6 @@ pub use nip_le::{
     GlobalStatus, HolderStatus, LeaderFlag, LeadershipChange, Level, LockState, Mode, QueuedEvent,
     TakeOutcome, Work, ELECTION_ID_ENV,
 };
-/// Feature `etcd`: the cross-host configuration [`Builder::etcd_config`]
-/// takes, without a direct dependency on the engine.
-#[cfg(feature = "etcd")]
-pub use nip_le::global::{EtcdAuth, EtcdConfig, EtcdTls, WhenUnreachable};
-/// The engine itself, for what the plugin does not wrap
-/// ([`Error::Engine`]'s cause, the read side for agent processes, the
-/// simulator), at exactly the version and features the plugin uses.
-pub use nip_le;
 
 /// The event emitted to every webview on each leadership change, with a
 /// [`LeadershipChange`] payload.
