@@ -35,7 +35,9 @@ const targets = {
   'src-tauri/Cargo.toml': 'toml',
   'src-tauri/capabilities/default.json': 'json',
   'src-tauri/src/lib.rs': 'rust',
-  'src/main.ts': 'ts'
+  'src-tauri/src/reply.rs': 'rust',
+  'src/main.ts': 'ts',
+  'src/work.ts': 'ts'
 }
 const blocks = []
 for (let i = 0; i < lines.length; i++) {
@@ -149,7 +151,7 @@ if (files['src-tauri/capabilities/default.json']) {
   }
   generated['src-tauri/capabilities/default.json'] = b.text
 }
-for (const t of ['src-tauri/src/lib.rs', 'src/main.ts']) if (files[t]) generated[t] = files[t].text
+for (const t of ['src-tauri/src/lib.rs', 'src-tauri/src/reply.rs', 'src/main.ts', 'src/work.ts']) if (files[t]) generated[t] = files[t].text
 
 // --- the app's files are the README's ---------------------------------------
 for (const [t, text] of Object.entries(generated)) {

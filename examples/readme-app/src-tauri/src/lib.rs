@@ -1,22 +1,8 @@
-use tauri::AppHandle;
-use tauri_plugin_leader_election::{Error, LeaderElectionExt};
+use tauri_plugin_leader_election::LeaderElectionExt;
+
+mod reply; // the exactly-once step below; leave it out if you do not need it
 
 const AGENT: &str = "5c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c0075c00"; // its pubkey
-
-#[tauri::command]
-async fn reply(app: AppHandle, agent: String, id: String, text: String) -> Result<bool, Error> {
-    tauri::async_runtime::spawn_blocking(move || {
-        let work = app.leader_election().work(&agent)?;
-        if !work.may_act() {
-            return Ok(false); // no longer leading: not sent
-        }
-        println!("{agent} replies to {id}: {text}"); // your relay client sends it here
-        work.done(&id)?; // at once, before anything else
-        Ok(true)
-    })
-    .await
-    .map_err(|e| Error::Task(e.to_string()))?
-}
 
 pub fn run() {
     // Joined at launch. Agents learned later (at login): `app.leader_election().join(pubkey)`
@@ -24,7 +10,18 @@ pub fn run() {
     let leader_election = tauri_plugin_leader_election::Builder::new().agent(AGENT);
     tauri::Builder::default()
         .plugin(leader_election.build())
-        .invoke_handler(tauri::generate_handler![reply])
+        .setup(|app| {
+            let election = app.leader_election();
+            println!("leading {AGENT}: {}", election.is_leader(AGENT)?); // 1. leader or not
+            let mut changes = election.subscribe(); // 2. every change, as it happens
+            tauri::async_runtime::spawn(async move {
+                while let Ok(c) = changes.recv().await {
+                    println!("{}: leader here = {} ({})", c.pubkey, c.is_leader, c.reason.as_str());
+                }
+            });
+            Ok(()) // 3 and 4: election.claim(AGENT)? takes over, election.release(AGENT)? steps back
+        })
+        .invoke_handler(tauri::generate_handler![reply::reply])
         .run(tauri::generate_context!())
         .expect("error while running tauri application");
 }
