@@ -64,7 +64,7 @@ export const AGENT_EVENT = 'leader-election://agent'
 
 const cmd = (name: string): string => `plugin:leader-election|${name}`
 
-/** Whether this window is the prompter for `pubkey` (one IPC round trip; use a {@link LeaderGate} on hot paths). Rejects with a {@link LeaderElectionError}. */
+/** Whether this window is the prompter for `pubkey` (one IPC round trip; use a {@link LeaderGate} on hot paths): `false` for an agent this window has not joined, as the gate answers. Rejects with a {@link LeaderElectionError} for an invalid key. */
 export async function isLeader(pubkey: string): Promise<boolean> {
   if (solo()) return true
   return await invoke<boolean>(cmd('is_leader'), { pubkey })
@@ -147,7 +147,7 @@ export async function take(pubkey: string, eventId: string): Promise<TakeOutcome
  * whatever the leadership is by then: the window that took the event may
  * record it although leadership moved while the reply was on its way.
  * Resolves to `false` when this window neither took it nor leads. Rejects
- * with kind `notTaken` when no page of this app process holds a take of it
+ * with kind `not_taken` when no page of this app process holds a take of it
  * (never taken here, already settled, or given back when its page went):
  * a page settles only its own process's takes.
  */
@@ -160,7 +160,7 @@ export async function done(pubkey: string, eventId: string): Promise<boolean> {
  * Work ledger: the turn for `eventId` was cancelled; it is owed again, to
  * whoever leads. Until then the event stays in flight with this window
  * (nobody else is owed it); a page that reloads or closes gives its takes
- * back by itself. Rejects with kind `notTaken`, as {@link done} does, for an
+ * back by itself. Rejects with kind `not_taken`, as {@link done} does, for an
  * event no page of this process holds.
  */
 export async function giveBack(pubkey: string, eventId: string): Promise<void> {

@@ -7,7 +7,9 @@ use serde::{Serialize, Serializer};
 /// What went wrong, as the frontend sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export_to = "ErrorKind.ts"))]
-#[serde(rename_all = "camelCase")]
+// snake_case, as every other enum value across IPC (`fail_safe`,
+// `already_taken`, `claim_leadership`).
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorKind {
     /// The agent pubkey is not 64 hex characters.

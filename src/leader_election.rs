@@ -94,7 +94,7 @@ impl LeaderElection {
     }
 
     /// The webviews may no longer act on `pubkey` (every command naming it
-    /// fails with `notAllowed`), a launch agent included. The window stays
+    /// fails with `not_allowed`), a launch agent included. The window stays
     /// in its election: [`LeaderElection::leave`] ends that. Returns whether
     /// the agent was allowed.
     pub fn disallow_agent(&self, pubkey: &str) -> Result<bool> {
@@ -120,9 +120,11 @@ impl LeaderElection {
     }
 
     /// Whether this window is the prompter for `pubkey` (cached: no I/O, no
-    /// wait). Errors for an invalid or unjoined key.
+    /// wait). `false` for an agent it has not joined, as a [`LeaderFlag`]
+    /// and the TypeScript `LeaderGate` answer; errors only for an invalid
+    /// key.
     pub fn is_leader(&self, pubkey: &str) -> Result<bool> {
-        Ok(self.gate(pubkey)?.is_leader())
+        Ok(self.elector.is_leader(&key(pubkey)?))
     }
 
     /// A handle whose `is_leader()` is an atomic load or two, for the

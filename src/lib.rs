@@ -200,7 +200,7 @@ impl Builder {
     /// control frames and work ledger they may use), besides the launch
     /// agents ([`Builder::agent`]) and every agent the app joins from Rust
     /// ([`LeaderElection::join`]). Webviews can act on no other agent: a
-    /// command naming one fails with `notAllowed` (deny by default), so a
+    /// command naming one fails with `not_allowed` (deny by default), so a
     /// compromised webview cannot take the lock of an agent this app does
     /// not run. The list changes at runtime with
     /// [`LeaderElection::allow_agent`] and

@@ -39,7 +39,7 @@ fn init_lets_webviews_act_on_the_agents_the_app_joins_or_allows_and_no_other() {
 
     // Nothing at launch: a webview may act on no agent.
     let e = invoke_on(&w, "join", json!({"pubkey": learned})).unwrap_err();
-    assert_eq!(e["kind"], "notAllowed", "{e}");
+    assert_eq!(e["kind"], "not_allowed", "{e}");
 
     // An agent the app joins from Rust (after login): the webview works it.
     assert!(le.join(&joined).unwrap());
@@ -72,14 +72,14 @@ fn init_lets_webviews_act_on_the_agents_the_app_joins_or_allows_and_no_other() {
 
     // Any other stays denied, and touches no file.
     let e = invoke_on(&w, "join", json!({"pubkey": stranger})).unwrap_err();
-    assert_eq!(e["kind"], "notAllowed", "{e}");
+    assert_eq!(e["kind"], "not_allowed", "{e}");
     assert!(!tmp.path().join(format!("{stranger}.lock")).exists());
 
     // Disallowed again: denied to the webview, still joined for the app.
     assert!(le.disallow_agent(&learned).unwrap());
     assert!(!le.disallow_agent(&learned).unwrap(), "once");
     let e = invoke_on(&w, "release", json!({"pubkey": learned})).unwrap_err();
-    assert_eq!(e["kind"], "notAllowed", "{e}");
+    assert_eq!(e["kind"], "not_allowed", "{e}");
     assert!(le.is_leader(&learned).unwrap());
 
     // Bad keys are typed errors.

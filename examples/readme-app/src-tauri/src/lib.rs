@@ -16,7 +16,7 @@ pub fn run() {
             let mut changes = election.subscribe(); // 2. every change, as it happens
             tauri::async_runtime::spawn(async move {
                 while let Ok(c) = changes.recv().await {
-                    println!("{}: leader here = {} ({})", c.pubkey, c.is_leader, c.reason.as_str());
+                    println!("{} leads here: {} ({:?})", c.pubkey, c.is_leader, c.reason);
                 }
             });
             Ok(()) // 3 and 4: election.claim(AGENT)? takes over, election.release(AGENT)? steps back
