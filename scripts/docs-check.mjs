@@ -36,7 +36,8 @@ function between(text, from, to, file) {
 
 // --- the CLI ------------------------------------------------------------
 const cli = read('docs/cli.md')
-const synopsis = cli.match(/```\n([\s\S]*?)```/)?.[1] ?? ''
+const synopsis = cli.match(/^```\n(nip-le [\s\S]*?)^```/m)?.[1] ?? ''
+if (!synopsis) problems.push('docs/cli.md: no synopsis block (a plain ``` block starting with `nip-le `)')
 const sections = new Map()
 let current = null
 for (const line of synopsis.split('\n')) {

@@ -26,6 +26,7 @@
 //! }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 use std::path::PathBuf;
@@ -59,6 +60,7 @@ pub use nip_le::agent::{
 /// Feature `etcd`: the cross-host configuration [`Builder::etcd_config`]
 /// takes, without a direct dependency on the engine.
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use nip_le::global::{EtcdAuth, EtcdConfig, EtcdTls, WhenUnreachable};
 /// The engine's types that cross IPC or that an app handles: one vocabulary
 /// from the engine to the webview.
@@ -243,6 +245,7 @@ impl Builder {
     /// while etcd is unreachable. See [`Builder::etcd_config`] to change
     /// them, and `docs/cross-host.md` for the failure model.
     #[cfg(feature = "etcd")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
     pub fn etcd<I: IntoIterator<Item = S>, S: Into<String>>(mut self, endpoints: I) -> Self {
         let endpoints = endpoints.into_iter().map(Into::into).collect();
         self.etcd = Some(nip_le::global::EtcdConfig::new(endpoints, ""));
@@ -256,6 +259,7 @@ impl Builder {
     /// `docs/cross-host.md`, "Transport security and trust model").
     /// Validated at setup (the TLS and password files are read then).
     #[cfg(feature = "etcd")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
     pub fn etcd_config(mut self, config: EtcdConfig) -> Self {
         self.etcd = Some(config);
         self

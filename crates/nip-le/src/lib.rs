@@ -42,6 +42,7 @@
 //! ```
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod agent;
 pub mod config;
@@ -51,6 +52,7 @@ pub mod elector;
 pub mod epoch;
 pub mod error;
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod global;
 pub mod host;
 pub mod identity;
@@ -62,6 +64,7 @@ pub mod pubkey;
 mod read_side;
 pub mod record;
 #[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
 mod start;
 mod token;
