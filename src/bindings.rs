@@ -14,6 +14,11 @@ fn check<T: TS + 'static>(stale: &mut Vec<String>) {
         .join("guest-js/bindings")
         .join(&rel);
     let fresh = T::export_to_string(&cfg).expect("the payload types export");
+    // The doc comments travel into TypeScript: a Rust intra-doc link
+    // (`[`Foo`]`, `crate::…`) means nothing to a TypeScript reader.
+    if fresh.contains("[`") || fresh.contains("crate::") {
+        stale.push(format!("{} (a Rust doc link in its docs)", rel.display()));
+    }
     let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
     if on_disk != fresh {
         if std::env::var_os("UPDATE_BINDINGS").is_some() {

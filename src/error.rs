@@ -41,7 +41,7 @@ pub enum ErrorKind {
     NotTaken,
 }
 
-/// The wire form of [`Error`].
+/// The wire form of an error: its kind and message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS), ts(export_to = "LeaderElectionError.ts"))]
 pub struct LeaderElectionError {

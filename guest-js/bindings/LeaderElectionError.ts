@@ -2,7 +2,7 @@
 import type { ErrorKind } from "./ErrorKind";
 
 /**
- * The wire form of [`Error`].
+ * The wire form of an error: its kind and message.
  */
 export type LeaderElectionError = { 
 /**

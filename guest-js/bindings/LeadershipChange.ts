@@ -27,7 +27,7 @@ reason: ChangeReason,
 /**
  * True when this window must abort its in-flight agent turn now
  * (hard-steal: NIP-AO `cancel_turn`): we acted as leader until this
- * change and [`ChangeReason::must_cancel_turn`] holds. Carried so that
+ * change and the reason ends this window's leadership. Carried so that
  * no reader has to know the rule.
  */
 mustCancelTurn: boolean, 

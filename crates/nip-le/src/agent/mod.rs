@@ -93,7 +93,7 @@ pub enum AgentEvent {
     },
 }
 
-/// One [`AgentEvent`] of one agent key.
+/// One agent event (`AgentEvent`) of one agent key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "AgentReport.ts"))]
 #[serde(rename_all = "camelCase")]

@@ -101,7 +101,7 @@ pub struct LeadershipChange {
     pub reason: ChangeReason,
     /// True when this window must abort its in-flight agent turn now
     /// (hard-steal: NIP-AO `cancel_turn`): we acted as leader until this
-    /// change and [`ChangeReason::must_cancel_turn`] holds. Carried so that
+    /// change and the reason ends this window's leadership. Carried so that
     /// no reader has to know the rule.
     pub must_cancel_turn: bool,
     /// Extension: the holder's fencing epoch, when its record carries one.
@@ -179,7 +179,7 @@ pub struct GlobalStatus {
     pub last_error: Option<String>,
 }
 
-/// What the user's claim did (see [`crate::Elector::claim`]).
+/// What the user's claim did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "ClaimOutcome.ts"))]
 #[serde(rename_all = "snake_case")]
@@ -279,7 +279,7 @@ pub struct ElectionStatus {
     pub global: Option<GlobalStatus>,
 }
 
-/// What [`crate::Work::take`] granted.
+/// What a take granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "TakeOutcome.ts"))]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -313,7 +313,7 @@ impl TakeOutcome {
     }
 }
 
-/// A queued event, for [`crate::Work::owed`].
+/// A queued event: what the app passes to `owed`, one per mention.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "QueuedEvent.ts"))]
 #[serde(rename_all = "camelCase")]
