@@ -1,13 +1,18 @@
-//! `nip-le status`: every `*.lock` file in a directory, classified. Hostile
-//! entries (symlinks, directories, fifos, huge or malformed files, names that
-//! are not pubkeys) are listed as such; nothing is followed or written.
+//! `nip-le status`: every `*.lock` file in a directory, classified, with
+//! what else the directory says of each agent: the holder's epoch and host,
+//! its work ledger (taken, done, given back) and its supervised agent
+//! process. Hostile entries (symlinks, directories, fifos, huge or
+//! malformed files, names that are not pubkeys) are listed as such; nothing
+//! is followed or written. `--watch` prints it again every second.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::Args;
+use nip_le::agent::orphan::read_mark;
 use nip_le::election::{claim_age, takeable, ClaimAge, Takeable};
+use nip_le::ledger::{ledger_path, Ledger};
 use nip_le::liveness::{probe, Liveness};
 use nip_le::lockfile::{file_kind, read_unguarded};
 use nip_le::record::{format_claimed_at, LockContent, MAX_RECORD_BYTES};
@@ -28,9 +33,36 @@ pub struct StatusArgs {
     /// Stale bound used for "takeable now", in milliseconds [default: 10000].
     #[arg(long)]
     stale_ms: Option<u64>,
+    /// Print it again every second until interrupted (with `--json`: one
+    /// JSON array per line).
+    #[arg(long)]
+    watch: bool,
     /// With `--etcd URL`: also show who holds each agent across hosts.
     #[command(flatten)]
     etcd: EtcdArgs,
+}
+
+/// An agent's work ledger, counted.
+#[derive(Debug, Default, Serialize)]
+pub struct LedgerSummary {
+    /// Taken and not settled: in flight (owed again once its taker is gone).
+    pub taken: usize,
+    /// Answered.
+    pub done: usize,
+    /// Given back: owed again, to whoever leads.
+    pub given_back: usize,
+}
+
+/// The agent process a window supervises for this agent, as its mark names
+/// it.
+#[derive(Debug, Default, Serialize)]
+pub struct AgentSummary {
+    /// The election id of the window that started it.
+    pub instance_id: String,
+    /// Its pid.
+    pub pid: u32,
+    /// Whether that pid runs.
+    pub alive: bool,
 }
 
 /// One `*.lock` entry of the directory.
@@ -67,6 +99,21 @@ pub struct LockEntry {
     /// Whether any other instance could take it now by the NIP's rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub takeable: Option<bool>,
+    /// The holder's fencing epoch (extended mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// The host the holder's record was written on (extended mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The agent's work ledger, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<LedgerSummary>,
+    /// Why the ledger could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger_error: Option<String>,
+    /// The agent process a window supervises, when a mark names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentSummary>,
     /// With `--etcd`: the holder of the agent's etcd key (`null`: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub global_holder: Option<Option<nip_le::GlobalHolder>>,
@@ -75,8 +122,22 @@ pub struct LockEntry {
     pub global_error: Option<String>,
 }
 
-/// Lists the directory.
+/// Lists the directory, once or (`--watch`) every second.
 pub fn status(a: StatusArgs) -> Result<ExitCode, nip_le::Error> {
+    loop {
+        if a.watch && !a.json {
+            // Clear the terminal and go home, as `watch` does.
+            print!("\x1b[2J\x1b[H");
+        }
+        let code = status_once(&a)?;
+        if !a.watch {
+            return Ok(code);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn status_once(a: &StatusArgs) -> Result<ExitCode, nip_le::Error> {
     let timings = TimingArgs {
         stale_ms: a.stale_ms,
         // The stale bound must exceed the refresh: keep the default refresh
@@ -84,7 +145,7 @@ pub fn status(a: StatusArgs) -> Result<ExitCode, nip_le::Error> {
         refresh_ms: a.stale_ms.map(|s| (s / 2).max(1)),
         ..TimingArgs::default()
     };
-    let config = super::config_from(a.lock_dir, &timings, Some(1))?;
+    let config = super::config_from(a.lock_dir.clone(), &timings, Some(1))?;
     let dir = &config.lock_dir;
     let entries = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
@@ -110,13 +171,7 @@ pub fn status(a: StatusArgs) -> Result<ExitCode, nip_le::Error> {
             dir.display()
         );
     }
-    let now = SystemTime::now();
-    let mut rows: Vec<LockEntry> = entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".lock"))
-        .map(|e| describe(&e, now, config.stale))
-        .collect();
-    rows.sort_by(|a, b| a.file.cmp(&b.file));
+    let mut rows = rows(dir, entries, config.stale, config.work_retention);
     if let Some(etcd) = a.etcd.config()? {
         etcd.validate()
             .map_err(|e| nip_le::Error::Config(nip_le::config::ConfigError::Etcd(e)))?;
@@ -139,6 +194,54 @@ pub fn status(a: StatusArgs) -> Result<ExitCode, nip_le::Error> {
         print_table(&rows);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One row per `*.lock` entry of `dir`, sorted by name.
+fn rows(
+    dir: &std::path::Path,
+    entries: std::fs::ReadDir,
+    stale: Duration,
+    retention: Duration,
+) -> Vec<LockEntry> {
+    let now = SystemTime::now();
+    let mut rows: Vec<LockEntry> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".lock"))
+        .map(|e| describe(&e, now, stale))
+        .collect();
+    rows.sort_by(|a, b| a.file.cmp(&b.file));
+    for row in rows.iter_mut() {
+        if let Ok(pk) = AgentPubkey::parse(row.file.trim_end_matches(".lock")) {
+            beside(row, dir, &pk, retention);
+        }
+    }
+    rows
+}
+
+/// What the files beside the lock file say: the ledger, counted, and the
+/// supervised agent's mark.
+fn beside(row: &mut LockEntry, dir: &std::path::Path, pk: &AgentPubkey, retention: Duration) {
+    let path = ledger_path(dir, pk);
+    if path.symlink_metadata().is_ok() {
+        match Ledger::load(path, crate::unix_ms(), retention) {
+            Ok(l) => {
+                let c = l.index.counts();
+                row.ledger = Some(LedgerSummary {
+                    taken: c.taken,
+                    done: c.done,
+                    given_back: c.given_back,
+                });
+            }
+            Err(e) => row.ledger_error = Some(e.to_string()),
+        }
+    }
+    if let Some(m) = read_mark(dir, pk) {
+        row.agent = Some(AgentSummary {
+            alive: probe(m.pid) == Liveness::Alive,
+            instance_id: m.instance_id,
+            pid: m.pid,
+        });
+    }
 }
 
 fn describe(e: &std::fs::DirEntry, now: SystemTime, stale: Duration) -> LockEntry {
@@ -183,6 +286,8 @@ fn describe(e: &std::fs::DirEntry, now: SystemTime, stale: Duration) -> LockEntr
         row.holder = Some(r.instance_id.clone());
         row.pid = Some(r.pid);
         row.pid_alive = Some(probe(r.pid) == Liveness::Alive);
+        row.epoch = r.epoch;
+        row.host = r.host.clone();
         row.claimed_at = r.claimed_at.instant().map(format_claimed_at);
         row.age_ms = match claim_age(&r.claimed_at, now) {
             ClaimAge::Past(d) => Some(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
@@ -225,6 +330,29 @@ fn print_table(rows: &[LockEntry]) {
             dash(r.age_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0))),
             dash(r.takeable.map(|b| b.to_string())),
         );
+        if r.epoch.is_some() || r.host.is_some() {
+            println!(
+                "  holder: epoch {} host {}",
+                dash(r.epoch.map(|e| e.to_string())),
+                dash(r.host.clone())
+            );
+        }
+        match (&r.ledger, &r.ledger_error) {
+            (Some(l), _) => println!(
+                "  work: {} in flight, {} done, {} given back",
+                l.taken, l.done, l.given_back
+            ),
+            (None, Some(e)) => println!("  work: ledger unreadable: {e}"),
+            (None, None) => {}
+        }
+        if let Some(g) = &r.agent {
+            println!(
+                "  agent process: pid {} ({}) started by {}",
+                g.pid,
+                if g.alive { "running" } else { "gone" },
+                g.instance_id
+            );
+        }
         // With --etcd: who acts for this agent across hosts.
         match (&r.global_holder, &r.global_error) {
             (Some(Some(h)), _) => println!(
@@ -235,5 +363,92 @@ fn print_table(rows: &[LockEntry]) {
             (None, Some(e)) => println!("  global: etcd unreadable: {e}"),
             (None, None) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use nip_le::agent::orphan::{start_time, write_mark, AgentMark};
+    use nip_le::ledger::Op;
+    use nip_le::record::{encode_record, RecordExt};
+
+    use super::*;
+
+    fn rows_of(dir: &std::path::Path) -> Vec<LockEntry> {
+        let hour = Duration::from_secs(3600);
+        rows(dir, std::fs::read_dir(dir).unwrap(), hour, hour)
+    }
+
+    #[test]
+    fn beside_each_lock_its_holder_ledger_and_agent_process() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let pk = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
+        let ext = RecordExt {
+            epoch: 7,
+            live: "1-0123456789abcdef",
+        };
+        let record = encode_record("w1", std::process::id(), SystemTime::now(), Some(ext));
+        std::fs::write(nip_le::lockfile::lock_path(dir, &pk), record).unwrap();
+        let at_ms = crate::unix_ms();
+        let take = |id: &str| Op::Take {
+            id: id.into(),
+            epoch: 7,
+            by: "w1".into(),
+            at_ms,
+            live: None,
+        };
+        let mut ledger = std::fs::File::create(ledger_path(dir, &pk)).unwrap();
+        for op in [
+            take("a"),
+            take("b"),
+            take("c"),
+            Op::Done {
+                id: "b".into(),
+                epoch: 7,
+                at_ms,
+            },
+            Op::GiveBack {
+                id: "c".into(),
+                epoch: 7,
+                at_ms,
+            },
+        ] {
+            ledger.write_all(&op.to_line()).unwrap();
+        }
+        let me = std::process::id();
+        let mark = AgentMark {
+            instance_id: "w1".into(),
+            pid: me,
+            start: start_time(me).unwrap_or(0),
+            boot: None,
+        };
+        write_mark(dir, &pk, &mark).unwrap();
+        let rows = rows_of(dir);
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!((r.holder.as_deref(), r.epoch), (Some("w1"), Some(7)));
+        let l = r.ledger.as_ref().expect("the ledger is counted");
+        assert_eq!((l.taken, l.done, l.given_back), (1, 1, 1));
+        let a = r.agent.as_ref().expect("the agent mark is read");
+        assert_eq!((a.instance_id.as_str(), a.pid, a.alive), ("w1", me, true));
+    }
+
+    #[test]
+    fn a_hostile_ledger_is_reported_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let pk = AgentPubkey::parse(&"cd".repeat(32)).unwrap();
+        std::fs::write(nip_le::lockfile::lock_path(dir, &pk), b"").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink("/etc/passwd", ledger_path(dir, &pk)).unwrap();
+        #[cfg(not(unix))]
+        std::fs::create_dir(ledger_path(dir, &pk)).unwrap();
+        let rows = rows_of(dir);
+        assert!(rows[0].ledger.is_none(), "{:?}", rows[0].ledger);
+        assert!(rows[0].ledger_error.is_some());
+        assert!(rows[0].agent.is_none());
     }
 }

@@ -17,6 +17,18 @@ pub enum State {
     GivenBack,
 }
 
+/// How many events a ledger remembers in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StateCounts {
+    /// Taken and not yet settled: in flight, or owed again once the taker
+    /// is gone.
+    pub taken: usize,
+    /// Answered.
+    pub done: usize,
+    /// Given back: owed again, to whoever leads.
+    pub given_back: usize,
+}
+
 /// What the ledger says of an event for the holder at an epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -254,6 +266,19 @@ impl Index {
     /// Highest epoch any line named.
     pub fn max_epoch(&self) -> u64 {
         self.max_epoch
+    }
+
+    /// How many remembered events are in each state (for a status view).
+    pub fn counts(&self) -> StateCounts {
+        let mut c = StateCounts::default();
+        for e in self.entries.values() {
+            match e.state {
+                State::Taken(_) => c.taken += 1,
+                State::Done => c.done += 1,
+                State::GivenBack => c.given_back += 1,
+            }
+        }
+        c
     }
 
     /// Events remembered.

@@ -64,7 +64,7 @@ pub mod hold;
 mod index;
 mod storage;
 pub use hold::AppendHold;
-pub use index::{grants_without_ledger, owed, Index, State, Verdict};
+pub use index::{grants_without_ledger, owed, Index, State, StateCounts, Verdict};
 pub use storage::{FileLedger, LedgerError, LedgerStorage};
 
 use crate::error::{Error, Result};
