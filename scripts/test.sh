@@ -161,18 +161,21 @@ step "end-to-end in real webviews, the two backends side by side (w1, w3 native;
 # this one cannot (each backend's cluster runs whole in the suites above).
 NIP_LE_BACKEND=mixed bash scripts/e2e.sh
 
-step "chaos: 60 s of random faults on a mixed cluster"
-cargo run -q -p nip-le-cli -- chaos --seconds 60
+# Chaos is the real-process smoke of what the simulator's seed budget
+# (cargo test) covers in depth: six runs of 30 to 45 s, a fault or mention
+# every 250 ms on average.
+step "chaos: 40 s of random faults on a mixed cluster"
+cargo run -q -p nip-le-cli -- chaos --seconds 40
 
-step "chaos: 60 s of random faults on extended instances working a queue (exactly once)"
-cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60
+step "chaos: 40 s of random faults on extended instances working a queue (exactly once)"
+cargo run -q -p nip-le-cli -- chaos --seconds 40 --turn-ms 60
 
 step "chaos on the portable backend: the mixed cluster, and the queue worked exactly once"
-cargo run -q -p nip-le-cli -- chaos --seconds 45 --backend portable
-cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --backend portable
+cargo run -q -p nip-le-cli -- chaos --seconds 30 --backend portable
+cargo run -q -p nip-le-cli -- chaos --seconds 40 --turn-ms 60 --backend portable
 
 step "chaos: the same with harness children sharing their windows' ids (INTEROP.md's writer)"
-cargo run -q -p nip-le-cli -- chaos --seconds 60 --turn-ms 60 --children
+cargo run -q -p nip-le-cli -- chaos --seconds 40 --turn-ms 60 --children
 
 step "chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd over TLS with client certificates and users (paused, members restarted and cut off): exactly once but while etcd was unreachable"
 cargo run -q -p nip-le-cli -- chaos --seconds 45 --hosts 3 --extended 6 --turn-ms 60 --etcd-members 3 --etcd-secure
