@@ -9,25 +9,27 @@
 //! handler, no log formatter. The Tauri plugin, the `nip-le` CLI and any
 //! agent process link it.
 //!
-//! One concept per module:
+//! One concept per module. What an app uses:
 //! * [`pubkey`]: the validated agent key (it becomes a file name);
 //! * [`identity`]: the per-window election id;
 //! * [`config`]: the one validated set of timings;
-//! * [`record`]: the lock record, parsed defensively, written compatibly;
-//! * [`lockfile`]: lock file I/O (no symlinks, capped reads, bounded waits);
-//! * [`liveness`]: is a holder's pid running;
-//! * `token`: the presence token a record names its holder by, and what
-//!   a probe of it says (a leaf);
-//! * [`election`]: the NIP's read-side and acquire-side rules, pure;
-//! * [`read_side()`]: the read side whole, a file read decided by the rules;
-//! * [`presence`]: extension, per-participant liveness locks;
+//! * [`read_side()`]: the NIP's read side whole, for processes that only
+//!   read leadership;
 //! * [`control`]: `claim_leadership` frames and local lead requests;
-//! * [`ledger`]: extension, the work ledger (exactly-once across changes);
 //! * `global` (feature `etcd`): extension, one prompter per agent across
 //!   hosts, on etcd;
 //! * [`elector`]: many keys, one writer thread, a lock-free snapshot for
 //!   readers, and change events;
 //! * [`agent`]: extension, an agent process that runs only while we lead.
+//!
+//! The internals (public for the `nip-le` CLI and the tests, hidden from
+//! these docs, no stability promise): `record` (the lock record, parsed
+//! defensively, written compatibly), `lockfile` (lock file I/O: no
+//! symlinks, capped reads, bounded waits), `liveness` (is a holder's pid
+//! running), `token` (the presence token a record names its holder by),
+//! `election` (the NIP's read-side and acquire-side rules, pure),
+//! `presence` (per-participant liveness locks), `ledger` (the work
+//! ledger), `epoch` and `host`.
 //!
 //! ```no_run
 //! use nip_le::{AgentPubkey, Config, Elector, InstanceId};
@@ -41,27 +43,39 @@
 //! # Ok::<(), nip_le::Error>(())
 //! ```
 
+// The modules marked `#[doc(hidden)]` are the engine's internals: public
+// for the `nip-le` CLI, the lab and the tests, with no stability promise.
+// What an app uses is re-exported below or lives in `agent`, `config`,
+// `control`, `elector`, `error`, `global`, `identity` and `pubkey`.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod agent;
 pub mod config;
 pub mod control;
+#[doc(hidden)]
 pub mod election;
 pub mod elector;
+#[doc(hidden)]
 pub mod epoch;
 pub mod error;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod global;
+#[doc(hidden)]
 pub mod host;
 pub mod identity;
+#[doc(hidden)]
 pub mod ledger;
+#[doc(hidden)]
 pub mod liveness;
+#[doc(hidden)]
 pub mod lockfile;
+#[doc(hidden)]
 pub mod presence;
 pub mod pubkey;
 mod read_side;
+#[doc(hidden)]
 pub mod record;
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
