@@ -48,7 +48,6 @@ use serde::{Deserialize, Serialize};
 use crate::config::Backend;
 use crate::error::Result;
 use crate::pubkey::AgentPubkey;
-pub(crate) use crate::token::parse_token;
 pub use crate::token::{token_pid, valid_token, PeerPresence};
 
 /// Our presence lock, of the backend the configuration chose.
@@ -96,7 +95,7 @@ impl Presence {
 /// made the token (a slot names the shared file).
 pub fn probe_holder(dir: &Path, token: &str) -> HolderPresence {
     #[cfg(target_os = "linux")]
-    if matches!(parse_token(token), Some((_, Some(_)))) {
+    if matches!(crate::token::parse_token(token), Some((_, Some(_)))) {
         return slots::probe_holder(dir, token);
     }
     files::probe_holder(dir, token)

@@ -14,10 +14,11 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::{fresh_token, parse_token, Body, HolderPresence, Sibling};
+use super::{fresh_token, Body, HolderPresence, Sibling};
 use crate::error::{Error, Result};
 use crate::lockfile::{open_regular_file, Create};
 use crate::pubkey::AgentPubkey;
+use crate::token::parse_token;
 
 /// The shared file's name.
 pub const FILE_NAME: &str = "presence.live";

@@ -224,7 +224,12 @@ impl Sim {
     /// cannot know of it.
     fn granted_unrecorded(&mut self, id: &str, by: &str) -> bool {
         let now = crate::sim::world::write_fault(&lock(&self.m)).is_some();
-        let before = (self.unrecorded_grants.iter()).any(|(i, b)| i == id && b != by);
+        // Sorted by id: only this id's grants, not a day's worth of them.
+        let before = (self
+            .unrecorded_grants
+            .range((id.to_owned(), String::new())..))
+        .take_while(|(i, _)| i == id)
+        .any(|(_, b)| b != by);
         if now {
             self.unrecorded_grants
                 .insert((id.to_owned(), by.to_owned()));
