@@ -440,3 +440,23 @@ fn parse_line(line: &[u8]) -> Option<Op> {
         .then(|| serde_json::from_slice::<Op>(&line[at..]).ok())
         .flatten()
 }
+
+#[cfg(test)]
+mod counts_tests {
+    use super::*;
+
+    #[test]
+    fn counts_tell_each_state_apart() {
+        let mut ix = Index::default();
+        let line = |op: &str, id: &str| {
+            format!(r#"{{"op":"{op}","id":"{id}","epoch":1,"by":"w","at_ms":10}}"#) + "\n"
+        };
+        for (op, id) in [("take", "a"), ("take", "b"), ("take", "c"), ("done", "b")] {
+            ix.extend(line(op, id).as_bytes());
+        }
+        ix.extend(line("give_back", "c").as_bytes());
+        ix.extend(line("done", "d").as_bytes());
+        let c = ix.counts();
+        assert_eq!((c.taken, c.done, c.given_back), (1, 2, 1));
+    }
+}

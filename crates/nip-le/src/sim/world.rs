@@ -416,7 +416,13 @@ impl LedgerStorage for SimLedger {
             return Err(LedgerError::Unreadable("EIO".into()));
         }
         self.seen = Some(s.ledger_files.get(&self.pk).copied().unwrap_or(0));
-        Ok(s.ledgers.get(&self.pk).cloned().unwrap_or_default())
+        let all = s.ledgers.get(&self.pk).map_or(&[][..], Vec::as_slice);
+        // As a real file: past the cap it is not read (a day's run grew one
+        // past it unnoticed while this read everything).
+        if all.len() as u64 > crate::ledger::MAX_LEDGER_BYTES {
+            return Err(LedgerError::Oversized);
+        }
+        Ok(all.to_vec())
     }
     /// Only the tail (the default reads the whole file: a day's run copied
     /// its ledger at every take).
@@ -431,6 +437,9 @@ impl LedgerStorage for SimLedger {
         }
         self.seen = Some(file);
         let all = s.ledgers.get(&self.pk).map_or(&[][..], Vec::as_slice);
+        if all.len() as u64 > crate::ledger::MAX_LEDGER_BYTES {
+            return Err(LedgerError::Oversized);
+        }
         let from = usize::try_from(offset).map_err(|_| LedgerError::Rewritten)?;
         all.get(from..)
             .map(<[u8]>::to_vec)

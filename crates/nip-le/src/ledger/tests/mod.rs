@@ -587,16 +587,3 @@ fn a_kept_ledger_forgets_what_is_past_the_retention_window() {
     l.expire_if_due(3_600_001 + 60_000);
     assert_eq!(l.index.state("old"), None);
 }
-
-#[test]
-fn counts_tell_each_state_apart() {
-    let mut ix = Index::default();
-    ix.apply(&take("a", 1, 10));
-    ix.apply(&take("b", 1, 11));
-    ix.apply(&take("c", 1, 12));
-    ix.apply(&done("b", 1, 13));
-    ix.apply(&give_back("c", 1, 14));
-    ix.apply(&done("d", 1, 15));
-    let c = ix.counts();
-    assert_eq!((c.taken, c.done, c.given_back), (1, 2, 1));
-}

@@ -366,7 +366,12 @@ impl Sim {
         while let Some(at) = self.next_at() {
             if at / (3_600_000 * MS) > hour {
                 hour = at / (3_600_000 * MS);
-                tracing::info!(target: "nip_le::sim::progress", hour, answered = self.answers.len(), published = self.published.len(), "simulated");
+                let (ledger_bytes, ledger_peak) = {
+                    let s = lock(&self.m);
+                    let now = s.ledgers.get(&self.pk).map_or(0, Vec::len);
+                    (now, s.ledger_peak)
+                };
+                tracing::info!(target: "nip_le::sim::progress", hour, answered = self.answers.len(), published = self.published.len(), ledger_bytes, ledger_peak, "simulated");
             }
             self.step();
         }
