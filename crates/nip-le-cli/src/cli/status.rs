@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use clap::Args;
 use nip_le::agent::orphan::read_mark;
 use nip_le::election::{claim_age, takeable, ClaimAge, Takeable};
-use nip_le::ledger::{ledger_path, Ledger};
+use nip_le::ledger::{ledger_path, Ledger, StateCounts};
 use nip_le::liveness::{probe, Liveness};
 use nip_le::lockfile::{file_kind, read_unguarded};
 use nip_le::record::{format_claimed_at, LockContent, MAX_RECORD_BYTES};
@@ -40,17 +40,6 @@ pub struct StatusArgs {
     /// With `--etcd URL`: also show who holds each agent across hosts.
     #[command(flatten)]
     etcd: EtcdArgs,
-}
-
-/// An agent's work ledger, counted.
-#[derive(Debug, Default, Serialize)]
-pub struct LedgerSummary {
-    /// Taken and not settled: in flight (owed again once its taker is gone).
-    pub taken: usize,
-    /// Answered.
-    pub done: usize,
-    /// Given back: owed again, to whoever leads.
-    pub given_back: usize,
 }
 
 /// The agent process a window supervises for this agent, as its mark names
@@ -107,7 +96,7 @@ pub struct LockEntry {
     pub host: Option<String>,
     /// The agent's work ledger, when it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ledger: Option<LedgerSummary>,
+    pub ledger: Option<StateCounts>,
     /// Why the ledger could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ledger_error: Option<String>,
@@ -224,14 +213,7 @@ fn beside(row: &mut LockEntry, dir: &std::path::Path, pk: &AgentPubkey, retentio
     let path = ledger_path(dir, pk);
     if path.symlink_metadata().is_ok() {
         match Ledger::load(path, crate::unix_ms(), retention) {
-            Ok(l) => {
-                let c = l.index.counts();
-                row.ledger = Some(LedgerSummary {
-                    taken: c.taken,
-                    done: c.done,
-                    given_back: c.given_back,
-                });
-            }
+            Ok(l) => row.ledger = Some(l.index.counts()),
             Err(e) => row.ledger_error = Some(e.to_string()),
         }
     }
