@@ -135,6 +135,10 @@ impl Proc {
 pub struct Faults {
     /// Writes fail with ENOSPC until then.
     pub enospc_until: u64,
+    /// The disk filled during a write that it took only in part: the next
+    /// refused write leaves a fragment, and every one after it nothing (a
+    /// full disk has no room for more fragments). Set when the fault starts.
+    pub enospc_room: bool,
     /// Reads and writes fail with EIO until then.
     pub eio_until: u64,
     /// The directory is read-only until then.

@@ -391,6 +391,19 @@ fn helds(bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
+/// Notes a ledger's new length: its peak, and a violation the first time
+/// it passes the read cap (past it no process reads it: every later holder
+/// dispatches without it).
+fn grown(s: &mut State, len: usize) {
+    let cap = usize::try_from(crate::ledger::MAX_LEDGER_BYTES).unwrap_or(usize::MAX);
+    if len > cap && s.ledger_peak <= cap {
+        let what = format!("{len} bytes, the cap is {cap}");
+        let v = super::check::Violation::new(s.t, "work ledger past its read cap", what);
+        s.violations.push(v);
+    }
+    s.ledger_peak = s.ledger_peak.max(len);
+}
+
 /// Notes which of `me`'s `done` and `held` lines the disk took.
 fn written(s: &mut State, me: ProcId, bytes: &[u8]) {
     let unwritten = &mut s.procs[me].unwritten_done;
@@ -449,22 +462,28 @@ impl LedgerStorage for SimLedger {
         let mut s = lock(&self.m);
         if let Some(e) = write_fault(&s) {
             s.unkept.extend(helds(line));
-            // A full disk takes part of a write, as a real one may: a
-            // fragment without its newline.
+            // A disk that fills takes part of a write, as a real one may: a
+            // fragment without its newline. Then it is full: the writes
+            // after it take nothing (taking half of each, the simulated
+            // ledger grew past its read cap during one long fault, which
+            // no real disk allows).
             if s.faults.enospc_until > s.t
                 && s.faults.readonly_until <= s.t
                 && s.faults.eio_until <= s.t
+                && std::mem::take(&mut s.faults.enospc_room)
             {
                 let part = line.len() / 2;
                 let l = s.ledgers.entry(self.pk).or_default();
                 l.extend_from_slice(&line[..part]);
+                let len = l.len();
+                grown(&mut s, len);
             }
             return Err(e);
         }
         let l = s.ledgers.entry(self.pk).or_default();
         l.extend_from_slice(line);
         let len = l.len();
-        s.ledger_peak = s.ledger_peak.max(len);
+        grown(&mut s, len);
         if durable {
             // `fdatasync`: everything written so far is on disk.
             s.ledger_synced.insert(self.pk, len);

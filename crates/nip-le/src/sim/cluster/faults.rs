@@ -133,6 +133,9 @@ impl Sim {
                     _ => &mut s.faults.readonly_until,
                 };
                 *until = (*until).max(t + d);
+                if matches!(f, Fault::Enospc { .. }) {
+                    s.faults.enospc_room = true;
+                }
                 drop(s);
                 self.quiet_from = self.quiet_from.max(t + d);
             }
