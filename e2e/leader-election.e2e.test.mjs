@@ -28,6 +28,7 @@ import {
   sideBySide,
   sleep,
   teardown,
+  text,
   waitFor
 } from './harness.mjs'
 
@@ -109,6 +110,14 @@ test('mentions fanned out to every window are replied to exactly once', async ()
   const counts = new Map()
   for (const r of replies()) counts.set(r.mention, (counts.get(r.mention) ?? 0) + 1)
   assert.ok([...counts.values()].every((n) => n === 1), `replies per mention: ${JSON.stringify([...counts])}`)
+  // The status panel (the plugin's one status command): the leader counts
+  // the ledger it keeps, the observers keep none.
+  const [leader] = await leaders(SCOUT)
+  await waitFor(`${leader.name}'s panel to count 3 answered mentions`, 5_000, async () => {
+    const m = /(\d+) done/.exec(await text(leader, `work-${SCOUT}`))
+    return m !== null && Number(m[1]) >= 3
+  })
+  for (const w of live()) if (w !== leader) assert.equal(await text(w, `work-${SCOUT}`), '—', `${w.name} keeps no ledger`)
   await screenshots('mentions')
 })
 

@@ -33,7 +33,9 @@ import type { LeadershipChange } from './bindings/LeadershipChange'
 import type { Level } from './bindings/Level'
 import type { LockState } from './bindings/LockState'
 import type { QueuedEvent } from './bindings/QueuedEvent'
+import type { StateCounts } from './bindings/StateCounts'
 import type { Status } from './bindings/Status'
+import type { SupervisedAgent } from './bindings/SupervisedAgent'
 import type { TakeOutcome } from './bindings/TakeOutcome'
 
 export type {
@@ -52,7 +54,9 @@ export type {
   Level,
   LockState,
   QueuedEvent,
+  StateCounts,
   Status,
+  SupervisedAgent,
   TakeOutcome
 }
 

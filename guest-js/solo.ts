@@ -52,7 +52,8 @@ export function soloStatus(): Status {
     claimPending: false,
     lastError: null,
     level: 'host',
-    global: null
+    global: null,
+    work: null
   }))
-  return { instanceId: SOLO_ID, pid: 0, networkFs: null, agents }
+  return { instanceId: SOLO_ID, pid: 0, networkFs: null, agents, supervised: [] }
 }

@@ -4,20 +4,25 @@
 //! [`crate::AGENT_EVENT`]). Only the app's Rust side starts them: no
 //! webview command can make the app run a program.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use nip_le::agent::{AgentReport, AgentRunner, AgentSupervisor, AgentTimings};
+use nip_le::agent::{AgentEvent, AgentReport, AgentRunner, AgentSupervisor, AgentTimings};
 use nip_le::{AgentPubkey, Elector};
 use tokio::sync::broadcast;
 
 use crate::error::Result;
+use crate::models::SupervisedAgent;
 
 /// The supervisors of one window.
 #[derive(Debug)]
 pub(crate) struct Agents {
     running: Mutex<Running>,
     reports: broadcast::Sender<AgentReport>,
+    /// Each supervised agent's last report, for the status: its own lock,
+    /// never held across a stop (which waits for a process), so reading
+    /// the status never waits.
+    last: Arc<Mutex<BTreeMap<AgentPubkey, Option<AgentReport>>>>,
 }
 
 /// The supervisors, and whether the window is shutting down (then no new
@@ -33,6 +38,7 @@ impl Default for Agents {
         Self {
             running: Mutex::default(),
             reports: broadcast::channel(256).0,
+            last: Arc::default(),
         }
     }
 }
@@ -55,7 +61,9 @@ impl Agents {
             old.stop();
         }
         let sup = AgentSupervisor::start(elector, &pubkey, runner, timings)?;
+        lock(&self.last).insert(pubkey, None);
         let (mut rx, tx) = (sup.subscribe(), self.reports.clone());
+        let last = Arc::clone(&self.last);
         let forwarder = std::thread::Builder::new()
             .name("leader-election-agent-reports".into())
             .spawn(move || {
@@ -63,6 +71,9 @@ impl Agents {
                 loop {
                     match rx.blocking_recv() {
                         Ok(r) => {
+                            if let Some(slot) = lock(&last).get_mut(&r.pubkey) {
+                                *slot = Some(r.clone());
+                            }
                             let _ = tx.send(r);
                         }
                         Err(RecvError::Lagged(_)) => {}
@@ -81,6 +92,7 @@ impl Agents {
     /// Stops `pubkey`'s agent (SIGTERM, its grace, SIGKILL); whether one
     /// was supervised.
     pub(crate) fn stop(&self, pubkey: &AgentPubkey) -> bool {
+        lock(&self.last).remove(pubkey);
         let sup = self
             .running
             .lock()
@@ -98,6 +110,7 @@ impl Agents {
             running.closed = true;
             running.by_key.drain().map(|(_, s)| s).collect()
         };
+        lock(&self.last).clear();
         for s in &all {
             s.request_stop();
         }
@@ -106,8 +119,29 @@ impl Agents {
         }
     }
 
+    /// Every supervised agent, ordered by pubkey, with its pid while it
+    /// runs and its last report.
+    pub(crate) fn status(&self) -> Vec<SupervisedAgent> {
+        lock(&self.last)
+            .iter()
+            .map(|(pubkey, last)| SupervisedAgent {
+                pubkey: pubkey.as_str().to_owned(),
+                pid: match last.as_ref().map(|r| &r.event) {
+                    Some(AgentEvent::Started { pid }) => Some(*pid),
+                    _ => None,
+                },
+                last: last.clone(),
+            })
+            .collect()
+    }
+
     /// Every agent's reports from now on.
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<AgentReport> {
         self.reports.subscribe()
     }
+}
+
+/// A poisoned lock still holds a usable map (every update is one insert).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

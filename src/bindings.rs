@@ -48,7 +48,9 @@ fn generated_bindings_are_up_to_date() {
     check::<nip_le::GlobalStatus>(&mut stale);
     check::<nip_le::agent::AgentEvent>(&mut stale);
     check::<nip_le::agent::AgentReport>(&mut stale);
+    check::<nip_le::StateCounts>(&mut stale);
     check::<crate::Status>(&mut stale);
+    check::<crate::SupervisedAgent>(&mut stale);
     check::<crate::ErrorKind>(&mut stale);
     check::<crate::LeaderElectionError>(&mut stale);
     assert!(

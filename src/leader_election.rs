@@ -254,6 +254,7 @@ impl LeaderElection {
             pid: std::process::id(),
             network_fs: self.elector.network_fs().map(str::to_owned),
             agents: self.elector.status(),
+            supervised: self.agents.status(),
         }
     }
 

@@ -46,7 +46,7 @@ mod turns;
 
 pub use error::{Error, ErrorKind, LeaderElectionError, Result};
 pub use leader_election::{read_side, LeaderElection};
-pub use models::Status;
+pub use models::{Status, SupervisedAgent};
 /// The engine itself, for what the plugin does not wrap
 /// ([`Error::Engine`]'s cause, the read side for agent processes, the
 /// simulator), at exactly the version and features the plugin uses.
@@ -67,7 +67,7 @@ pub use nip_le::global::{EtcdAuth, EtcdConfig, EtcdTls, WhenUnreachable};
 pub use nip_le::{
     Backend, ChangeReason, ClaimOutcome, Config, ControlResult, ElectionStatus, GlobalHolder,
     GlobalStatus, HolderStatus, LeaderFlag, LeadershipChange, Level, LockState, Mode, QueuedEvent,
-    TakeOutcome, Work, ELECTION_ID_ENV,
+    StateCounts, TakeOutcome, Work, ELECTION_ID_ENV,
 };
 
 /// The event emitted to every webview on each leadership change, with a

@@ -42,6 +42,13 @@ fn the_supervised_agent_runs_while_the_window_leads_across_a_leave_and_a_join_an
     let AgentEvent::Started { pid } = next(&mut rx) else {
         panic!("not started")
     };
+    // The status lists it, with its pid while it runs.
+    let supervised = le.status().supervised;
+    assert_eq!(supervised.len(), 1);
+    assert_eq!(
+        (supervised[0].pubkey.as_str(), supervised[0].pid),
+        (agent.as_str(), Some(pid))
+    );
     // Leaving stops it; joining again (a webview may leave and join an
     // allowed agent) starts it again: the supervisor follows the key.
     le.leave(&agent).unwrap();
@@ -52,7 +59,14 @@ fn the_supervised_agent_runs_while_the_window_leads_across_a_leave_and_a_join_an
     };
     le.release(&agent).unwrap();
     assert_eq!(next(&mut rx), AgentEvent::Stopped { pid, killed: false });
+    let supervised = le.status().supervised;
+    assert_eq!(supervised[0].pid, None, "stopped");
+    assert_eq!(
+        supervised[0].last.as_ref().map(|r| r.event.clone()),
+        Some(AgentEvent::Stopped { pid, killed: false })
+    );
     assert!(le.stop_agent(&agent).unwrap(), "still supervised, idle");
+    assert!(le.status().supervised.is_empty(), "no longer supervised");
     assert!(!le.stop_agent(&agent).unwrap());
     // A bad command is a clear error, not a panic.
     let err = le

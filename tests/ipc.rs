@@ -146,6 +146,13 @@ fn commands_answer_through_ipc() {
     assert_eq!(status["agents"][0]["lockState"], "record");
     assert_eq!(status["agents"][0]["holder"]["instanceId"], "window-1");
     assert_eq!(status["agents"][0]["holder"]["isUs"], true);
+    // The record says where its holder runs; no agent process is
+    // supervised here.
+    assert!(
+        status["agents"][0]["holder"]["host"].is_string(),
+        "{status}"
+    );
+    assert_eq!(status["supervised"], json!([]));
     assert_eq!(
         w.invoke("claim", json!({"pubkey": KEY})).unwrap(),
         "already_leader"
@@ -408,6 +415,17 @@ fn a_take_ends_with_the_page_that_took_it() {
     assert_eq!(w.app.leader_election().page_gone("main"), 1);
     assert_eq!(w.invoke("owed", queue.clone()).unwrap(), json!(["e1"]));
     assert_eq!(w.app.leader_election().page_gone("main"), 0, "once");
+    // The status counts the ledger the leader keeps (within a second).
+    let counts = json!({"taken": 0, "done": 1, "givenBack": 1});
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let work = w.invoke("status", json!({})).unwrap()["agents"][0]["work"].clone();
+        if work == counts {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "status says {work}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -3,6 +3,7 @@ import type { GlobalStatus } from "./GlobalStatus";
 import type { HolderStatus } from "./HolderStatus";
 import type { Level } from "./Level";
 import type { LockState } from "./LockState";
+import type { StateCounts } from "./StateCounts";
 
 /**
  * A snapshot of one key's election, for UIs and `status` commands. Reading
@@ -44,4 +45,10 @@ level: Level,
 /**
  * Cross-host (etcd): the global view, when etcd is configured.
  */
-global: GlobalStatus | null, };
+global: GlobalStatus | null, 
+/**
+ * Extension: the work ledger as this window last counted it (at most
+ * a second old), while it keeps the ledger (it leads in extended
+ * mode); `null` otherwise.
+ */
+work: StateCounts | null, };

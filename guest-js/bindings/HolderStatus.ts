@@ -26,6 +26,10 @@ ageMs: number | null,
  */
 epoch: number | null, 
 /**
+ * Extension: the host the record was written on, when it says.
+ */
+host: string | null, 
+/**
  * Whether the holder is this instance.
  */
 isUs: boolean, };

@@ -92,5 +92,6 @@ pub use elector::{
 };
 pub use error::{Error, Result};
 pub use identity::{InstanceId, ELECTION_ID_ENV};
+pub use ledger::StateCounts;
 pub use pubkey::AgentPubkey;
 pub use read_side::read_side;

@@ -8,7 +8,8 @@ import {
   onAgent,
   status as leStatus,
   type ElectionStatus,
-  type LeadershipChange
+  type LeadershipChange,
+  type SupervisedAgent
 } from 'tauri-plugin-leader-election-api'
 
 type Agent = { name: string; pubkey: string }
@@ -22,6 +23,7 @@ const short = (id: string | null | undefined): string => (id ? id.slice(0, 8) : 
 let config: Config
 let gate: LeaderGate
 let statuses = new Map<string, ElectionStatus>()
+let supervised = new Map<string, SupervisedAgent>()
 const reacted = new Set<string>()
 /** Every window queues every mention, per agent, in arrival order. */
 const queues = new Map<string, Mention[]>()
@@ -103,13 +105,22 @@ function renderStatus(): void {
     const leads = gate.isLeader(a.pubkey)
     const age = s?.holder?.ageMs ?? null
     const live = age !== null && age <= config.staleMs
+    const h = s?.holder
+    // The devtools view: who holds it (election id, pid, host, epoch), the
+    // ledger this window keeps while it leads, and its agent process.
+    const where = h ? ` pid ${h.pid}${h.host ? ` on ${h.host}` : ''}${h.epoch !== null ? ` epoch ${h.epoch}` : ''}` : ''
+    const w = s?.work
+    const p = supervised.get(a.pubkey)
+    const proc = !p ? '—' : p.pid !== null ? `running, pid ${p.pid}` : p.last ? p.last.what.replace('_', ' ') : 'waiting to lead'
     const tr = document.createElement('tr')
     tr.dataset.testid = `status-${a.pubkey}`
     tr.innerHTML = `<td>${a.name}</td>
       <td class="${leads ? 'leader-role' : 'observer-role'}" data-testid="role-${a.pubkey}">${leads ? 'leader' : 'observer'}${s?.standingDown ? ' (standing down)' : ''}</td>
-      <td data-testid="holder-${a.pubkey}">${short(s?.holder?.instanceId)}${s?.holder?.isUs ? ' (this window)' : ''}</td>
+      <td data-testid="holder-${a.pubkey}">${short(h?.instanceId)}${h?.isUs ? ' (this window)' : ''}<small>${where}</small></td>
       <td>${age === null ? '—' : `${(age / 1000).toFixed(1)} s`}</td>
-      <td class="${live ? 'live' : 'stale'}">${s?.lockState === 'record' ? (live ? 'live' : 'stale') : s?.lockState ?? '—'}</td>`
+      <td class="${live ? 'live' : 'stale'}">${s?.lockState === 'record' ? (live ? 'live' : 'stale') : s?.lockState ?? '—'}</td>
+      <td data-testid="work-${a.pubkey}">${w ? `${w.taken} in flight · ${w.done} done · ${w.givenBack} given back` : '—'}</td>
+      <td data-testid="process-${a.pubkey}">${proc}</td>`
     tbody.append(tr)
   }
 }
@@ -136,6 +147,7 @@ async function renderFeed(): Promise<void> {
 async function refreshStatus(): Promise<void> {
   const s = await leStatus()
   statuses = new Map(s.agents.map((a) => [a.pubkey, a]))
+  supervised = new Map(s.supervised.map((a) => [a.pubkey, a]))
   renderStatus()
 }
 

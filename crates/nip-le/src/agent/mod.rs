@@ -94,7 +94,7 @@ pub enum AgentEvent {
 }
 
 /// One agent event (`AgentEvent`) of one agent key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "AgentReport.ts"))]
 #[serde(rename_all = "camelCase")]
 pub struct AgentReport {

@@ -130,6 +130,7 @@ impl Published {
                 last_error: None,
                 level: Level::None,
                 global: None,
+                work: None,
             },
             claimed_at: None,
             standing_down_until: None,

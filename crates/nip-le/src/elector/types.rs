@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ledger::StateCounts;
 use crate::pubkey::AgentPubkey;
 
 /// Why this instance's view of a key's leadership changed.
@@ -248,6 +249,8 @@ pub struct HolderStatus {
     /// Extension: the record's fencing epoch, when it carries one.
     #[cfg_attr(feature = "ts", ts(type = "number | null"))]
     pub epoch: Option<u64>,
+    /// Extension: the host the record was written on, when it says.
+    pub host: Option<String>,
     /// Whether the holder is this instance.
     pub is_us: bool,
 }
@@ -277,6 +280,10 @@ pub struct ElectionStatus {
     pub level: Level,
     /// Cross-host (etcd): the global view, when etcd is configured.
     pub global: Option<GlobalStatus>,
+    /// Extension: the events the work ledger remembers in each state, while
+    /// this window keeps the ledger (it leads, in extended mode); `null`
+    /// otherwise.
+    pub work: Option<StateCounts>,
 }
 
 /// What a take granted.

@@ -18,7 +18,9 @@ pub enum State {
 }
 
 /// How many events a ledger remembers in each state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "StateCounts.ts"))]
+#[serde(rename_all = "camelCase")]
 pub struct StateCounts {
     /// Taken and not yet settled: in flight, or owed again once the taker
     /// is gone.
@@ -56,6 +58,9 @@ struct Entry {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Index {
     entries: HashMap<String, Entry>,
+    /// The entries in each state, kept with them (a status reads it at
+    /// every change: counting would walk every entry).
+    counts: StateCounts,
     /// Lines read from the file since it was last written whole (each
     /// once: our own are counted when read back).
     lines: usize,
@@ -155,6 +160,10 @@ impl Index {
             (Op::GiveBack { .. } | Op::Held { .. } | Op::Floor { .. }, _) => None,
         };
         if let Some(state) = next {
+            if let Some(old) = cur {
+                tally(&mut self.counts, old, false);
+            }
+            tally(&mut self.counts, state, true);
             let e = Entry { state, at_ms, live };
             self.entries.insert(id.to_owned(), e);
         }
@@ -164,7 +173,14 @@ impl Index {
     pub fn expire(&mut self, now_ms: u64, retention: Duration) {
         let horizon =
             now_ms.saturating_sub(u64::try_from(retention.as_millis()).unwrap_or(u64::MAX));
-        self.entries.retain(|_, e| e.at_ms >= horizon);
+        let counts = &mut self.counts;
+        self.entries.retain(|_, e| {
+            let keep = e.at_ms >= horizon;
+            if !keep {
+                tally(counts, e.state, false);
+            }
+            keep
+        });
         self.keepers.retain(|_, (_, at_ms)| *at_ms >= horizon);
         // The floor outlives the retention (what it skips was published
         // before it, and stays possibly answered); one in the future is a
@@ -270,15 +286,7 @@ impl Index {
 
     /// How many remembered events are in each state (for a status view).
     pub fn counts(&self) -> StateCounts {
-        let mut c = StateCounts::default();
-        for e in self.entries.values() {
-            match e.state {
-                State::Taken(_) => c.taken += 1,
-                State::Done => c.done += 1,
-                State::GivenBack => c.given_back += 1,
-            }
-        }
-        c
+        self.counts
     }
 
     /// Events remembered.
@@ -330,7 +338,9 @@ impl Index {
             }
         }
         for id in &gone {
-            self.entries.remove(id);
+            if let Some(e) = self.entries.remove(id) {
+                tally(&mut self.counts, e.state, false);
+            }
         }
         gone.len()
     }
@@ -360,6 +370,16 @@ impl Index {
         }
         out
     }
+}
+
+/// One entry more (`up`) or fewer in `state`.
+fn tally(c: &mut StateCounts, state: State, up: bool) {
+    let n = match state {
+        State::Taken(_) => &mut c.taken,
+        State::Done => &mut c.done,
+        State::GivenBack => &mut c.given_back,
+    };
+    *n = if up { *n + 1 } else { n.saturating_sub(1) };
 }
 
 /// The line a compacted file keeps for an entry (none for a given-back
@@ -458,5 +478,47 @@ mod counts_tests {
         ix.extend(line("done", "d").as_bytes());
         let c = ix.counts();
         assert_eq!((c.taken, c.done, c.given_back), (1, 2, 1));
+    }
+
+    /// The counts kept with the entries equal a count of them after every
+    /// apply, expiry and shed (a pseudo-random run over few ids, so that
+    /// every transition happens).
+    #[test]
+    fn kept_counts_equal_a_recount_through_applies_expiries_and_sheds() {
+        let recount = |ix: &Index| {
+            let mut c = StateCounts::default();
+            for e in ix.entries.values() {
+                tally(&mut c, e.state, true);
+            }
+            c
+        };
+        let (mut ix, mut x) = (Index::default(), 7u64);
+        for at_ms in 1..3000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let (id, epoch) = (format!("e{}", (x >> 33) % 40), (x >> 20) % 3 + 1);
+            let op = match (x >> 40) % 4 {
+                0 | 1 => Op::Take {
+                    id,
+                    epoch,
+                    by: "w".into(),
+                    at_ms,
+                    live: None,
+                },
+                2 => Op::Done { id, epoch, at_ms },
+                _ => Op::GiveBack { id, epoch, at_ms },
+            };
+            ix.apply(&op);
+            if at_ms % 97 == 0 {
+                ix.expire(at_ms, Duration::from_millis(200));
+            }
+            if at_ms % 131 == 0 {
+                ix.shed_to(600);
+            }
+            assert_eq!(ix.counts(), recount(&ix), "after {op:?}");
+        }
+        let c = ix.counts();
+        assert!(c.taken > 0 && c.done > 0 && c.given_back > 0, "{c:?}");
     }
 }

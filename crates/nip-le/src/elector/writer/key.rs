@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::LeadRequest;
 use crate::error::{Error, Result};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, StateCounts};
 use crate::presence::Sibling;
 use crate::pubkey::AgentPubkey;
 use crate::record::{LockContent, LockRecord};
@@ -74,6 +74,8 @@ pub(super) struct Key {
     /// Extension: a hand-over to another host waiting for our agent to
     /// stop before we confirm it, until this instant at the latest.
     pub(super) withdraw_at: Option<Instant>,
+    /// Extension: the ledger's counts as last published.
+    pub(super) work_counts: Option<StateCounts>,
 }
 
 impl Key {
@@ -506,6 +508,7 @@ impl Key {
                 last_error: self.m.last_error().map(str::to_owned),
                 level: super::super::types::Level::None,
                 global: self.global.clone(),
+                work: self.work_counts,
             },
             claimed_at: record.and_then(|r| r.claimed_at.instant()),
             standing_down_until: self.m.stand_down_until(),
@@ -531,6 +534,7 @@ fn holder_status(r: &LockRecord, our_id: &str) -> HolderStatus {
         claimed_at: r.claimed_at.instant().map(crate::record::format_claimed_at),
         age_ms: None,
         epoch: r.epoch,
+        host: r.host.clone(),
         is_us: r.instance_id == our_id,
     }
 }

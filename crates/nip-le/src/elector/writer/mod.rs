@@ -387,6 +387,7 @@ impl Writer {
             drain: None,
             drain_replies: Vec::new(),
             withdraw_at: None,
+            work_counts: None,
         };
         key.note_member(&self.ctx);
         if let Some(u) = &self.ctx.upper {

@@ -191,6 +191,7 @@ impl Key {
         self.reopen_ledger(ctx, unix_ms(ctx.world.now().wall));
         self.retry_unwritten(ctx);
         let Some(l) = self.ledger.as_mut() else {
+            self.count_work();
             return;
         };
         if l.has_pending() && l.flush().is_ok() {
@@ -205,6 +206,17 @@ impl Key {
             if let Err(e) = l.compact(now_ms) {
                 tracing::warn!(pubkey = %self.pubkey, "cannot compact the work ledger: {e}");
             }
+        }
+        self.count_work();
+    }
+
+    /// Publishes the ledger's counts for the status when they changed, or
+    /// that we keep no ledger now.
+    fn count_work(&mut self) {
+        let counts = self.ledger.as_ref().map(|l| l.index.counts());
+        if counts != self.work_counts {
+            self.work_counts = counts;
+            self.publish();
         }
     }
 
