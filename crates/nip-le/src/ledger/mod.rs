@@ -49,6 +49,9 @@
 //! reaches [`MAX_LEDGER_BYTES`], past which a file is not read. A rewrite
 //! and the appends of every process never overlap ([`hold`]): no line is
 //! lost under a rename.
+//! A ledger past that cap all the same (not written by us, or grown by
+//! fragments of failed writes) is rewritten by the leader from its newest
+//! lines ([`Ledger::recover`]) rather than left unread for good.
 //! A ledger that cannot be read (missing is fine: it is empty) never
 //! silences the agent: the holder dispatches without it, as the NIP's
 //! fail-safe would, and says so in a warning. It is then owed what was
@@ -65,6 +68,8 @@ mod index;
 mod storage;
 pub use hold::AppendHold;
 pub use index::{grants_without_ledger, owed, Index, State, StateCounts, Verdict};
+#[cfg(feature = "sim")]
+pub(crate) use storage::after_first_newline;
 pub use storage::{FileLedger, LedgerError, LedgerStorage};
 
 use crate::error::{Error, Result};
@@ -239,6 +244,40 @@ impl Ledger {
             index,
             storage,
             read,
+            retention,
+            pending: Vec::new(),
+            torn: false,
+            expired_at: now_ms,
+            held_writes: false,
+        })
+    }
+
+    /// Rewrites a ledger too large to read ([`LedgerError::Oversized`])
+    /// from its newest lines and opens it: left as it is, every holder
+    /// would dispatch without it for good. What the older lines said is
+    /// forgotten, as past the retention window: an event answered or taken
+    /// there is owed again to an app that still queues it (a duplicate,
+    /// never a silence). Under the append hold; for a holder to call.
+    pub fn recover(
+        mut storage: Box<dyn LedgerStorage>,
+        now_ms: u64,
+        retention: Duration,
+    ) -> std::result::Result<Self, LedgerError> {
+        let failed = |e: Error| LedgerError::Unreadable(e.to_string());
+        let hold = storage.hold_appends().map_err(failed)?;
+        let tail = storage.read_tail(SNAPSHOT_BUDGET as u64)?;
+        let mut index = Index::default();
+        index.extend(&tail);
+        index.expire(now_ms, retention);
+        index.shed_to(SNAPSHOT_BUDGET);
+        let body = index.snapshot();
+        storage.replace(&body).map_err(failed)?;
+        drop(hold);
+        index.compacted();
+        Ok(Self {
+            index,
+            storage,
+            read: body.len() as u64,
             retention,
             pending: Vec::new(),
             torn: false,

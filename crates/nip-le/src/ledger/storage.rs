@@ -41,6 +41,14 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
             .map(<[u8]>::to_vec)
             .ok_or(LedgerError::Rewritten)
     }
+    /// The whole lines within the last `max` bytes of a ledger (all of
+    /// it, if it is no longer than [`MAX_LEDGER_BYTES`]): what a holder
+    /// rewrites a ledger too large to read from ([`super::Ledger::recover`]).
+    /// None by default.
+    fn read_tail(&mut self, max: u64) -> std::result::Result<Vec<u8>, LedgerError> {
+        let _ = max;
+        Err(LedgerError::Oversized)
+    }
     /// Appends lines (one write on a descriptor opened for appending),
     /// synced before it returns when `durable` (a done or give-back: one
     /// lost to a power cut would be answered again or never; see
@@ -125,6 +133,25 @@ impl LedgerStorage for FileLedger {
         Ok(buf)
     }
 
+    fn read_tail(&mut self, max: u64) -> std::result::Result<Vec<u8>, LedgerError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let unreadable = |e: std::io::Error| LedgerError::Unreadable(e.to_string());
+        let mut f = match open_regular_file(&self.path, Create::No) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(unreadable(e)),
+        };
+        self.seen = file_identity(&f);
+        let len = f.metadata().map_err(unreadable)?.len();
+        if len <= MAX_LEDGER_BYTES {
+            return read_capped(f);
+        }
+        f.seek(SeekFrom::Start(len - max)).map_err(unreadable)?;
+        let mut buf = Vec::new();
+        f.take(max).read_to_end(&mut buf).map_err(unreadable)?;
+        Ok(after_first_newline(buf))
+    }
+
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
         // Opened for each append: a handle kept across appends would write
         // into the old file after another process's compaction renamed a
@@ -200,6 +227,17 @@ fn read_capped(f: File) -> std::result::Result<Vec<u8>, LedgerError> {
         return Err(LedgerError::Oversized);
     }
     Ok(buf)
+}
+
+/// What follows the first newline of `buf`: the whole lines of a tail
+/// read from the middle of a line (nothing without a newline).
+pub(crate) fn after_first_newline(mut buf: Vec<u8>) -> Vec<u8> {
+    let start = buf
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(buf.len(), |i| i + 1);
+    buf.drain(..start);
+    buf
 }
 
 /// Which file `f` is (device and file number; Windows: volume serial and

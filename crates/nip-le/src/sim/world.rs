@@ -458,6 +458,21 @@ impl LedgerStorage for SimLedger {
             .map(<[u8]>::to_vec)
             .ok_or(LedgerError::Rewritten)
     }
+    fn read_tail(&mut self, max: u64) -> std::result::Result<Vec<u8>, LedgerError> {
+        let s = lock(&self.m);
+        if s.faults.eio_until > s.t {
+            return Err(LedgerError::Unreadable("EIO".into()));
+        }
+        self.seen = Some(s.ledger_files.get(&self.pk).copied().unwrap_or(0));
+        let all = s.ledgers.get(&self.pk).map_or(&[][..], Vec::as_slice);
+        if all.len() as u64 <= crate::ledger::MAX_LEDGER_BYTES {
+            return Ok(all.to_vec());
+        }
+        let from = all
+            .len()
+            .saturating_sub(usize::try_from(max).unwrap_or(usize::MAX));
+        Ok(crate::ledger::after_first_newline(all[from..].to_vec()))
+    }
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()> {
         let mut s = lock(&self.m);
         if let Some(e) = write_fault(&s) {

@@ -40,8 +40,7 @@ impl Key {
                 // not dropped (the simulator: a give-back lost so, its
                 // event never answered).
                 self.drop_ledger();
-                let storage = ctx.world.ledger(&self.pubkey);
-                let ledger = match Ledger::open(storage, now_ms, ctx.config.work_retention) {
+                let ledger = match open_to_lead(ctx, &self.pubkey, now_ms) {
                     Ok(l) => {
                         self.note_ledger_epoch(ctx, &l);
                         Some(self.unwritten.carried_into(l))
@@ -76,8 +75,15 @@ impl Key {
         if self.ledger.is_some() || (epoch.is_none() && !self.work.fail_safe()) {
             return;
         }
-        let storage = ctx.world.ledger(&self.pubkey);
-        if let Ok(l) = Ledger::open(storage, now_ms, ctx.config.work_retention) {
+        let opened = match epoch {
+            Some(_) => open_to_lead(ctx, &self.pubkey, now_ms),
+            None => Ledger::open(
+                ctx.world.ledger(&self.pubkey),
+                now_ms,
+                ctx.config.work_retention,
+            ),
+        };
+        if let Ok(l) = opened {
             let mut l = self.unwritten.carried_into(l);
             if let Some(epoch) = epoch {
                 held(&mut l, &self.pubkey, epoch, &ctx.our_id, now_ms);
@@ -415,5 +421,23 @@ fn held(l: &mut Ledger, pubkey: &crate::pubkey::AgentPubkey, epoch: u64, by: &st
     };
     if let Err(e) = l.append(&op) {
         tracing::warn!(%pubkey, "cannot note the holder in the work ledger: {e}");
+    }
+}
+
+/// Opens the ledger to lead with at an epoch: one too large to read is
+/// rewritten from its newest lines first ([`Ledger::recover`]), or every
+/// later holder would dispatch without it too.
+fn open_to_lead(
+    ctx: &Ctx,
+    pubkey: &crate::pubkey::AgentPubkey,
+    now_ms: u64,
+) -> Result<Ledger, ledger::LedgerError> {
+    let retention = ctx.config.work_retention;
+    match Ledger::open(ctx.world.ledger(pubkey), now_ms, retention) {
+        Err(ledger::LedgerError::Oversized) => {
+            tracing::warn!(%pubkey, "the work ledger is too large to read: rewritten from its newest lines");
+            Ledger::recover(ctx.world.ledger(pubkey), now_ms, retention)
+        }
+        opened => opened,
     }
 }

@@ -35,3 +35,45 @@ fn a_longer_file_renamed_over_the_ledger_reads_as_rewritten() {
         take("z", 3, 3).to_line()
     );
 }
+
+/// A ledger too large to read is rewritten from its newest lines: what
+/// they say holds (done stays done, a take stays taken), what only the
+/// oldest lines said is forgotten, and the file is small and readable
+/// again. Left as it was, every holder would dispatch without it for good.
+#[test]
+fn an_oversized_ledger_is_rewritten_from_its_newest_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    let now = 1_000_000;
+    let mut body = Vec::new();
+    let mut n = 0;
+    while body.len() as u64 <= MAX_LEDGER_BYTES {
+        body.extend(done(&format!("e{n}"), 1, now).to_line());
+        n += 1;
+    }
+    body.extend(take("in-flight", 2, now).to_line());
+    // A torn last line (a write the disk cut short) is not a line.
+    body.extend(b"{\"op\":\"done\",\"id\":\"in-fl");
+    std::fs::write(&path, &body).unwrap();
+    let oversized = Ledger::load(path.clone(), now, DEFAULT_RETENTION).unwrap_err();
+    assert_eq!(oversized, LedgerError::Oversized);
+
+    let l = Ledger::recover(
+        Box::new(FileLedger::new(path.clone())),
+        now,
+        DEFAULT_RETENTION,
+    )
+    .unwrap();
+    let newest = format!("e{}", n - 1);
+    assert_eq!(l.index.verdict(&newest, 2), Verdict::Done);
+    assert_eq!(l.index.verdict("in-flight", 2), Verdict::TakenNow);
+    assert_eq!(
+        l.index.verdict("e0", 2),
+        Verdict::Owed,
+        "the oldest are forgotten"
+    );
+    assert!(std::fs::metadata(&path).unwrap().len() <= SNAPSHOT_BUDGET as u64);
+    let again = Ledger::load(path, now, DEFAULT_RETENTION).unwrap();
+    assert_eq!(again.index.verdict(&newest, 2), Verdict::Done);
+    assert_eq!(again.index.verdict("in-flight", 2), Verdict::TakenNow);
+}
