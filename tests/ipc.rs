@@ -260,9 +260,9 @@ fn errors_are_typed_never_panics() {
     assert_eq!(e["kind"], "not_joined");
     // A missing argument is Tauri's own error, still not a panic.
     assert!(w.invoke("is_leader", json!({})).is_err());
-    // Nothing but our lock file, its epoch mark, its work ledger (the
-    // leader's `held` line) and our presence file in the lock dir: the
-    // hostile keys touched no file.
+    // Nothing but our lock file, its epoch mark, the work ledgers'
+    // directory (with our ledger alone: the leader's `held` line) and our
+    // presence file in the lock dir: the hostile keys touched no file.
     for entry in std::fs::read_dir(tmp.path()).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         // Our presence: the shared slot file (Linux) or a file of our own.
@@ -271,10 +271,16 @@ fn errors_are_typed_never_panics() {
         assert!(
             name == format!("{KEY}.lock")
                 || name == format!("{KEY}.epoch")
-                || name == format!("{KEY}.work")
-                || name == format!("{KEY}.work.hold")
+                || name == "work"
                 || presence,
             "unexpected file {name}"
+        );
+    }
+    for entry in std::fs::read_dir(tmp.path().join("work")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(
+            name == format!("{KEY}.work") || name == format!("{KEY}.work.hold"),
+            "unexpected file work/{name}"
         );
     }
 }
@@ -539,7 +545,7 @@ fn the_read_only_set_grants_the_snapshot_reads_and_nothing_else() {
         assert!(e.to_string().contains("not allowed"), "{cmd}: {e}");
     }
     // The leader's own `held` lines only: the page took and settled nothing.
-    let ledger = std::fs::read_to_string(tmp.path().join(format!("{KEY}.work"))).unwrap();
+    let ledger = std::fs::read_to_string(tmp.path().join(format!("work/{KEY}.work"))).unwrap();
     assert!(
         ledger.lines().all(|l| l.contains(r#""op":"held""#)),
         "a read-only page wrote to the ledger: {ledger}"

@@ -33,7 +33,7 @@ fn an_engine_warning_reaches_the_log_facade() {
     let pk = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
     // A directory where the work ledger should be: the leader warns that
     // it dispatches without it.
-    std::fs::create_dir(nip_le::ledger::ledger_path(tmp.path(), &pk)).unwrap();
+    std::fs::create_dir_all(nip_le::ledger::ledger_path(tmp.path(), &pk)).unwrap();
     let mut c = Config::new(tmp.path());
     c.mode = Mode::Extended;
     let e = Elector::start(c, InstanceId::new("a").unwrap()).unwrap();

@@ -227,6 +227,7 @@ fn a_ledger_that_cannot_be_read_never_silences_the_leader() {
     for hostile in [&b"x"[..], b"not json at all\n\xff\xfe"] {
         let tmp = tempfile::tempdir().unwrap();
         let ledger = nip_le::ledger::ledger_path(tmp.path(), &pk());
+        std::fs::create_dir(ledger.parent().unwrap()).unwrap();
         if hostile == b"x" {
             // Oversized (sparse) ledger.
             let f = std::fs::File::create(&ledger).unwrap();
@@ -256,7 +257,7 @@ fn a_ledger_that_cannot_be_read_never_silences_the_leader() {
     }
     // A directory at the ledger's path.
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::create_dir(nip_le::ledger::ledger_path(tmp.path(), &pk())).unwrap();
+    std::fs::create_dir_all(nip_le::ledger::ledger_path(tmp.path(), &pk())).unwrap();
     let before_join = std::time::Instant::now();
     let a = Elector::start(short(tmp.path()), InstanceId::new("a").unwrap()).unwrap();
     a.join(&pk()).unwrap();

@@ -382,6 +382,7 @@ mod tests {
             at_ms,
             live: None,
         };
+        std::fs::create_dir(dir.join(nip_le::ledger::WORK_DIR)).unwrap();
         let mut ledger = std::fs::File::create(ledger_path(dir, &pk)).unwrap();
         for op in [
             take("a"),
@@ -424,6 +425,7 @@ mod tests {
         let dir = tmp.path();
         let pk = AgentPubkey::parse(&"cd".repeat(32)).unwrap();
         std::fs::write(nip_le::lockfile::lock_path(dir, &pk), b"").unwrap();
+        std::fs::create_dir(dir.join(nip_le::ledger::WORK_DIR)).unwrap();
         #[cfg(unix)]
         std::os::unix::fs::symlink("/etc/passwd", ledger_path(dir, &pk)).unwrap();
         #[cfg(not(unix))]

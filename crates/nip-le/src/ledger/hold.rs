@@ -4,7 +4,7 @@
 //! renames a new file over the ledger. A line appended between the
 //! rewrite's read and its rename went into the file the rename unlinked:
 //! lost, and the event it settled read as owed again. So an append holds a
-//! shared `flock` on `<pubkey>.work.hold` while it opens and writes, and a
+//! shared `flock` on `work/<pubkey>.work.hold` while it opens and writes, and a
 //! rewrite holds it exclusively from its last read to its rename. The
 //! harness never opens this file; nothing is ever written to it.
 
@@ -41,6 +41,12 @@ impl AppendHold {
     /// Shared (an append) or exclusive (a rewrite), waiting at most `wait`.
     pub fn take(ledger: &Path, exclusive: bool, wait: Duration) -> Result<Self> {
         let path = hold_path(ledger);
+        // Every write holds this first: the ledgers' directory is made if
+        // missing, and refused if it is a symlink or not ours, before
+        // anything is written in it.
+        if let Some(dir) = ledger.parent() {
+            crate::lockfile::ensure_subdir(dir)?;
+        }
         let file = open_regular_file(&path, Create::IfMissing).map_err(|e| Error::io(&path, e))?;
         let held = lock_polled(&file, &path, exclusive, wait)?;
         Ok(Self {

@@ -89,9 +89,16 @@ pub const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 /// Longest event id accepted (a Nostr event id is 64 hex characters).
 pub const MAX_EVENT_ID_LEN: usize = 256;
 
-/// `<dir>/<pubkey>.work`.
+/// The subdirectory of the lock directory the ledgers live in: out of the
+/// directory every window watches, so that a take or a `done` wakes no
+/// window but through its own calls (each append in the lock directory
+/// itself woke every window's directory watch on the portable backend:
+/// 64 windows joining 8 agents started in about 1.7 times the time).
+pub const WORK_DIR: &str = "work";
+
+/// `<dir>/work/<pubkey>.work`.
 pub fn ledger_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
-    dir.join(format!("{}.work", pubkey.as_str()))
+    dir.join(WORK_DIR).join(format!("{}.work", pubkey.as_str()))
 }
 
 /// Checks an event id before it becomes part of a ledger line.

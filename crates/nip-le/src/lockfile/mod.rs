@@ -52,6 +52,37 @@ pub fn ensure_dir(dir: &Path) -> Result<()> {
     ownership::check_dir(dir, &m)
 }
 
+/// Makes `dir`, a subdirectory of the lock directory (which must exist),
+/// if it is missing: `0700`, and like the lock directory refused if it is
+/// not ours or others may write in it. Never through a symlink: a link
+/// planted there would take our files elsewhere.
+pub(crate) fn ensure_subdir(dir: &Path) -> Result<()> {
+    let m = match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut b = std::fs::DirBuilder::new();
+            // Not recursive: the lock directory itself must be there.
+            b.recursive(false);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::DirBuilderExt;
+                b.mode(0o700);
+            }
+            match b.create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(dir, e)),
+            }
+            std::fs::symlink_metadata(dir)
+        }
+        m => m,
+    }
+    .map_err(|e| Error::io(dir, e))?;
+    if !m.is_dir() {
+        return Err(Error::NotADirectory { path: dir.into() });
+    }
+    ownership::check_dir(dir, &m)
+}
+
 /// How an open may create the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Create {

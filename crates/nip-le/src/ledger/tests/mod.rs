@@ -7,6 +7,7 @@ use super::*;
 
 mod floor;
 mod rewrite;
+mod work_dir;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
