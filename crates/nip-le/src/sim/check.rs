@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+pub use super::invariant::Invariant;
 use crate::pubkey::AgentPubkey;
 use crate::record::LockContent;
 
@@ -16,14 +17,14 @@ pub struct Violation {
     /// Virtual time, ns.
     pub at: u64,
     /// Which invariant.
-    pub what: &'static str,
+    pub what: Invariant,
     /// The particulars.
     pub detail: String,
 }
 
 impl Violation {
     /// A violation at `at`.
-    pub fn new(at: u64, what: &'static str, detail: String) -> Self {
+    pub fn new(at: u64, what: Invariant, detail: String) -> Self {
         Self { at, what, detail }
     }
 }
@@ -108,7 +109,7 @@ impl Checker {
                 let holder = file.record().map_or("", |r| r.instance_id.as_str());
                 return Some(Violation::new(
                     t,
-                    "two acting windows",
+                    Invariant::TwoActingWindows,
                     format!("{ids:?} act while the record names {holder}"),
                 ));
             }
@@ -134,7 +135,7 @@ impl Checker {
             if silence > bound {
                 return Some(Violation::new(
                     t,
-                    "silence",
+                    Invariant::Silence,
                     format!(
                         "nobody acted for {} ms (bound {} ms)",
                         silence / 1_000_000,

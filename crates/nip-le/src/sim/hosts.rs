@@ -30,7 +30,7 @@ use std::time::Duration;
 use crate::global::WhenUnreachable;
 use crate::pubkey::AgentPubkey;
 
-use super::check::Violation;
+use super::check::{Invariant, Violation};
 use super::cluster::{HostLink, Outcome, Sim};
 use super::plan::{Mix, Options};
 use super::rng::Rng;
@@ -436,7 +436,7 @@ impl Hosts {
         if holders.len() >= 2 {
             self.out.violation = Some(Violation::new(
                 t,
-                "two holders of etcd's key",
+                Invariant::TwoEtcdHolders,
                 format!("{holders:?} act, each holding the key"),
             ));
             return;
@@ -459,7 +459,7 @@ impl Hosts {
                 .collect();
             self.out.violation = Some(Violation::new(
                 t,
-                "two acting hosts",
+                Invariant::TwoActingHosts,
                 format!("{ids:?} act under the stay-silent policy"),
             ));
             return;
@@ -488,7 +488,7 @@ impl Hosts {
         if silence > bound {
             self.out.violation = Some(Violation::new(
                 t,
-                "silence",
+                Invariant::Silence,
                 format!(
                     "nobody acted on any host for {} ms (bound {} ms)",
                     silence / MS,
@@ -556,7 +556,7 @@ impl Hosts {
         self.out.unanswered = never as u64;
         if self.o.strict_once && self.out.violation.is_none() {
             if let Some(twice) = first_twice {
-                self.out.violation = Some(Violation::new(t, "answered twice", twice));
+                self.out.violation = Some(Violation::new(t, Invariant::AnsweredTwice, twice));
             } else if let Some(&(n, at)) = self
                 .published
                 .iter()
@@ -564,7 +564,7 @@ impl Hosts {
             {
                 self.out.violation = Some(Violation::new(
                     t,
-                    "never answered",
+                    Invariant::NeverAnswered,
                     format!("mention {n} published at {} ms", at / MS),
                 ));
             }

@@ -29,6 +29,7 @@ mod etcd;
 mod harness;
 mod hosts;
 mod hosts_outcome;
+mod invariant;
 mod plan;
 mod rng;
 mod state;
@@ -37,6 +38,7 @@ mod world;
 pub use check::Violation;
 pub use cluster::Outcome;
 pub use hosts::{run as run_hosts, HostsOptions, HostsOutcome};
+pub use invariant::Invariant;
 pub use plan::{Fault, Mix, Options};
 
 /// Runs one seed.

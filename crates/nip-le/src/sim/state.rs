@@ -14,7 +14,7 @@ use crate::elector::Command;
 use crate::pubkey::AgentPubkey;
 use crate::record::LockContent;
 
-use super::check::Violation;
+use super::check::{Invariant, Violation};
 
 /// Index of a process in [`State::procs`].
 pub type ProcId = usize;
@@ -356,13 +356,13 @@ impl State {
         match self.epochs.get(pk) {
             Some((max, _)) if e < *max => self.violations.push(Violation::new(
                 self.t,
-                "epoch went backwards",
+                Invariant::EpochWentBackwards,
                 format!("{} wrote epoch {e} after {max}", self.procs[by].instance_id),
             )),
             Some((max, holder)) if e == *max && *holder != r.instance_id => {
                 let what = format!("epoch {e} named {holder}, then {}", r.instance_id);
                 self.violations
-                    .push(Violation::new(self.t, "epoch issued twice", what));
+                    .push(Violation::new(self.t, Invariant::EpochIssuedTwice, what));
             }
             _ => {
                 self.epochs.insert(*pk, (e, r.instance_id.clone()));

@@ -16,6 +16,7 @@ use crate::liveness::Liveness;
 use crate::presence::{HolderPresence, Sibling};
 use crate::pubkey::AgentPubkey;
 use crate::record::LockContent;
+use crate::sim::Invariant;
 
 use super::rng::Rng;
 use super::state::{ProcId, SimClocks, State};
@@ -291,7 +292,7 @@ impl LockStore for SimStore {
         if write != Write::Keep {
             if s.procs[self.me].left.contains(&self.pk) {
                 let what = format!("{} wrote a key it had left", s.procs[self.me].instance_id);
-                let v = super::check::Violation::new(s.t, "write after leave", what);
+                let v = super::check::Violation::new(s.t, Invariant::WriteAfterLeave, what);
                 s.violations.push(v);
             }
             if let Some(e) = write_fault(&s) {
@@ -398,7 +399,7 @@ fn grown(s: &mut State, len: usize) {
     let cap = usize::try_from(crate::ledger::MAX_LEDGER_BYTES).unwrap_or(usize::MAX);
     if len > cap && s.ledger_peak <= cap {
         let what = format!("{len} bytes, the cap is {cap}");
-        let v = super::check::Violation::new(s.t, "work ledger past its read cap", what);
+        let v = super::check::Violation::new(s.t, Invariant::LedgerPastReadCap, what);
         s.violations.push(v);
     }
     s.ledger_peak = s.ledger_peak.max(len);

@@ -379,7 +379,7 @@ impl Sim {
             let id = lock(&self.m).procs[proc].instance_id.clone();
             self.violation.get_or_insert(Violation::new(
                 t,
-                "panic",
+                Invariant::Panic,
                 format!("{id}'s etcd contender panicked"),
             ));
             return;

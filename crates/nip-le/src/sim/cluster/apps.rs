@@ -195,7 +195,7 @@ impl Sim {
             } else {
                 self.violation.get_or_insert(Violation::new(
                     t,
-                    "answered twice",
+                    Invariant::AnsweredTwice,
                     format!(
                         "mention {n} by {} at {} ms and by {by}",
                         first.0,

@@ -72,7 +72,11 @@ impl Sim {
             return;
         }
         if self.panics > 0 {
-            self.violation = Some(Violation::new(t, "panic", "a writer panicked".into()));
+            self.violation = Some(Violation::new(
+                t,
+                Invariant::Panic,
+                "a writer panicked".into(),
+            ));
             return;
         }
         let bound = self.silence_bound(t);
@@ -182,7 +186,7 @@ impl Sim {
             if !self.answers.contains_key(&n) {
                 self.violation = Some(Violation::new(
                     t,
-                    "never answered",
+                    Invariant::NeverAnswered,
                     format!("mention {n} published at {} ms", at / MS),
                 ));
                 return;

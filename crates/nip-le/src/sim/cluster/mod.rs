@@ -13,7 +13,7 @@ use crate::elector::{Command, LeadershipChange, Shared, TakeOutcome, WorkOp, Wor
 use crate::pubkey::AgentPubkey;
 
 use super::app::{mention_id, App};
-use super::check::{Actor, Checker, Violation};
+use super::check::{Actor, Checker, Invariant, Violation};
 use super::harness::{Harness, Next};
 use super::plan::{Fault, Options, Plan};
 use super::rng::Rng;
@@ -406,7 +406,7 @@ impl Sim {
                 let id = lock(&self.m).procs[proc].instance_id.clone();
                 self.violation = Some(Violation::new(
                     at,
-                    "hot loop",
+                    Invariant::HotLoop,
                     format!("{id}'s writer wakes again at once, forever"),
                 ));
                 return;
