@@ -92,7 +92,7 @@ export async function status(): Promise<Status> {
   return await invoke<Status>(cmd('status'))
 }
 
-/** This window's election id: hand it to spawned agent processes as `BUZZ_INSTANCE_ELECTION_ID`. */
+/** This window's instance id: hand it to spawned agent processes as `BUZZ_INSTANCE_ELECTION_ID`. */
 export async function instanceId(): Promise<string> {
   if (solo()) return SOLO_ID
   return await invoke<string>(cmd('instance_id'))
@@ -280,7 +280,7 @@ export class LeaderGate {
     return this.leaders.has(pubkey.toLowerCase())
   }
 
-  /** The election id of the window that holds `pubkey`'s lock, when known. */
+  /** The instance id of the window that holds `pubkey`'s lock, when known. */
   holder(pubkey: string): string | null {
     return this.holders.get(pubkey.toLowerCase()) ?? null
   }

@@ -45,7 +45,7 @@ FILE[early_handover]=$G/moves.rs;        SUB[early_handover]='s/self.tell_with\(
 # continued it, and a same-host claim handed over onto it.
 FILE[revoke_claim]=$G/moves.rs;          SUB[revoke_claim]='s/if e.claim_lease == Some\(kv.lease\) \{/if false {/; s/Ok\(Some\(kv\)\) if kv.lease == lease => \{\}/Ok(Some(kv)) if false \&\& kv.lease == lease => {}/'
 FILE[revoke_sibling]=$G/moves.rs;        SUB[revoke_sibling]='s/Some\(Some\(kv\)\) if kv.lease == lease && holder_of/Some(Some(kv)) if false \&\& kv.lease == lease \&\& holder_of/; s/\|\| claimant.host_id == self.cfg.host_id\n\s*//; s/if h.lease != claim.lease \{/if true {/'
-# Harness children that share their windows' ids (issue 18, item 1; the
+# Harness children that share their windows' instance ids (issue 18, item 1; the
 # rules in elector/machine/same_id.rs): the ledger dropped on a child's
 # rewrite, the rewrite not repaired on the wake-up, a file the child
 # emptied not taken back (or taken back at a new epoch), observers that do

@@ -174,7 +174,7 @@ step "chaos on the portable backend: the mixed cluster, and the queue worked exa
 cargo run -q -p nip-le-cli -- chaos --seconds 30 --backend portable
 cargo run -q -p nip-le-cli -- chaos --seconds 40 --turn-ms 60 --backend portable
 
-step "chaos: the same with harness children sharing their windows' ids (INTEROP.md's writer)"
+step "chaos: the same with harness children sharing their windows' instance ids (INTEROP.md's writer)"
 cargo run -q -p nip-le-cli -- chaos --seconds 40 --turn-ms 60 --children
 
 step "chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd over TLS with client certificates and users (paused, members restarted and cut off): exactly once but while etcd was unreachable"

@@ -14,8 +14,8 @@ use serde::{Serialize, Serializer};
 pub enum ErrorKind {
     /// The agent pubkey is not 64 hex characters.
     InvalidPubkey,
-    /// The election id is unusable.
-    InvalidElectionId,
+    /// The instance id is unusable.
+    InvalidInstanceId,
     /// The plugin configuration was rejected.
     InvalidConfig,
     /// The agent has not been joined by this window.
@@ -84,7 +84,7 @@ impl Error {
         use nip_le::Error as E;
         match self {
             Error::Engine(E::Pubkey(_)) => ErrorKind::InvalidPubkey,
-            Error::Engine(E::InstanceId(_)) => ErrorKind::InvalidElectionId,
+            Error::Engine(E::InstanceId(_)) => ErrorKind::InvalidInstanceId,
             // An agent command is configuration too.
             Error::Engine(E::Config(_) | E::AgentCommand(_)) => ErrorKind::InvalidConfig,
             Error::Engine(E::NotJoined(_)) => ErrorKind::NotJoined,

@@ -112,7 +112,7 @@ impl LeaderElection {
         Ok(())
     }
 
-    /// This window's election id. Pass it to agent processes you spawn in
+    /// This window's instance id. Pass it to agent processes you spawn in
     /// `BUZZ_INSTANCE_ELECTION_ID` ([`crate::ELECTION_ID_ENV`]) so they act
     /// as this window.
     pub fn instance_id(&self) -> &str {
@@ -359,7 +359,7 @@ impl LeaderElection {
     }
 }
 
-/// For agent processes a window spawned with its election id (in
+/// For agent processes a window spawned with its instance id (in
 /// `BUZZ_INSTANCE_ELECTION_ID`): whether that window leads `pubkey` now, by
 /// the NIP's read side (one unguarded read of the lock file in the default
 /// lock directory, `$BUZZ_LEADER_LOCK_DIR` or `~/.buzz/leader-locks`). It

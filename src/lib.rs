@@ -4,7 +4,7 @@
 //! agent identity elect one prompter per agent key through a local lock file,
 //! so a mention fanned out to every window is answered once. The election
 //! engine is the Tauri-free [`nip_le`] crate; this plugin adds the per-window
-//! election id, commands, the `leader-election://changed` event and release
+//! instance id, commands, the `leader-election://changed` event and release
 //! of every lock on exit.
 //!
 //! ```
@@ -20,7 +20,7 @@
 //!         .setup(|app| {
 //!             let le = app.leader_election();
 //!             // Hand this to spawned agent processes as BUZZ_INSTANCE_ELECTION_ID.
-//!             println!("this window's election id: {}", le.instance_id());
+//!             println!("this window's instance id: {}", le.instance_id());
 //!             Ok(())
 //!         })
 //! }
@@ -107,8 +107,8 @@ pub struct Builder {
     backend: Option<Backend>,
     agents: Vec<String>,
     allowed: Vec<String>,
-    election_id: Option<String>,
-    inherit_election_id: bool,
+    instance_id: Option<String>,
+    inherit_instance_id: bool,
     supervised: Vec<(String, AgentCommand)>,
     #[cfg(feature = "etcd")]
     etcd: Option<nip_le::global::EtcdConfig>,
@@ -116,7 +116,7 @@ pub struct Builder {
 
 impl Builder {
     /// Defaults: lock dir `$BUZZ_LEADER_LOCK_DIR` or `~/.buzz/leader-locks`,
-    /// a fresh election id (UUID v4) for this app process.
+    /// a fresh instance id (UUID v4) for this app process.
     pub fn new() -> Self {
         Self::default()
     }
@@ -214,11 +214,11 @@ impl Builder {
         self
     }
 
-    /// Overrides the election id (otherwise a fresh UUID v4 per app
+    /// Overrides the instance id (otherwise a fresh UUID v4 per app
     /// process). It must be unique per running app process: every webview
     /// of the process shares it and its leadership.
-    pub fn election_id(mut self, id: impl Into<String>) -> Self {
-        self.election_id = Some(id.into());
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance_id = Some(id.into());
         self
     }
 
@@ -229,9 +229,9 @@ impl Builder {
     /// to the agent harness it spawns, so a Buzz built and started from an
     /// agent's shell inherits it, and adopting it would make the new app
     /// and the window that runs the agent both lead. An explicit
-    /// [`Builder::election_id`] wins over this.
-    pub fn inherit_election_id(mut self) -> Self {
-        self.inherit_election_id = true;
+    /// [`Builder::instance_id`] wins over this.
+    pub fn inherit_instance_id(mut self) -> Self {
+        self.inherit_instance_id = true;
         self
     }
 
@@ -306,9 +306,9 @@ impl Builder {
     /// any file is touched, so a typo fails the launch cleanly).
     fn start(&self) -> Result<LeaderElection> {
         let config = self.config()?;
-        let id = match &self.election_id {
+        let id = match &self.instance_id {
             Some(id) => nip_le::InstanceId::new(id.clone()).map_err(nip_le::Error::from)?,
-            None if self.inherit_election_id => {
+            None if self.inherit_instance_id => {
                 nip_le::InstanceId::from_env().map_err(nip_le::Error::from)?
             }
             None => nip_le::InstanceId::random(),

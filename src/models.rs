@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 #[cfg_attr(test, derive(ts_rs::TS), ts(export_to = "Status.ts"))]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
-    /// This window's election id.
+    /// This window's instance id.
     pub instance_id: String,
     /// This window's process id.
     pub pid: u32,

@@ -20,7 +20,7 @@ fn app(dir: &std::path::Path, id: &str, etcd: EtcdConfig) -> App<MockRuntime> {
         .plugin(
             Builder::new()
                 .lock_dir(dir)
-                .election_id(id)
+                .instance_id(id)
                 .agent(KEY)
                 .refresh(Duration::from_millis(200))
                 .stale(Duration::from_millis(1000))

@@ -61,7 +61,7 @@ fn window_granted(dir: &std::path::Path, id: &str, agents: &[&str], grants: Vec<
         .plugin(
             Builder::new()
                 .lock_dir(dir)
-                .election_id(id)
+                .instance_id(id)
                 .agents(agents.iter().copied())
                 // Webviews may also act on these two; on nothing else.
                 .allow_agents(["b".repeat(64), "c".repeat(64)])

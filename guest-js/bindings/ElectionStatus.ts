@@ -47,8 +47,8 @@ level: Level,
  */
 global: GlobalStatus | null, 
 /**
- * Extension: the work ledger as this window last counted it (at most
- * a second old), while it keeps the ledger (it leads in extended
- * mode); `null` otherwise.
+ * Extension: the events the work ledger remembers in each state, while
+ * this window keeps the ledger (it leads, in extended mode); `null`
+ * otherwise.
  */
 work: StateCounts | null, };

@@ -9,7 +9,7 @@ export type GlobalHolder = {
  */
 hostId: string, 
 /**
- * The holder's election id.
+ * The holder's instance id.
  */
 instanceId: string, 
 /**

@@ -5,7 +5,7 @@
  */
 export type HolderStatus = { 
 /**
- * The holder's election id.
+ * The holder's instance id.
  */
 instanceId: string, 
 /**

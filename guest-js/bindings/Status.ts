@@ -7,7 +7,7 @@ import type { SupervisedAgent } from "./SupervisedAgent";
  */
 export type Status = { 
 /**
- * This window's election id.
+ * This window's instance id.
  */
 instanceId: string, 
 /**

@@ -14,7 +14,7 @@ use serde_json::Value;
 pub enum Line {
     /// First line: who this instance is.
     Started {
-        /// Its election id.
+        /// Its instance id.
         instance_id: String,
         /// Its pid.
         pid: u32,
@@ -157,7 +157,7 @@ impl From<&nip_le::LeadershipChange> for Leadership {
 /// The `status` command's answer, for the first key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusLine {
-    /// This instance's election id.
+    /// This instance's instance id.
     pub instance_id: String,
     /// Its pid.
     pub pid: u32,
@@ -190,7 +190,7 @@ pub struct StatusLine {
 /// The holder in a [`StatusLine`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusHolder {
-    /// Its election id.
+    /// Its instance id.
     pub instance_id: String,
     /// Its pid.
     pub pid: u32,

@@ -79,7 +79,7 @@ fn read_replies(path: &Path) -> Vec<Reply> {
         .collect()
 }
 
-/// The live processes that carry one of `ids` as their election id.
+/// The live processes that carry one of `ids` as their instance id.
 fn carrying(ids: &[String]) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -306,7 +306,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     );
 
     // Each mention answered at most once, every reply from a supervised
-    // agent carrying its window's election id, and no two agents answering
+    // agent carrying its window's instance id, and no two agents answering
     // in overlapping spans.
     let all = read_replies(&replies);
     let mut per_mention: HashMap<&str, usize> = HashMap::new();
@@ -320,7 +320,7 @@ fn the_agent_runs_only_for_the_leader_and_answers_each_mention_once() {
     for r in &all {
         assert!(
             !r.instance_id.is_empty(),
-            "the agent got no election id: {r:?}"
+            "the agent got no instance id: {r:?}"
         );
         let e = spans.entry(r.pid).or_insert((r.at_ms, r.at_ms));
         e.0 = e.0.min(r.at_ms);

@@ -1,7 +1,7 @@
-//! Agent harness children that share their window's election id, as a
+//! Agent harness children that share their window's instance id, as a
 //! window hands `BUZZ_INSTANCE_ELECTION_ID` to the harness it spawns
 //! (INTEROP.md): the independent Python writer (`support/foreign_harness.py`)
-//! started with the window's id rewrites the record every refresh with its
+//! started with the window's instance id rewrites the record every refresh with its
 //! own pid and none of our fields, and truncates the file when it exits.
 //! Real processes, real `flock`s, real signals: none of that moves
 //! leadership or changes the epoch, and the window's record is back

@@ -49,7 +49,7 @@ fn assert_clean(a: &SimArgs) -> Summary {
 /// Three extended windows working a queue, under process faults (kills,
 /// quits, stops, leaves), claims and relay frames, starvation and pid
 /// reuse, a peer hanging on the `flock`, and agent harness children that
-/// share their windows' ids (rewriting the record every refresh,
+/// share their windows' instance ids (rewriting the record every refresh,
 /// truncating it when they exit; before `same_id` 299 of 300 seeds failed
 /// with them), and a full, failing or read-only disk (ENOSPC with short
 /// writes, EIO, a read-only directory; before issue 18's durability work

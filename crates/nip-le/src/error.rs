@@ -15,8 +15,8 @@ pub enum Error {
     /// The agent pubkey is not 64 hex characters.
     #[error("invalid agent pubkey: {0}")]
     Pubkey(#[from] PubkeyError),
-    /// The election id is unusable.
-    #[error("invalid election id: {0}")]
+    /// The instance id is unusable.
+    #[error("invalid instance id: {0}")]
     InstanceId(#[from] InstanceIdError),
     /// The configuration failed validation.
     #[error("invalid configuration: {0}")]

@@ -9,29 +9,29 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Environment variable holding an inherited election id (see INTEROP.md).
+/// Environment variable holding an inherited instance id (see INTEROP.md).
 pub const ELECTION_ID_ENV: &str = "BUZZ_INSTANCE_ELECTION_ID";
 
-/// Longest election id accepted; keeps records small and bounded.
+/// Longest instance id accepted; keeps records small and bounded.
 pub const MAX_INSTANCE_ID_LEN: usize = 256;
 
-/// Why a string cannot be used as an election id.
+/// Why a string cannot be used as an instance id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InstanceIdError {
     /// Empty (or only whitespace).
-    #[error("election id must not be empty")]
+    #[error("instance id must not be empty")]
     Empty,
     /// Longer than [`MAX_INSTANCE_ID_LEN`] bytes.
-    #[error("election id is {0} bytes; at most {MAX_INSTANCE_ID_LEN} are allowed")]
+    #[error("instance id is {0} bytes; at most {MAX_INSTANCE_ID_LEN} are allowed")]
     TooLong(usize),
     /// Contains a control character (would corrupt line-oriented logs).
-    #[error("election id must not contain control characters")]
+    #[error("instance id must not contain control characters")]
     ControlChar,
     /// Contains `"` or `\\`: Buzz's agent harness writes the id into its
     /// JSON unescaped, so every record a harness child of this window
     /// wrote would be malformed (and every reader would lead).
     #[error(
-        "election id must not contain {0:?}: the agent harness writes it into its lock record unescaped"
+        "instance id must not contain {0:?}: the agent harness writes it into its lock record unescaped"
     )]
     Unescaped(char),
     /// `BUZZ_INSTANCE_ELECTION_ID` is set but is not a usable id.

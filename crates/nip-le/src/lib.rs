@@ -11,7 +11,7 @@
 //!
 //! One concept per module. What an app uses:
 //! * [`pubkey`]: the validated agent key (it becomes a file name);
-//! * [`identity`]: the per-window election id;
+//! * [`identity`]: the per-window instance id;
 //! * [`config`]: the one validated set of timings;
 //! * [`read_side()`]: the NIP's read side whole, for processes that only
 //!   read leadership;

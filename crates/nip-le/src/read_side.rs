@@ -10,7 +10,7 @@ use crate::pubkey::AgentPubkey;
 
 /// One unguarded read of `pubkey`'s lock file in `lock_dir`, decided for
 /// `our_id` by [`crate::election::reads_as_leader`]. For an agent process
-/// spawned by a window, with its election id: it joins nothing and writes
+/// spawned by a window, with its instance id: it joins nothing and writes
 /// nothing.
 pub fn read_side(lock_dir: &Path, pubkey: &AgentPubkey, our_id: &str) -> bool {
     let content = read_unguarded(&lock_path(lock_dir, pubkey));

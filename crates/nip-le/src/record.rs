@@ -86,7 +86,7 @@ fn truncate_for_display(s: &str) -> String {
 /// A well-formed lock record.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LockRecord {
-    /// Election id of the holder; the only field the read side uses.
+    /// Instance id of the holder; the only field the read side uses.
     pub instance_id: String,
     /// Process id of the holder, for dead-pid takeover.
     pub pid: u32,

@@ -10,7 +10,7 @@ use crate::identity::InstanceId;
 
 impl Elector {
     /// Validates `config` and starts the writer thread. `id` is this
-    /// window's election id (see [`InstanceId::from_env`]).
+    /// window's instance id (see [`InstanceId::from_env`]).
     ///
     /// A lock directory that is not the user's (another user owns it, or
     /// others may write in it) is refused here with

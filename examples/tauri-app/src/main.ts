@@ -106,7 +106,7 @@ function renderStatus(): void {
     const age = s?.holder?.ageMs ?? null
     const live = age !== null && age <= config.staleMs
     const h = s?.holder
-    // The devtools view: who holds it (election id, pid, host, epoch), the
+    // The devtools view: who holds it (instance id, pid, host, epoch), the
     // ledger this window keeps while it leads, and its agent process.
     const where = h ? ` pid ${h.pid}${h.host ? ` on ${h.host}` : ''}${h.epoch !== null ? ` epoch ${h.epoch}` : ''}` : ''
     const w = s?.work
@@ -334,7 +334,7 @@ async function main(): Promise<void> {
     const a = config.agents[0]
     const r = await invoke<{ instanceId: string; isLeader: boolean; pid: number; inherited: boolean }>('spawn_child', { pubkey: a.pubkey })
     $('child-result').textContent =
-      `child pid ${r.pid}: election id ${r.instanceId} (${r.instanceId === config.instanceId ? 'same as this window' : 'DIFFERENT'}), ` +
+      `child pid ${r.pid}: instance id ${r.instanceId} (${r.instanceId === config.instanceId ? 'same as this window' : 'DIFFERENT'}), ` +
       `${r.isLeader ? 'leads' : 'observes'} ${a.name} (window: ${gate.isLeader(a.pubkey) ? 'leads' : 'observes'})`
   }
 

@@ -15,7 +15,7 @@ use crate::lines::Line;
 #[derive(Args, Debug, Default)]
 pub struct AgentArgs {
     /// A command line to run only while this window leads the first key,
-    /// with BUZZ_INSTANCE_ELECTION_ID set to its election id. Split as a
+    /// with BUZZ_INSTANCE_ELECTION_ID set to its instance id. Split as a
     /// POSIX shell would (quotes, backslashes); no shell runs it.
     #[arg(long)]
     pub agent_cmd: Option<String>,

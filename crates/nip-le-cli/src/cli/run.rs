@@ -35,7 +35,7 @@ pub struct RunArgs {
     /// Lock directory [default: $BUZZ_LEADER_LOCK_DIR or ~/.buzz/leader-locks].
     #[arg(long)]
     lock_dir: Option<PathBuf>,
-    /// Election id [default: $BUZZ_INSTANCE_ELECTION_ID or a UUID v4].
+    /// Instance id [default: $BUZZ_INSTANCE_ELECTION_ID or a UUID v4].
     #[arg(long)]
     instance_id: Option<String>,
     #[command(flatten)]

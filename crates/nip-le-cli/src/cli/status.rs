@@ -46,7 +46,7 @@ pub struct StatusArgs {
 /// it.
 #[derive(Debug, Default, Serialize)]
 pub struct AgentSummary {
-    /// The election id of the window that started it.
+    /// The instance id of the window that started it.
     pub instance_id: String,
     /// Its pid.
     pub pid: u32,

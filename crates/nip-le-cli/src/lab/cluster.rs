@@ -145,7 +145,7 @@ struct Shared {
 pub struct Instance {
     /// A label for narration.
     pub name: String,
-    /// Its election id (from its `started` line).
+    /// Its instance id (from its `started` line).
     pub instance_id: String,
     /// Its pid.
     pub pid: u32,

@@ -353,7 +353,7 @@ impl Demo {
                     source: e,
                 })?;
             d.say(&format!(
-                "started {name}: pid {}, election id {}",
+                "started {name}: pid {}, instance id {}",
                 inst.pid, inst.instance_id
             ));
             d.insts.push(inst);

@@ -50,7 +50,7 @@ pub enum FaultKind {
     Starvation,
     /// Pid reuse.
     Pids,
-    /// Agent harness children sharing their window's id, exiting and
+    /// Agent harness children sharing their window's instance id, exiting and
     /// restarting.
     Children,
 }

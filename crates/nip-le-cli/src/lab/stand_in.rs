@@ -4,7 +4,7 @@
 //! `<lease dir>/<pubkey>__<sha256(relay url)>.lock` (directory 0700, file
 //! 0600), for its whole life, and refuses to start while another process
 //! holds it. While it runs it answers every mention published after it
-//! started: one reply line each, naming its pid and the election id it was
+//! started: one reply line each, naming its pid and the instance id it was
 //! given. Optionally it starts a worker that stays in its process group and
 //! session (as a harness's tool processes do), and, like a harness shutting
 //! down, frees its lease only a while after SIGTERM.
@@ -163,7 +163,7 @@ pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
             }
         })?;
     }
-    let election_id = std::env::var(nip_le::ELECTION_ID_ENV).unwrap_or_default();
+    let instance_id = std::env::var(nip_le::ELECTION_ID_ENV).unwrap_or_default();
     let mut worker = if a.worker {
         let exe = std::env::current_exe().map_err(io(Path::new("<current exe>")))?;
         let child = std::process::Command::new(exe)
@@ -205,7 +205,7 @@ pub fn stand_in(a: StandInArgs) -> Result<ExitCode, nip_le::Error> {
             let reply = serde_json::json!({
                 "mention": id,
                 "agent": pubkey.as_str(),
-                "instance_id": election_id,
+                "instance_id": instance_id,
                 "agent_pid": std::process::id(),
                 "at_ms": unix_ms(),
             });

@@ -1,10 +1,10 @@
-//! The command line itself: an inherited election id, bad input that
+//! The command line itself: an inherited instance id, bad input that
 //! writes nothing, and `status` over hostile files.
 
 use super::*;
 
 #[test]
-fn inherited_election_id_is_honoured() {
+fn inherited_instance_id_is_honoured() {
     let s = Scratch::new();
     let mut cmd = s.opts().command(None);
     cmd.env(nip_le::identity::ELECTION_ID_ENV, "window-42");

@@ -15,10 +15,10 @@ pub struct AgentCommand {
     /// Its arguments.
     pub args: Vec<OsString>,
     /// Variables added to (or replacing those of) the environment;
-    /// `BUZZ_INSTANCE_ELECTION_ID` is always set to the window's id.
+    /// `BUZZ_INSTANCE_ELECTION_ID` is always set to the window's instance id.
     pub env: Vec<(OsString, OsString)>,
     /// Start from an empty environment (plus [`AgentCommand::env`] and the
-    /// election id) instead of the app's.
+    /// instance id) instead of the app's.
     pub env_clear: bool,
     /// The working directory (default: the app's).
     pub current_dir: Option<PathBuf>,

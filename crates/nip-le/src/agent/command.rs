@@ -4,7 +4,7 @@
 //! themselves.
 //!
 //! * started held back, named in the agent mark, then let run (see
-//!   `process`), with `BUZZ_INSTANCE_ELECTION_ID` set to the window's id;
+//!   `process`), with `BUZZ_INSTANCE_ELECTION_ID` set to the window's instance id;
 //! * in a session and process group of its own (Unix) or a Job Object
 //!   (Windows); on Linux's native backend the kernel kills it with its
 //!   window (`PR_SET_PDEATHSIG`), on Windows its job does;
@@ -33,7 +33,7 @@ struct Running {
     agent: Agent,
     /// Told once the process has exited (not reaped).
     gone: mpsc::Receiver<()>,
-    election_id: String,
+    instance_id: String,
 }
 
 impl std::fmt::Debug for Running {
@@ -63,7 +63,7 @@ impl AgentRunner for CommandRunner {
         let exits = start.exits();
         let mut agent = Agent::spawn(
             &self.cmd,
-            start.election_id(),
+            start.instance_id(),
             self.dies_with_us,
             move |pid| {
                 let _ = tx.send(());
@@ -77,7 +77,7 @@ impl AgentRunner for CommandRunner {
         if let Err(e) = agent.release() {
             agent.kill();
             let _ = gone.recv();
-            let _ = agent.reap(start.election_id());
+            let _ = agent.reap(start.instance_id());
             return Err(StartError::Failed(format!("cannot start the agent: {e}")));
         }
         self.running.insert(
@@ -85,7 +85,7 @@ impl AgentRunner for CommandRunner {
             Running {
                 agent,
                 gone,
-                election_id: start.election_id().to_owned(),
+                instance_id: start.instance_id().to_owned(),
             },
         );
         Ok(pid)
@@ -102,7 +102,7 @@ impl AgentRunner for CommandRunner {
             r.agent.kill();
             let _ = r.gone.recv();
         }
-        let _ = r.agent.reap(&r.election_id);
+        let _ = r.agent.reap(&r.instance_id);
         StopOutcome { killed }
     }
 
@@ -110,7 +110,7 @@ impl AgentRunner for CommandRunner {
         let Some(r) = self.running.remove(&pid) else {
             return AgentExit::default();
         };
-        match r.agent.reap(&r.election_id) {
+        match r.agent.reap(&r.instance_id) {
             Ok(status) => {
                 let (code, signal) = process::ended(&status);
                 AgentExit {

@@ -16,20 +16,20 @@
 //!   lost the lead: a fail-safe read, when every window leads, acts on
 //!   none);
 //! * it is of this boot, names neither pid 0 or 1 nor us or our parent,
-//!   and (Linux) the process carries the mark's election id;
+//!   and (Linux) the process carries the mark's instance id;
 //! * the process with that pid *has that start time* (a recycled pid has
 //!   another, and is left alone).
 //!
 //! The agent leads a session and a process group of its own, and the stop
 //! reaches them: its group, and on Linux every process of its session or
-//! group that started after it and carries the mark's election id, even
+//! group that started after it and carries the mark's instance id, even
 //! when the agent itself is already gone (a worker it left behind). On
 //! macOS, where no process table is read, a group whose leader is gone
 //! is signalled only while no process holds the leader's pid (a pid is
 //! never reused while its group exists).
 //!
 //! The mark is a file of its own rather than extension fields of the
-//! record: a harness child that carries the window's id rewrites the
+//! record: a harness child that carries the window's instance id rewrites the
 //! record with only the NIP's three fields (INTEROP.md), which would erase
 //! it. It is hostile input like every file there: regular files only, no
 //! symlinks, a capped read, and a mark that does not parse is ignored.
@@ -57,7 +57,7 @@ const MAX_MARK_BYTES: usize = 1024;
 /// Who runs an agent process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentMark {
-    /// The election id of the window that started it.
+    /// The instance id of the window that started it.
     pub instance_id: String,
     /// The agent's pid.
     pub pid: u32,

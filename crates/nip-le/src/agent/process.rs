@@ -29,14 +29,14 @@ pub(super) struct Agent {
 }
 
 impl Agent {
-    /// Starts `cmd` held back (see the module) with `election_id`;
+    /// Starts `cmd` held back (see the module) with `instance_id`;
     /// `exited(pid)` is called from a thread of its own once the process
     /// has exited (it is not reaped). `dies_with_us`: Linux's native
     /// backend, where the kernel kills the agent when the thread that
     /// started it dies.
     pub(super) fn spawn(
         cmd: &AgentCommand,
-        election_id: &str,
+        instance_id: &str,
         dies_with_us: bool,
         exited: impl FnOnce(u32) + Send + 'static,
     ) -> std::io::Result<Self> {
@@ -49,7 +49,7 @@ impl Agent {
             c.current_dir(dir);
         }
         c.envs(cmd.env.iter().map(|(k, v)| (k, v)))
-            .env(ELECTION_ID_ENV, election_id);
+            .env(ELECTION_ID_ENV, instance_id);
         // Its stdout must not mix with ours (the CLI's JSON lines): both of
         // its streams go to our stderr.
         c.stdout(stderr_copy()?);
@@ -129,14 +129,14 @@ impl Agent {
     /// Reaps it (it has exited) and returns how it ended. First whatever
     /// it left is killed: its process group (its pid, and so the group's
     /// id, is still ours until the reap) and, on Linux, every process of
-    /// its session that carries `election_id`; on Windows its job.
-    pub(super) fn reap(mut self, election_id: &str) -> std::io::Result<ExitStatus> {
+    /// its session that carries `instance_id`; on Windows its job.
+    pub(super) fn reap(mut self, instance_id: &str) -> std::io::Result<ExitStatus> {
         #[cfg(unix)]
         {
             let pid = self.pid();
             signal_group(pid, libc::SIGKILL);
             #[cfg(target_os = "linux")]
-            for (p, _) in super::tree::leftovers(pid, 0, election_id) {
+            for (p, _) in super::tree::leftovers(pid, 0, instance_id) {
                 if p != pid {
                     if let Ok(p) = libc::pid_t::try_from(p) {
                         // SAFETY: a live member of our agent's session
@@ -148,7 +148,7 @@ impl Agent {
         }
         #[cfg(windows)]
         self.job.terminate();
-        let _ = election_id;
+        let _ = instance_id;
         self.child.wait()
     }
 }

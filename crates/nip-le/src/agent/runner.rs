@@ -24,7 +24,7 @@ pub trait AgentRunner: Send + 'static {
     /// runs. As soon as the agent's process exists, and before it can act,
     /// call [`AgentStart::started`] with its pid: the engine names it in
     /// the agent mark there, so that a successor can stop it should this
-    /// process die. Pass [`AgentStart::election_id`] to the agent in
+    /// process die. Pass [`AgentStart::instance_id`] to the agent in
     /// `BUZZ_INSTANCE_ELECTION_ID` if it reads the lock file. Returns the
     /// pid; answer [`StartError::Busy`] when the agent's instance lease is
     /// held elsewhere (the predecessor's agent still stopping): the start
@@ -79,7 +79,7 @@ pub struct AgentExit {
 #[derive(Debug)]
 pub struct AgentStart {
     pub(super) pubkey: AgentPubkey,
-    pub(super) election_id: String,
+    pub(super) instance_id: String,
     pub(super) lock_dir: PathBuf,
     pub(super) exits: AgentExits,
 }
@@ -90,9 +90,9 @@ impl AgentStart {
         &self.pubkey
     }
 
-    /// This process's election id: the agent's `BUZZ_INSTANCE_ELECTION_ID`.
-    pub fn election_id(&self) -> &str {
-        &self.election_id
+    /// This process's instance id: the agent's `BUZZ_INSTANCE_ELECTION_ID`.
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
     }
 
     /// The agent's process exists as `pid` (it has not acted yet): named
@@ -100,7 +100,7 @@ impl AgentStart {
     /// be written is logged and the start goes on (an agent that does not
     /// run is worse than one a successor cannot name).
     pub fn started(&self, pid: u32) {
-        orphan::name_agent(&self.lock_dir, &self.pubkey, &self.election_id, pid);
+        orphan::name_agent(&self.lock_dir, &self.pubkey, &self.instance_id, pid);
     }
 
     /// Where to report that the agent exited by itself.

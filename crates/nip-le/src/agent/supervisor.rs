@@ -88,7 +88,7 @@ impl AgentSupervisor {
             timings,
             start: AgentStart {
                 pubkey: *pubkey,
-                election_id: elector.instance_id().as_str().to_owned(),
+                instance_id: elector.instance_id().as_str().to_owned(),
                 lock_dir: elector.config().lock_dir.clone(),
                 exits: {
                     let tx = tx.clone();

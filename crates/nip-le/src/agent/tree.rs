@@ -76,7 +76,7 @@ pub(super) fn carries_id(_pid: u32, _id: &str) -> bool {
 
 /// Linux: the live processes of the session or process group `leader`
 /// led (the agent's, even after it exited), started no earlier than it
-/// (`since`), and carrying election id `id`: what an agent left behind.
+/// (`since`), and carrying instance id `id`: what an agent left behind.
 /// Never our own process or our parent. With their start times.
 #[cfg(target_os = "linux")]
 pub(super) fn leftovers(leader: u32, since: u64, id: &str) -> Vec<(u32, u64)> {
@@ -190,7 +190,7 @@ pub(super) mod tests {
         assert_eq!(start_time(pid), None);
     }
 
-    /// An "agent" that leads a session, carries election id `id` and has
+    /// An "agent" that leads a session, carries instance id `id` and has
     /// started a worker; it exits once its stdin closes. Its pid and the
     /// worker's.
     #[cfg(target_os = "linux")]
@@ -233,7 +233,7 @@ pub(super) mod tests {
             found.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
             vec![worker]
         );
-        // Another window's id, or a start before the agent's: not ours.
+        // Another window's instance id, or a start before the agent's: not ours.
         assert!(leftovers(leader, since, "w-other").is_empty());
         assert!(leftovers(leader, found[0].1 + 1, "w-tree").is_empty());
         unsafe { libc::kill(worker as i32, libc::SIGKILL) };

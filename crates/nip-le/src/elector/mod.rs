@@ -175,7 +175,7 @@ impl Elector {
         answer(&rx)
     }
 
-    /// This window's election id: pass it to spawned agent processes in
+    /// This window's instance id: pass it to spawned agent processes in
     /// `BUZZ_INSTANCE_ELECTION_ID`.
     pub fn instance_id(&self) -> &InstanceId {
         &self.id

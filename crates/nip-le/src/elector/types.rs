@@ -156,7 +156,7 @@ impl Level {
 pub struct GlobalHolder {
     /// The holder's host id.
     pub host_id: String,
-    /// The holder's election id.
+    /// The holder's instance id.
     pub instance_id: String,
     /// The etcd revision the key was last written at: the cross-host
     /// fencing epoch (it grows with every change of holder).
@@ -236,7 +236,7 @@ impl LockState {
 #[cfg_attr(feature = "ts", derive(ts_rs::TS), ts(export_to = "HolderStatus.ts"))]
 #[serde(rename_all = "camelCase")]
 pub struct HolderStatus {
-    /// The holder's election id.
+    /// The holder's instance id.
     pub instance_id: String,
     /// The holder's pid.
     pub pid: u32,

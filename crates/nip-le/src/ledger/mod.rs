@@ -8,11 +8,11 @@
 //! alone, each stamped with the fencing epoch of the holder's record:
 //!
 //! ```text
-//! {"op":"take","id":"<event id>","epoch":7,"by":"<election id>","at_ms":…}
+//! {"op":"take","id":"<event id>","epoch":7,"by":"<instance id>","at_ms":…}
 //! {"op":"done","id":"<event id>","epoch":7,"at_ms":…}
 //! {"op":"give_back","id":"<event id>","epoch":7,"at_ms":…}
-//! {"op":"held","epoch":7,"by":"<election id>","at_ms":…}
-//! {"op":"floor","epoch":7,"by":"<election id>","before_ms":…,"at_ms":…}
+//! {"op":"held","epoch":7,"by":"<instance id>","at_ms":…}
+//! {"op":"floor","epoch":7,"by":"<instance id>","before_ms":…,"at_ms":…}
 //! ```
 //!
 //! A `held` line says that `by` keeps this ledger (written when a window
@@ -121,7 +121,7 @@ pub enum Op {
         id: String,
         /// The holder's fencing epoch.
         epoch: u64,
-        /// The holder's election id (informational).
+        /// The holder's instance id (informational).
         #[serde(default)]
         by: String,
         /// When, unix ms.
@@ -147,7 +147,7 @@ pub enum Op {
     Held {
         /// The holder's fencing epoch.
         epoch: u64,
-        /// The holder's election id.
+        /// The holder's instance id.
         by: String,
         /// When, unix ms.
         at_ms: u64,
@@ -160,7 +160,7 @@ pub enum Op {
     Floor {
         /// The holder's fencing epoch.
         epoch: u64,
-        /// The holder's election id.
+        /// The holder's instance id.
         by: String,
         /// What was published before this (unix ms) may have been answered.
         before_ms: u64,

@@ -171,7 +171,7 @@ pub fn probe(dir: &std::path::Path, token: &str, key: &AgentPubkey) -> PeerPrese
 pub struct Sibling {
     /// Its presence token.
     pub token: String,
-    /// Its election id.
+    /// Its instance id.
     pub instance_id: String,
     /// Its pid.
     pub pid: u32,

@@ -46,7 +46,7 @@ impl std::fmt::Display for Violation {
 /// Who acts for a key at one instant.
 #[derive(Debug, Clone)]
 pub struct Actor {
-    /// Its election id.
+    /// Its instance id.
     pub id: String,
     /// An extended window (the others are spec windows and harnesses,
     /// whose cached answers the NIP lets lag by a refresh).

@@ -7,7 +7,7 @@
 //! in between), then a cached read that answers "leader" until the next
 //! refresh. Release truncates when the record names it; a
 //! `claim_leadership` frame for another instance stands it down for 10 s.
-//! A harness child of a window shares the window's id with a pid of its
+//! A harness child of a window shares the window's instance id with a pid of its
 //! own.
 
 use std::time::Duration;

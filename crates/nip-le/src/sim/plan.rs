@@ -107,7 +107,7 @@ pub enum Fault {
         /// Delay of the join.
         rejoin_after: u64,
     },
-    /// A window's agent harness child (sharing the window's id) exits,
+    /// A window's agent harness child (sharing the window's instance id) exits,
     /// gracefully (it truncates the record that names the id) or by
     /// SIGKILL, and the window starts a new one after `restart_after`.
     ChildExit {

@@ -65,7 +65,7 @@ pub enum Kind {
 pub struct Proc {
     /// Its pid.
     pub pid: u32,
-    /// Its election id.
+    /// Its instance id.
     pub instance_id: String,
     /// What it is.
     pub kind: Kind,

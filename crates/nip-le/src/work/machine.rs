@@ -313,7 +313,7 @@ impl WorkMachine {
     }
 
     /// A take of `id`. `leads`: we act now; `index`: the ledger as just
-    /// read again (`None`: unreadable); `by` and `live`: our election id
+    /// read again (`None`: unreadable); `by` and `live`: our instance id
     /// and presence token, for the line.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn take(

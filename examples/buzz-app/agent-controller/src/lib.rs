@@ -146,7 +146,7 @@ impl AgentRunner for Controller {
             // A value of this start only (Buzz hands its harness the agent's
             // key, read from the credential store at every start).
             .env("BUZZ_DEMO_START_KEY", uuid_like())
-            .env("BUZZ_INSTANCE_ELECTION_ID", start.election_id())
+            .env("BUZZ_INSTANCE_ELECTION_ID", start.instance_id())
             .current_dir(&self.spec.workspace)
             .stdin(Stdio::piped())
             .stdout(log)

@@ -4,7 +4,7 @@
 //! through the plugin's runner seam, so the election decides which app
 //! process runs it; the webview shows agent cards with "Run here" (a claim)
 //! and signs nothing as the agent. One process, one `main` webview, one
-//! election id. `docs/buzz.md` maps each piece to Buzz's own files.
+//! instance id. `docs/buzz.md` maps each piece to Buzz's own files.
 //!
 //! Configuration (the e2e suite sets it):
 //! * `BUZZ_DEMO_STORE`: the agent store (default: `agents.json` in the

@@ -3,7 +3,7 @@
 //! this window leads and a claim menu, a status panel, a mention feed shared
 //! by every instance on the machine through a local file (only the leader
 //! replies, gated in the frontend by `LeaderGate`), and a child process that
-//! inherits this window's election id.
+//! inherits this window's instance id.
 //!
 //! Environment (all optional):
 //! * `BUZZ_DEMO_AGENTS`: comma-separated agent pubkeys (two fixed keys by default);
@@ -191,7 +191,7 @@ async fn spawn_child(app: AppHandle, pubkey: String) -> Result<Value, String> {
     .map_err(|e| e.to_string())?
 }
 
-/// Child mode: act as the window (same election id) and report the read
+/// Child mode: act as the window (same instance id) and report the read
 /// side's answer. It only reads: a child that joined and then shut down
 /// would release the window's lock, since it *is* the same instance.
 fn child(pubkey: &str) -> i32 {

@@ -1,7 +1,7 @@
 //! Harness children for `nip-le chaos --children`: beside every extended
 //! window runs the independent writer of INTEROP.md (the Python script the
 //! interop tests use, written in another language on purpose) with the
-//! window's election id, as Buzz's desktop hands `BUZZ_INSTANCE_ELECTION_ID`
+//! window's instance id, as Buzz's desktop hands `BUZZ_INSTANCE_ELECTION_ID`
 //! to the harness it spawns. The child rewrites the record with its own pid
 //! every refresh and truncates the file when it exits gracefully.
 

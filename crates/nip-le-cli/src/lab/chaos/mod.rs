@@ -3,7 +3,7 @@
 //! restarts and cooperative claims; with `--hosts N`, instances spread over
 //! simulated hosts that share a real etcd, which is paused too; with
 //! `--children`, every extended window has a [`harness`] child carrying its
-//! election id. Four parts: the fault [`plan`], the
+//! instance id. Four parts: the fault [`plan`], the
 //! [`runner`] that carries it out on real processes, the pure [`analysis`]
 //! of what the instances reported and replied, and the [`report`].
 //!
@@ -99,7 +99,7 @@ pub struct ChaosArgs {
     #[arg(long)]
     etcd_secure: bool,
     /// Give every extended window a harness child that carries its
-    /// election id (INTEROP.md's writer, run with `python3`): it rewrites
+    /// instance id (INTEROP.md's writer, run with `python3`): it rewrites
     /// the record with its own pid every refresh and truncates the file
     /// when it exits; children are killed, stopped and restarted too.
     #[arg(long, conflicts_with = "hosts")]

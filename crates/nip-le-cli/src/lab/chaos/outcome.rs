@@ -9,7 +9,7 @@ use nip_le::Mode;
 /// One incarnation of an instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Life {
-    /// Its election id.
+    /// Its instance id.
     pub instance_id: String,
     /// Its mode.
     pub mode: Mode,
@@ -56,7 +56,7 @@ pub struct Outcome {
     pub etcd_member_faults: Vec<(u64, u64)>,
     /// Runs with harness children: from the SIGKILL of a leading window
     /// to its child's exit, unix ms. The child holds the lock with the
-    /// window's id meanwhile, as the NIP lets it, and answers nothing
+    /// window's instance id meanwhile, as the NIP lets it, and answers nothing
     /// here (in Buzz's desktop, the harness is what answers).
     pub orphan_holds: Vec<(u64, u64)>,
     /// `--fill-locks-fs`: when the lock directories' filesystem was full,

@@ -40,7 +40,7 @@ struct Orphan {
     until: Instant,
     graceful: bool,
     /// When its window was killed (unix ms), if it led then: the child
-    /// holds the lock on with the window's id until it exits.
+    /// holds the lock on with the window's instance id until it exits.
     led_from: Option<u64>,
 }
 

@@ -1,4 +1,4 @@
-//! Extension: writers that share an election id with a window (the agent
+//! Extension: writers that share an instance id with a window (the agent
 //! harness children it spawns with `BUZZ_INSTANCE_ELECTION_ID`, see
 //! `INTEROP.md`). Such a child acquires every refresh, rewriting the record
 //! with its own pid and none of our fields, and truncates the file when it

@@ -26,7 +26,7 @@ use crate::global::seen::Seen;
 pub(crate) struct HostLink {
     /// Its index among the run's hosts.
     pub index: usize,
-    /// Its host id (also the prefix of its windows' ids).
+    /// Its host id (also the prefix of its windows' instance ids).
     pub name: String,
     pub etcd: Arc<SimEtcd>,
     pub ttl: Duration,

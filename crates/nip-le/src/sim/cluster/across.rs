@@ -100,7 +100,7 @@ impl Sim {
         }
     }
 
-    /// Window `w`'s election id.
+    /// Window `w`'s instance id.
     pub(crate) fn window_id(&self, w: usize) -> String {
         lock(&self.m).procs[self.windows[w].proc]
             .instance_id

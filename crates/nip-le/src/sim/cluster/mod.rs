@@ -57,7 +57,7 @@ enum Ev {
     Frame(ProcId, String),
     /// A suspended machine wakes: the monotonic clock lost `d` ns.
     Wake(u64),
-    /// A window starts (a restart): its election id.
+    /// A window starts (a restart): its instance id.
     Start(String, bool),
     /// A window that left joins again.
     Rejoin(ProcId),
@@ -164,7 +164,7 @@ impl Sim {
     }
 
     /// A run of `seed` with `opts`, as one host of a run across hosts when
-    /// `host` is given (its windows' ids then begin with the host's name;
+    /// `host` is given (its windows' instance ids then begin with the host's name;
     /// the run's driver publishes the mentions and checks the agent).
     pub(crate) fn on_host(seed: u64, opts: Options, host: Option<HostLink>) -> Self {
         let mut rng = Rng::new(seed);

@@ -1,4 +1,4 @@
-//! One id per app process: the plugin mints its own election id and adopts
+//! One id per app process: the plugin mints its own instance id and adopts
 //! an inherited `BUZZ_INSTANCE_ELECTION_ID` only when the app opts in. A
 //! file of its own: it sets that variable for the whole process.
 
@@ -13,7 +13,7 @@ fn app_with(builder: Builder) -> Result<tauri::App<tauri::test::MockRuntime>, St
 }
 
 #[test]
-fn an_inherited_election_id_is_adopted_only_when_the_app_opts_in() {
+fn an_inherited_instance_id_is_adopted_only_when_the_app_opts_in() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("locks");
     // As in a Buzz built and started from a harness's shell: the harness's
@@ -37,7 +37,7 @@ fn an_inherited_election_id_is_adopted_only_when_the_app_opts_in() {
         "one id per process"
     );
 
-    let inherited = app_with(Builder::new().lock_dir(&dir).inherit_election_id()).unwrap();
+    let inherited = app_with(Builder::new().lock_dir(&dir).inherit_instance_id()).unwrap();
     assert_eq!(
         inherited.leader_election().instance_id(),
         "the-window-that-runs-the-agent"
@@ -46,8 +46,8 @@ fn an_inherited_election_id_is_adopted_only_when_the_app_opts_in() {
     let explicit = app_with(
         Builder::new()
             .lock_dir(&dir)
-            .inherit_election_id()
-            .election_id("mine"),
+            .inherit_instance_id()
+            .instance_id("mine"),
     )
     .unwrap();
     assert_eq!(explicit.leader_election().instance_id(), "mine");
@@ -55,7 +55,7 @@ fn an_inherited_election_id_is_adopted_only_when_the_app_opts_in() {
     // Opted in, an unusable inherited id fails the launch cleanly; without
     // the opt-in it is not even read.
     std::env::set_var("BUZZ_INSTANCE_ELECTION_ID", "bad\"id");
-    let e = app_with(Builder::new().lock_dir(&dir).inherit_election_id()).unwrap_err();
+    let e = app_with(Builder::new().lock_dir(&dir).inherit_instance_id()).unwrap_err();
     assert!(e.contains("BUZZ_INSTANCE_ELECTION_ID"), "{e}");
     app_with(Builder::new().lock_dir(&dir)).unwrap();
 }
