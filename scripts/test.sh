@@ -92,6 +92,9 @@ if grep -rnE '#\[(tokio::)?test' "${examples[@]}" --include=*.rs; then
 fi
 cargo test --workspace --exclude leader-election-example --exclude readme-app --exclude buzz-shaped-example
 
+step "the teeth: every defect a fix removed, put back alone (nip_le::mutant), fails its guard (the simulator's seeds ran in cargo test, tests/teeth.rs; here the unit tests')"
+bash scripts/teeth.sh
+
 step "the docs name every CLI flag, event field, reason, command and permission that exists, and nothing else"
 node scripts/docs-check.mjs "${CARGO_TARGET_DIR:-target}/debug/nip-le"
 

@@ -50,6 +50,18 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// Whether a fixed defect is put back (`mutant`): `false` unless the
+/// `mutants` feature is on and the defect switched on. First, so that
+/// every module below sees it.
+macro_rules! mutated {
+    ($m:ident) => {
+        $crate::mutant::on($crate::mutant::Mutant::$m)
+    };
+}
+
+#[doc(hidden)]
+pub mod mutant;
+
 pub mod agent;
 pub mod config;
 pub mod control;

@@ -73,11 +73,8 @@ impl ChangeReason {
     pub fn must_cancel_turn(self) -> bool {
         matches!(
             self,
-            ChangeReason::StoodDown
-                | ChangeReason::Lost
-                | ChangeReason::Fenced
-                | ChangeReason::Released
-        )
+            ChangeReason::StoodDown | ChangeReason::Fenced | ChangeReason::Released
+        ) || (self == ChangeReason::Lost && !mutated!(Lost))
     }
 }
 

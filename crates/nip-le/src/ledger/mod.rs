@@ -351,10 +351,9 @@ impl Ledger {
     /// owes again what a writer without a ledger may have answered.
     /// Refused lines that go out with it are synced.
     fn durable(&self, op: &Op) -> bool {
-        matches!(
-            op,
-            Op::Done { .. } | Op::GiveBack { .. } | Op::Held { .. } | Op::Floor { .. }
-        ) || !self.pending.is_empty()
+        (matches!(op, Op::Done { .. } | Op::GiveBack { .. }) && !mutated!(DoneNotSynced))
+            || matches!(op, Op::Held { .. } | Op::Floor { .. })
+            || (!self.pending.is_empty() && !mutated!(HeldFlushUnsynced))
     }
 
     /// Appends one line and applies it only once the storage took it (with

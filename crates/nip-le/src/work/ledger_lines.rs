@@ -31,7 +31,7 @@ pub(super) fn record_take(
         live: live.map(str::to_owned),
     };
     match index.taker(id) {
-        Some((gone, _)) if gone > epoch => {
+        Some((gone, _)) if gone > epoch && !mutated!(HiddenTake) => {
             TakeStep::Record(vec![Settle::GiveBack.op(id, gone, at_ms), take])
         }
         _ => TakeStep::Record(vec![take]),

@@ -224,10 +224,10 @@ impl WorkMachine {
         takes_part: &dyn Fn(&str) -> bool,
         now_ms: u64,
     ) -> Vec<Op> {
-        let before = self
-            .replaced_ledgerless
-            .take()
-            .is_some_and(|by| index.is_none_or(|ix| !ix.kept_by(&by)) && !takes_part(&by));
+        let before = self.replaced_ledgerless.take().is_some_and(|by| {
+            mutated!(LedgerlessChild)
+                || (index.is_none_or(|ix| !ix.kept_by(&by)) && !takes_part(&by))
+        });
         let Some(h) = self.held.as_mut() else {
             return Vec::new();
         };
@@ -249,7 +249,11 @@ impl WorkMachine {
     /// seeds with the floor ours alone, 366 with the line).
     pub(crate) fn floor_line(&self, index: &Index, by: &str, now_ms: u64) -> Option<Op> {
         let h = self.held.as_ref().filter(|h| h.ledgerless_before)?;
-        let floor = self.first_look.as_ref()?.floor()?;
+        let floor = self
+            .first_look
+            .as_ref()?
+            .floor()
+            .filter(|_| !mutated!(NoFloorLine))?;
         floor_line(index, h.epoch, by, floor, now_ms)
     }
 
@@ -359,10 +363,11 @@ impl WorkMachine {
             // once mentions carried real times: two fail-safe leaders
             // answered the same mention in 20 of 300 seeds).
             let since = self.ledgerless_since.unwrap_or(0);
-            if !ledger::grants_without_ledger(since, now_ms, self.stale) {
+            if !ledger::grants_without_ledger(since, now_ms, self.stale) && !mutated!(FailsafeTake)
+            {
                 return Answer(TakeOutcome::Unavailable);
             }
-            let Some(ix) = index else {
+            let Some(ix) = index.filter(|_| !mutated!(FailsafeTake)) else {
                 return Answer(self.grant(id, None, None, now_ms));
             };
             return match ix.verdict_with(id, FAIL_SAFE_EPOCH, &self.lives(alive)) {
@@ -442,7 +447,10 @@ impl WorkMachine {
         // the simulator, its `done` dropped, a later holder answered it
         // again).
         let ours = self.in_hand.remove(id).is_some();
-        if !self.keeps_ledger {
+        if mutated!(DoneFenced) && !leads {
+            return SettleStep::Answer(false);
+        }
+        if !self.keeps_ledger || (mutated!(FailsafeDone) && self.held.is_none() && leads) {
             // Spec mode: no ledger applies.
             return SettleStep::Answer(leads);
         }
@@ -499,9 +507,9 @@ impl WorkMachine {
     /// predecessor, only what was published since we led (it may have
     /// answered the rest), or queued after the first time we were asked
     /// while leading: a `created_at` is its sender's clock, and ours may
-    /// have stepped (the simulator, seed 48: after a wall-clock step of
-    /// +5.9 s, the mentions published in those seconds were owed to no
-    /// holder). The level above's unknown start stays a published time:
+    /// have stepped (the simulator, the teeth's `late_by_published`: after
+    /// a wall-clock step of +5.9 s, the mentions published in those seconds
+    /// were owed to no holder). The level above's unknown start stays a published time:
     /// the other host received what we queue since, and may have acted on
     /// it (across hosts, 1,000 seeds: owing it made 6% more answers on two
     /// hosts).
@@ -532,12 +540,15 @@ impl WorkMachine {
         // the level above's unknown start: what was queued since our first
         // look, and what our ledger shows taken by a taker now gone, or
         // given back (it was in our windows' hands and they did not answer
-        // it: the simulator, seed 2946, a holder took mentions and was
-        // killed, a harness child's record came between, and the next
-        // holder owed only what was published since it led).
+        // it: the simulator, the teeth's `taken_left_to_floor`: a holder
+        // took mentions and was killed, a harness child's record came
+        // between, and the next holder owed only what was published since
+        // it led).
         let above_since = self.above.since.unwrap_or(0);
-        let ours = |id: &str| index.is_some_and(|ix| ix.state(id).is_some());
-        let late = |id: &str| first_look.is_some_and(|l| l.late(id));
+        let ours = |id: &str| {
+            !mutated!(TakenLeftToFloor) && index.is_some_and(|ix| ix.state(id).is_some())
+        };
+        let late = |id: &str| !mutated!(LateByPublished) && first_look.is_some_and(|l| l.late(id));
         let events = (queue.iter())
             .filter(|e| !elsewhere(&e.id))
             .map(|e| match e.published_ms {

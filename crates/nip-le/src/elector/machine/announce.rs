@@ -76,7 +76,7 @@ impl Announcer {
         always: bool,
     ) -> Vec<Announcement> {
         let mut out = Vec::new();
-        if leader {
+        if leader && !mutated!(Regained) {
             out.extend(self.lapse(acting_before));
         }
         let reason = match (self.reported, acting) {

@@ -47,7 +47,8 @@ impl KeyMachine {
         // rules that protect that holder.
         let childs_take = matches!(&content, Ok(c) if self.childs_record(c))
             && !self.held_before
-            && took.is_none();
+            && took.is_none()
+            && !mutated!(ChildsTake);
         self.holds_lock = !self.same_id.vacated
             && !childs_take
             && (vacated_ours
@@ -87,19 +88,27 @@ impl KeyMachine {
             // write, and a write after the hold unfences us; observers that
             // found the exclusion held gave us a fresh window, so nobody
             // else leads meanwhile.
-            Validity::Keep
+            if mutated!(BusyRenew) {
+                Validity::Renew
+            } else {
+                Validity::Keep
+            }
         } else if !self.held_before {
             // A record naming us that we did not write (a handoff) and
             // could not confirm (the exclusive lock timed out): nobody has
             // seen a write of ours, so nothing bounds it yet.
-            Validity::Fenced
+            if mutated!(Handoff) {
+                Validity::Always
+            } else {
+                Validity::Fenced
+            }
         } else {
             Validity::Keep
         };
         // A holder already judged gone or hung is not watched: its death
         // can tell us nothing more, and a watch of a process that is gone
         // fires at once (a take that failed would look again, forever).
-        let judged = self.record_judged();
+        let judged = !mutated!(HotLoop) && self.record_judged();
         let watch = match &content {
             Ok(c) if self.rules.profile.watch && !judged => c
                 .record()
@@ -192,7 +201,11 @@ impl KeyMachine {
         if !ours {
             return (Write::Keep, false);
         }
-        let mark = self.release_mark(content);
+        let mark = if mutated!(NoReleaseMark) {
+            None
+        } else {
+            self.release_mark(content)
+        };
         match heir {
             Some(h) => {
                 let epoch = self.next_epoch(content);

@@ -185,6 +185,13 @@ impl KeyMachine {
     /// The epoch of the record we hold, while we hold one with an epoch
     /// (through a same-id child's rewrite too).
     pub(crate) fn held_epoch(&self) -> Option<u64> {
+        if mutated!(ChildLedger) {
+            return self
+                .observed
+                .record()
+                .and_then(|r| r.epoch)
+                .filter(|_| self.holds_lock);
+        }
         self.same_id.held_epoch.filter(|_| self.holds_lock)
     }
     pub(crate) fn observed(&self) -> &Observed {
@@ -300,7 +307,11 @@ impl KeyMachine {
                                 .filter(|e| self.same_id.floor.is_some_and(|f| f.epoch <= *e))),
                             _ => None,
                         };
-                        let epoch = kept.unwrap_or_else(|| self.next_epoch(content));
+                        let epoch = if mutated!(ChildEpoch) && reason == TakeReason::Ours {
+                            record_epoch.unwrap_or(self.epoch)
+                        } else {
+                            kept.unwrap_or_else(|| self.next_epoch(content))
+                        };
                         Some(RecordExt { epoch, live })
                     }
                     _ => None,
@@ -358,13 +369,13 @@ impl KeyMachine {
         }
         // Extension: a file our harness child emptied is ours still, and
         // its record is written back at once (see [`same_id`]).
-        if self.ours_vacated(content) {
+        if self.ours_vacated(content) && !mutated!(TakeBack) {
             return Some(TakeReason::Ours);
         }
         match self.judge(content, now, probes) {
-            Takeable::Yes(TakeReason::Ours) => {
-                (write_own || self.childs_record(content)).then_some(TakeReason::Ours)
-            }
+            Takeable::Yes(TakeReason::Ours) => (write_own
+                || (!mutated!(ChildRewrite) && self.childs_record(content)))
+            .then_some(TakeReason::Ours),
             Takeable::Yes(reason) => may_take_others.then_some(reason),
             Takeable::No => None,
         }
@@ -446,7 +457,7 @@ impl KeyMachine {
     /// at that moment, not at its next tick, so a hung holder is judged on
     /// time. `None` unless we watch another live participant's record.
     pub(crate) fn hang_deadline(&self) -> Option<Instant> {
-        if !self.rules.profile.monotonic_hang || self.holds_lock {
+        if !self.rules.profile.monotonic_hang || self.holds_lock || mutated!(Hang) {
             return None;
         }
         if self.same_id.vacated {
@@ -496,7 +507,7 @@ impl KeyMachine {
         let Some((r, _)) = self.seen.as_ref() else {
             return;
         };
-        if self.pause_restarted.as_ref() != Some(r) {
+        if self.pause_restarted.as_ref() != Some(r) || mutated!(PauseEveryRound) {
             self.pause_restarted = Some(r.clone());
             self.restart_hang_timer(now);
         }

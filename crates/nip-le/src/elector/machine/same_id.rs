@@ -135,12 +135,15 @@ impl KeyMachine {
         let unseen = |h: &Holder, f: Option<Mark>| {
             f.is_some_and(|f| f.epoch > h.epoch.unwrap_or(0) && !f.released)
         };
-        let stale_holder = self
-            .same_id
-            .holder
-            .as_ref()
-            .is_some_and(|h| unseen(h, self.same_id.floor));
-        if candidate && (self.same_id.holder.is_none() || stale_holder) {
+        let stale_holder = !mutated!(UnseenEpoch)
+            && self
+                .same_id
+                .holder
+                .as_ref()
+                .is_some_and(|h| unseen(h, self.same_id.floor));
+        if candidate
+            && ((self.same_id.holder.is_none() && !mutated!(UnknownHolder)) || stale_holder)
+        {
             // We never saw the holder (we joined, or looked only while the
             // file was vacant): one that may be starved or stopped while
             // its child emptied the file is unknown to us.
@@ -152,7 +155,8 @@ impl KeyMachine {
                 since: now,
             });
         }
-        let waits = candidate
+        let waits = !mutated!(NoWait)
+            && candidate
             && self.same_id.holder.as_ref().is_some_and(|h| {
                 h.here
                     && match (&h.token, self.same_id.floor) {
@@ -217,7 +221,11 @@ impl KeyMachine {
             // window's child) took the file the holder's child emptied:
             // the holder may act still, until the stale bound after its
             // latest record.
-            (None, _) => {}
+            (None, _) => {
+                if mutated!(SpecClears) {
+                    self.same_id.holder = None;
+                }
+            }
         }
     }
 

@@ -179,7 +179,8 @@ impl Key {
         // so is a write of our record: the tick waits another interval, so
         // that at rest an observer wakes once per refresh of the holder,
         // like a spec instance.
-        if ctx.rules.profile.read_first && (wrote || !self.m.holds_lock()) {
+        if (ctx.rules.profile.read_first || mutated!(SpecTicks)) && (wrote || !self.m.holds_lock())
+        {
             self.next_tick = ctx.world.now().mono + ctx.rules.refresh;
         }
     }
@@ -346,7 +347,7 @@ impl Key {
         self.cell.set_leader(false);
         // The change happened now, whatever the writes below take.
         let stopped_at = unix_ms(ctx.world.now().wall);
-        if departing {
+        if departing || mutated!(StandDownGivesBack) {
             let mut ended = std::mem::take(&mut self.above_open);
             ended.extend(self.end_takes(ctx));
             for id in ended {

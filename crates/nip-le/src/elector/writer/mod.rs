@@ -416,6 +416,10 @@ impl Writer {
         };
         let plan = plan(ChangeReason::Released, None, true);
         if let Some(done) = key.step_down_for(&mut self.ctx, plan, Some(DrainReply::Done(r))) {
+            if mutated!(Leave) {
+                done.answer();
+                return;
+            }
             if let Some(key) = self.keys.remove(pk) {
                 self.forget(key);
             }
@@ -448,7 +452,7 @@ impl Writer {
     /// snapshot and in our presence file.
     fn forget(&mut self, mut key: Key) {
         let unwritten = key.take_unwritten();
-        if !unwritten.is_empty() {
+        if !unwritten.is_empty() && !mutated!(LeaveDropsLines) {
             self.left_unwritten.insert(key.pubkey, unwritten);
         }
         self.ctx.world.watch_holder(&key.pubkey, None);

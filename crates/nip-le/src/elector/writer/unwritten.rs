@@ -105,8 +105,10 @@ impl Unwritten {
                     let (_, lost, _, _) = self.unsettled.remove(0);
                     tracing::warn!(%pubkey, event = %lost, "too many turns' ends wait for an unreadable work ledger: the oldest is dropped");
                 }
-                self.unsettled
-                    .push((what, id.to_owned(), at_ms, done_anyway));
+                if !mutated!(UnsettledLost) {
+                    self.unsettled
+                        .push((what, id.to_owned(), at_ms, done_anyway));
+                }
                 return true;
             }
         };

@@ -26,6 +26,7 @@ impl Key {
         self.work.holds(self.m.holds_lock());
         match self.work.lead(now_ms, leader, epoch, takeover) {
             Lead::Keep => {}
+            Lead::Forget if mutated!(LossDropsLines) => self.ledger = None,
             Lead::Forget => self.drop_ledger(),
             Lead::OpenFailSafe => {
                 self.drop_ledger();
@@ -39,7 +40,11 @@ impl Key {
                 // at a new epoch) may keep lines the disk refused: kept,
                 // not dropped (the simulator: a give-back lost so, its
                 // event never answered).
-                self.drop_ledger();
+                if mutated!(RegainDropsLines) {
+                    self.ledger = None;
+                } else {
+                    self.drop_ledger();
+                }
                 let ledger = match open_to_lead(ctx, &self.pubkey, now_ms) {
                     Ok(l) => {
                         self.note_ledger_epoch(ctx, &l);
@@ -266,14 +271,19 @@ impl Key {
         }
         if matches!(op, WorkOp::Owed(_)) {
             if let Some(l) = self.ledger.as_mut() {
-                if let Err(e) = l.refresh(now_ms) {
+                let read = if mutated!(NoTail) {
+                    Ok(())
+                } else {
+                    l.refresh(now_ms)
+                };
+                if let Err(e) = read {
                     tracing::warn!(pubkey = %self.pubkey, "cannot read the work ledger again: {e}");
                 }
             }
         }
         let pubkey = self.pubkey;
         let probes = FileProbes::new(ctx, &pubkey, false);
-        let alive = |t: &str| probes.presence(t) == PeerPresence::Alive;
+        let alive = |t: &str| !mutated!(NoInFlight) && probes.presence(t) == PeerPresence::Alive;
         match (op, reply) {
             (WorkOp::Take(id), WorkReply::Take(r)) => {
                 let out = self.take(ctx, &id, leads, now_ms, &alive);
@@ -351,7 +361,7 @@ impl Key {
             }
             return TakeOutcome::Unavailable;
         }
-        let refused = taken.err();
+        let refused = taken.err().filter(|_| !mutated!(TakeUnsynced));
         let (out, spell) = self.work.take_written(id, refused.is_none(), now_ms);
         // Said once per spell of refusals, not at every retry.
         match (spell, refused) {

@@ -55,12 +55,12 @@ impl Task {
     /// unless the holder granted the claim: the leader key is then bound to
     /// that lease, and whoever continues it (we, or a sibling that took our
     /// host's lock since) acts on it. Revoking it then would delete the key
-    /// under a window that still acts (found by the simulator, seed 131 of
-    /// `--cluster hosts`).
+    /// under a window that still acts (found by the simulator; the teeth's
+    /// `revoke_claim`).
     pub(super) fn withdraw_claim(&mut self, pk: AgentPubkey, lease: i64) {
         let key = self.cfg.leader_key(&pk);
         match self.gw.get(&key) {
-            Ok(Some(kv)) if kv.lease == lease => {}
+            Ok(Some(kv)) if kv.lease == lease && !mutated!(RevokeClaim) => {}
             Ok(_) => {
                 let _ = self.gw.revoke(lease);
             }
@@ -73,7 +73,7 @@ impl Task {
     /// granted, and the lease is no longer ours to withdraw.
     pub(super) fn claim_lease_taken(&mut self, pk: AgentPubkey, kv: &Kv) {
         if let Some(e) = self.entries.get_mut(&pk) {
-            if e.claim_lease == Some(kv.lease) {
+            if e.claim_lease == Some(kv.lease) && !mutated!(RevokeClaim) {
                 e.claim_lease = None;
             }
         }
@@ -93,7 +93,7 @@ impl Task {
         // (the claimant takes the host lock and continues our lease).
         if claimant.instance_id.is_empty()
             || claimant.instance_id == self.our_id
-            || claimant.host_id == self.cfg.host_id
+            || (claimant.host_id == self.cfg.host_id && !mutated!(RevokeSibling))
             || claim.lease == 0
         {
             return;
@@ -102,6 +102,11 @@ impl Task {
         e.held = None;
         e.handing = Some((h, claim.clone()));
         tracing::info!(pubkey = %pk, to = %claimant.instance_id, "standing down for a cross-host claim");
+        if mutated!(EarlyHandover) {
+            self.hand_over_confirmed(pk);
+            self.tell_with(pk, Some(ChangeReason::StoodDown), None, false);
+            return;
+        }
         self.tell_with(pk, Some(ChangeReason::StoodDown), None, true);
     }
 
@@ -138,7 +143,9 @@ impl Task {
         match self.noted(pk, r) {
             // Our old lease, unless the claimant's key is bound to it now
             // (we had continued a lease of the claimant's host).
-            Some(Txn::Done(_)) if h.lease != claim.lease => self.give_up_lease(pk, h.lease),
+            Some(Txn::Done(_)) if h.lease != claim.lease || mutated!(RevokeSibling) => {
+                self.give_up_lease(pk, h.lease)
+            }
             Some(Txn::Done(_)) => {}
             // The key is still ours as we left it: the claim changed (a
             // newer one replaced it, or it was withdrawn). We still hold

@@ -166,7 +166,7 @@ impl Task {
                 }
                 self.claim_lease_taken(pk, &kv);
                 let foreign_host = !h.host_id.is_empty() && h.host_id != self.cfg.host_id;
-                if foreign_host && kv.lease != 0 {
+                if foreign_host && kv.lease != 0 && !mutated!(Steal) {
                     self.post_claim(pk);
                     if was != self.entries[&pk].holder {
                         self.tell(pk, None);
@@ -388,14 +388,17 @@ impl Task {
     /// Revokes the lease we held the key with, unless the key names a
     /// sibling of ours now: siblings continue one lease, so one of two
     /// windows that both led the host (the NIP's fail-safe) would delete
-    /// the key under the other (found by the simulator, seed 157 of
-    /// `--cluster hosts`). Unknown (etcd did not answer): the lease runs
+    /// the key under the other (found by the simulator; the teeth's
+    /// `revoke_sibling`). Unknown (etcd did not answer): the lease runs
     /// out on its own.
     pub(super) fn give_up_lease(&mut self, pk: AgentPubkey, lease: i64) {
         let key = self.cfg.leader_key(&pk);
         let r = self.gw.get(&key);
         match self.noted(pk, r) {
-            Some(Some(kv)) if kv.lease == lease && holder_of(&kv).instance_id != self.our_id => {}
+            Some(Some(kv))
+                if kv.lease == lease
+                    && holder_of(&kv).instance_id != self.our_id
+                    && !mutated!(RevokeSibling) => {}
             Some(_) => {
                 let r = self.gw.revoke(lease);
                 self.noted(pk, r);
@@ -495,7 +498,8 @@ impl Task {
             e.held = None;
             e.grant(NOT_HELD, 0);
         }
-        let fall_back = silent && e.leads && policy == WhenUnreachable::FallBack;
+        let fall_back =
+            silent && e.leads && (policy == WhenUnreachable::FallBack || mutated!(FallbackAlways));
         if fall_back && !e.fallback {
             e.fallback = true;
             e.grant(FALLBACK, 0);

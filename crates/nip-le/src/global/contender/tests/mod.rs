@@ -469,7 +469,8 @@ fn the_thread_shell_runs_the_task_and_stops() {
     assert!(etcd.get(&leader_key()).unwrap().is_none());
 }
 
-/// Found by the simulator (`nip-le sim --cluster hosts --seed 131`): a
+/// Found by the simulator across hosts (the guard of the teeth's
+/// `revoke_claim`, scripts/teeth.sh): a
 /// claimant that stops leading its host before its claim is granted; the
 /// holder rewrites the key for it, bound to the claim's lease; its sibling
 /// continues that lease. When the claim then expired, the claimant revoked
@@ -517,7 +518,8 @@ fn a_granted_claims_lease_is_never_revoked_by_its_poster_once_it_backs_the_key()
     assert_eq!(deleted, Vec::<u64>::new(), "the key was deleted");
 }
 
-/// Found by the simulator (`nip-le sim --cluster hosts --seed 157`): two
+/// Found by the simulator across hosts (the guard of the teeth's
+/// `revoke_sibling`, scripts/teeth.sh): two
 /// windows of one host that both believe they lead it (the NIP's
 /// fail-safe) both continue the same lease; the one that steps back gave
 /// the agent up by revoking that lease, deleting the key under its
