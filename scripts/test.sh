@@ -114,6 +114,10 @@ fi
 cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^tonic ' \
   || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
 cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
+# The defects of the teeth are compiled into test builds only.
+if cargo tree -p tauri-plugin-leader-election -p nip-le-cli -e normal --prefix none -f '{p} {f}' | grep -E '^nip-le v.*mutants'; then
+  echo "a normal build compiles the teeth's defects in (above): only dev-dependencies may enable mutants" >&2; exit 1
+fi
 step "one dirs and one windows-sys: the engine's are Tauri's (on every target)"
 for c in dirs windows-sys; do
   theirs=$(cargo tree -p tauri --target all -e normal --prefix none | grep -E "^$c v" | sed 's/ (\*)//' | sort -u)
