@@ -411,6 +411,14 @@ pub fn sim(args: SimArgs) -> Result<ExitCode, nip_le::Error> {
         sum.failed.len(),
         speed
     );
+    // Every option of the run, so that a replay needs nothing else: the
+    // seed derives from them only the fault plan, the mentions and turns,
+    // and the agent's key.
+    if args.cluster == Cluster::Hosts {
+        println!("options: {:?}", args.hosts_options());
+    } else {
+        println!("options: {:?}", args.options());
+    }
     if sum.claims.0 > 0 {
         println!(
             "claims: {} made, {} honoured (the claimant acted within the stand-down)",
