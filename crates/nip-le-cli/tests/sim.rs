@@ -130,6 +130,19 @@ fn seeds_found_beyond_the_budget_stay_fixed() {
     );
 }
 
+/// Found beyond the budget (15,000 seeds without clock faults): a window
+/// starved for longer than the stale bound after its last look found the
+/// file the holder's child had just emptied and took it beside the live
+/// holder, whose wait it counted from that last look; a pause now starts
+/// that wait again, as it does the hang timer (the teeth's
+/// `pause_keeps_vacated_deadline`). Four seeds, each failed before.
+#[test]
+fn a_window_starved_past_its_view_of_the_holder_waits_for_the_file_its_child_emptied() {
+    for seed in [436, 858, 6024, 9168] {
+        assert_clean(&args(Cluster::Extended, 1, seed, vec![FaultKind::Clocks]));
+    }
+}
+
 /// Seed 38: a window's harness child held the lock while its window was
 /// outside the key's presence, and the window that took over left out
 /// what was queued before; 43 mentions were answered again by the holders

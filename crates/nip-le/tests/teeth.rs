@@ -83,14 +83,14 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
     (Mutant::NoWait, Extended(NoFilesClocks), 2),
     // two acting windows at 42.462 s: ["w1", "w0r"] act while the record names w0r
     (Mutant::UnknownHolder, Extended(NoClocks), 272),
-    // never answered at 283.760 s: mention 16 published at 33088 ms
-    (Mutant::LedgerlessChild, Extended(NoFilesClocks), 8),
+    // never answered at 283.382 s: mention 3 published at 6677 ms
+    (Mutant::LedgerlessChild, Extended(NoFilesClocks), 11),
     // never answered at 283.929 s: mention 54 published at 110436 ms
     (Mutant::DoneFenced, Extended(NoFilesClocks), 1),
     // answered twice at 23.011 s: mention 9 by w1 at 21950 ms and by w0
     (Mutant::NoInFlight, Extended(NoFilesClocks), 12),
-    // never answered at 283.945 s: mention 51 published at 90175 ms
-    (Mutant::NoTail, Extended(NoFilesClocks), 64),
+    // never answered at 283.724 s: mention 53 published at 107073 ms
+    (Mutant::NoTail, Extended(NoFilesClocks), 220),
     // answered twice at 23.011 s: mention 9 by w1 at 21950 ms and by w0
     (Mutant::StandDownGivesBack, Extended(NoFilesClocks), 12),
     // silence at 98.063 s: nobody acted for 45148 ms (bound 44858 ms)
@@ -103,22 +103,24 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
     (Mutant::LeaveDropsLines, Extended(NoClocks), 169),
     // answered twice at 106.037 s: mention 16 by w0 at 47784 ms and by w1rr
     (Mutant::UnsettledLost, Extended(NoClocks), 29),
-    // answered twice at 71.165 s: mention 8 by w0 at 24671 ms and by w0r
-    (Mutant::FailsafeDone, Extended(NoFilesClocks), 14),
-    // answered twice at 15.503 s: mention 8 by w1 at 14737 ms and by w0
-    (Mutant::FailsafeTake, Extended(NoFilesClocks), 14),
-    // answered twice at 64.113 s: mention 10 by w0 at 47358 ms and by w1
-    (Mutant::UnreadableGrants, Extended(All), 2286),
+    // answered twice at 106.037 s: mention 16 by w0 at 47784 ms and by w1rr
+    (Mutant::FailsafeDone, Extended(NoClocks), 29),
+    // answered twice at 108.375 s: mention 50 by w1rr at 107462 ms and by w0
+    (Mutant::FailsafeTake, Extended(NoFilesClocks), 31),
     // never answered at 302.674 s: mention 25 published at 47762 ms
     (Mutant::GluedLine, Extended(NoClocks), 61),
-    // two acting windows at 105.324 s: ["w0rrrr", "w1rrr"] act while the record names w1rrr
-    (Mutant::UnseenEpoch, Extended(NoClocks), 186),
+    // two acting windows at 61.423 s: ["w0", "w2r"] act while the record names w0
+    (Mutant::UnseenEpoch, Extended(NoFilesClocks), 263),
     // answered twice at 91.090 s: mention 38 by w2rr at 82344 ms and by w0rrr
     (Mutant::DoneNotSynced, Extended(NoClocks), 5),
     // never answered at 283.206 s: mention 57 published at 110483 ms
     (Mutant::LateByPublished, Extended(All), 48),
     // answered twice at 129.028 s: mention 32 by w1rr at 128464 ms and by w1rr
     (Mutant::HiddenTake, Extended(NoFilesClocks), 31),
+    // answered twice at 143.914 s: mention 27 by w1r at 72570 ms and by w0r
+    (Mutant::RegainDropsLines, Extended(NoClocks), 2408),
+    // two acting windows at 99.288 s: ["w0r", "w1rrr"] act while the record names w1rrr
+    (Mutant::PauseKeepsVacatedDeadline, Extended(NoClocks), 436),
 ];
 
 fn mix(f: Faults) -> Mix {

@@ -174,6 +174,14 @@ impl KeyMachine {
         waits
     }
 
+    /// We were paused: the holder we wait for may have written since we
+    /// last looked, so its stale bound counts from now.
+    pub(super) fn same_id_paused(&mut self, now: Instant) {
+        if let Some(h) = self.same_id.holder.as_mut() {
+            h.since = now;
+        }
+    }
+
     /// Until when the last holder with a presence may still act, as far as
     /// we can tell (the stale bound after its latest record).
     pub(super) fn vacated_deadline(&self) -> Option<Instant> {
