@@ -6,7 +6,7 @@
 //! switch moves with the code it guards.
 //!
 //! Without the feature, [`on`] is a constant `false` and every switch
-//! compiles away. With it, `NIP_LE_MUTANT=<name>` (read once) or [`set`]
+//! compiles away. With it, `NIP_LE_MUTANT=<name>` (read once) or `set`
 //! turns one defect on for the whole process.
 
 macro_rules! mutants {
