@@ -138,8 +138,8 @@ mutants! {
     /// A fail-safe take under a gone taker's higher epoch without the
     /// give-back.
     HiddenTake = "hidden_take",
-    /// A pause does not restart the wait for a holder whose child may
-    /// empty the file.
+    /// A restart of the hang timer (a pause, a held exclusion) does not
+    /// restart the wait for a holder whose child may empty the file.
     PauseKeepsVacatedDeadline = "pause_keeps_vacated_deadline",
 }
 

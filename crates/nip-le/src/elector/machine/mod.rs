@@ -495,13 +495,13 @@ impl KeyMachine {
         if let Some((_, since)) = self.seen.as_mut() {
             *since = now;
         }
-        // The holder whose child may empty the file: it wrote meanwhile as
-        // far as we know, so its window to take the file back starts again
-        // too (the simulator: a window starved past the holder's window
-        // found the file the holder's child had just emptied and took it
-        // beside the live holder).
+        // The same proof is missing against the holder whose child may
+        // empty the file: its window to take the file back starts again too
+        // (the simulator: a window starved past the holder's window found
+        // the file the holder's child had just emptied and took it beside
+        // the live holder).
         if !mutated!(PauseKeepsVacatedDeadline) {
-            self.same_id_paused(now);
+            self.restart_vacated_wait(now);
         }
     }
 

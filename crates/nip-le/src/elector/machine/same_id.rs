@@ -174,9 +174,9 @@ impl KeyMachine {
         waits
     }
 
-    /// We were paused: the holder we wait for may have written since we
-    /// last looked, so its stale bound counts from now.
-    pub(super) fn same_id_paused(&mut self, now: Instant) {
+    /// The holder we wait for gets a fresh stale bound from `now` (see
+    /// `restart_hang_timer`: we were paused, or a peer held the exclusion).
+    pub(super) fn restart_vacated_wait(&mut self, now: Instant) {
         if let Some(h) = self.same_id.holder.as_mut() {
             h.since = now;
         }
