@@ -103,6 +103,7 @@ pub struct Builder {
     stand_down: Option<Duration>,
     lock_wait: Option<Duration>,
     work_retention: Option<Duration>,
+    reply_flight: Option<Duration>,
     mode: Option<Mode>,
     backend: Option<Backend>,
     agents: Vec<String>,
@@ -156,6 +157,14 @@ impl Builder {
     /// when it connects, or such an event is owed (answered) again.
     pub fn work_retention(mut self, d: Duration) -> Self {
         self.work_retention = Some(d);
+        self
+    }
+
+    /// How long a reply the app sent while it could act may take to reach
+    /// the relay (1 s by default): a leader that cannot write its record
+    /// stops acting this long before anyone may take over from it.
+    pub fn reply_flight(mut self, d: Duration) -> Self {
+        self.reply_flight = Some(d);
         self
     }
 
@@ -286,6 +295,9 @@ impl Builder {
         }
         if let Some(d) = self.work_retention {
             c.work_retention = d;
+        }
+        if let Some(d) = self.reply_flight {
+            c.reply_flight = d;
         }
         if let Some(m) = self.mode {
             c.mode = m;

@@ -141,6 +141,11 @@ mutants! {
     /// A restart of the hang timer (a pause, a held exclusion) does not
     /// restart the wait for a holder whose child may empty the file.
     PauseKeepsVacatedDeadline = "pause_keeps_vacated_deadline",
+    /// A window that never saw the holder takes its harness child's
+    /// record by the child's dead pid while the holder lives.
+    JoinerTakesChildByPid = "joiner_takes_child_by_pid",
+    /// A leader's validity leaves no time for a reply on its way.
+    NoReplyFlight = "no_reply_flight",
 }
 
 /// Whether `m` is the defect put back in this process.

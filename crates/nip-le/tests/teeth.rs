@@ -73,16 +73,16 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
     ),
     // two holders of etcd's key at 0.019 s: ["aw1", "cw1"] act, each holding the key
     (Mutant::Steal, Hosts(WhenUnreachable::FallBack), 1),
-    // two holders of etcd's key at 31.730 s: ["bw0", "cw0"] act, each holding the key
-    (Mutant::EarlyHandover, Hosts(WhenUnreachable::FallBack), 7),
-    // two acting windows at 22.536 s: ["w1", "w0r"] act while the record names w0r
-    (Mutant::ChildRewrite, Extended(NoFilesClocks), 96),
+    // two holders of etcd's key at 63.709 s: ["aw1r", "cw1"] act, each holding the key
+    (Mutant::EarlyHandover, Hosts(WhenUnreachable::FallBack), 2),
+    // two acting windows at 107.712 s: ["w1", "w0rr"] act while the record names w0rr
+    (Mutant::ChildRewrite, Extended(NoFilesClocks), 107),
     // epoch issued twice at 30.015 s: epoch 1 named w2, then w1
     (Mutant::ChildEpoch, Extended(NoFilesClocks), 2),
     // two acting windows at 109.748 s: ["w0rr", "w2rr"] act while the record names w2rr
     (Mutant::NoWait, Extended(NoFilesClocks), 2),
-    // two acting windows at 42.462 s: ["w1", "w0r"] act while the record names w0r
-    (Mutant::UnknownHolder, Extended(NoClocks), 272),
+    // two acting windows at 101.838 s: ["w2", "w0r"] act while the record names w0r
+    (Mutant::UnknownHolder, Extended(NoClocks), 212),
     // never answered at 283.382 s: mention 3 published at 6677 ms
     (Mutant::LedgerlessChild, Extended(NoFilesClocks), 11),
     // never answered at 283.929 s: mention 54 published at 110436 ms
@@ -101,8 +101,8 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
     (Mutant::LossDropsLines, Extended(NoClocks), 12),
     // answered twice at 139.641 s: mention 21 by w2r at 85223 ms and by w2rr
     (Mutant::LeaveDropsLines, Extended(NoClocks), 169),
-    // answered twice at 106.037 s: mention 16 by w0 at 47784 ms and by w1rr
-    (Mutant::UnsettledLost, Extended(NoClocks), 29),
+    // answered twice at 99.731 s: mention 9 by w0 at 17138 ms and by w1rr
+    (Mutant::UnsettledLost, Extended(NoClocks), 91),
     // answered twice at 106.037 s: mention 16 by w0 at 47784 ms and by w1rr
     (Mutant::FailsafeDone, Extended(NoClocks), 29),
     // answered twice at 108.375 s: mention 50 by w1rr at 107462 ms and by w0
@@ -113,14 +113,18 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
     (Mutant::UnseenEpoch, Extended(NoFilesClocks), 263),
     // answered twice at 91.090 s: mention 38 by w2rr at 82344 ms and by w0rrr
     (Mutant::DoneNotSynced, Extended(NoClocks), 5),
-    // never answered at 283.206 s: mention 57 published at 110483 ms
-    (Mutant::LateByPublished, Extended(All), 48),
+    // never answered at 283.917 s: mention 51 published at 100533 ms
+    (Mutant::LateByPublished, Extended(All), 504),
     // answered twice at 129.028 s: mention 32 by w1rr at 128464 ms and by w1rr
     (Mutant::HiddenTake, Extended(NoFilesClocks), 31),
-    // answered twice at 143.914 s: mention 27 by w1r at 72570 ms and by w0r
-    (Mutant::RegainDropsLines, Extended(NoClocks), 2408),
-    // two acting windows at 99.288 s: ["w0r", "w1rrr"] act while the record names w1rrr
-    (Mutant::PauseKeepsVacatedDeadline, Extended(NoClocks), 436),
+    // never answered at 310.847 s: mention 21 published at 41713 ms
+    (Mutant::RegainDropsLines, Extended(NoClocks), 49),
+    // two acting windows at 84.322 s: ["w1", "w0"] act while the record names w1
+    (Mutant::PauseKeepsVacatedDeadline, Extended(NoClocks), 858),
+    // answered twice at 15.609 s: mention 7 by w1 at 15399 ms and by w2
+    (Mutant::NoReplyFlight, Extended(NoClocks), 14949),
+    // two acting windows at 90.180 s: ["w1r", "w0rr"] act while the record names w0rr
+    (Mutant::JoinerTakesChildByPid, Extended(NoClocks), 4641),
 ];
 
 fn mix(f: Faults) -> Mix {

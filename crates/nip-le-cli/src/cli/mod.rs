@@ -25,6 +25,11 @@ pub struct TimingArgs {
     /// Stand-down timeout in milliseconds [default: 10000].
     #[arg(long)]
     pub stand_down_ms: Option<u64>,
+    /// How long a reply sent while leading may take to reach the relay, in
+    /// milliseconds: a leader that cannot write stops acting this long
+    /// before anyone may take over [default: 1000].
+    #[arg(long)]
+    pub reply_flight_ms: Option<u64>,
     /// `extended` (presence locks, directory watch, handoff, epoch,
     /// self-fencing) or `spec` (exactly the NIP) [default: extended].
     #[arg(long)]
@@ -139,6 +144,9 @@ pub fn config_from(
     }
     if let Some(v) = t.stand_down_ms {
         c.stand_down = ms(v);
+    }
+    if let Some(v) = t.reply_flight_ms {
+        c.reply_flight = ms(v);
     }
     if let Some(v) = lock_wait_ms {
         c.lock_wait = ms(v);

@@ -18,6 +18,9 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
 pub const DEFAULT_STALE: Duration = Duration::from_secs(10);
 /// NIP-LE stand-down auto-expiry (2 × refresh).
 pub const DEFAULT_STAND_DOWN: Duration = Duration::from_secs(10);
+/// Extension: how long a reply sent while a leader may act can take to
+/// reach the relay.
+pub const DEFAULT_REPLY_FLIGHT: Duration = Duration::from_secs(1);
 /// Extension: how long the work ledger remembers a taken or done event.
 pub const DEFAULT_WORK_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long one acquire waits for the exclusive file lock before giving up.
@@ -176,6 +179,13 @@ pub struct Config {
     /// still queued: keep it above the age of the oldest event a window
     /// fetches when it connects.
     pub work_retention: Duration,
+    /// Extension: how long a reply the app sent while it could act may take
+    /// to reach the relay (1 s by default). A leader that cannot write its
+    /// record stops acting this long before anyone may take over from it
+    /// (at least 50 ms, at most half the gap between `refresh` and
+    /// `stale`), so such a reply, and its `done`, land before a successor
+    /// owes the event.
+    pub reply_flight: Duration,
     /// Extension (feature `etcd`): contend across hosts on etcd; `None`
     /// (the default) keeps leadership host-local, as the NIP has it.
     #[cfg(feature = "etcd")]
@@ -194,6 +204,7 @@ impl Config {
             mode: Mode::default(),
             backend: Backend::default(),
             work_retention: DEFAULT_WORK_RETENTION,
+            reply_flight: DEFAULT_REPLY_FLIGHT,
             #[cfg(feature = "etcd")]
             etcd: None,
         }
@@ -226,6 +237,7 @@ impl Config {
             ("stand_down", self.stand_down),
             ("lock_wait", self.lock_wait),
             ("work_retention", self.work_retention),
+            ("reply_flight", self.reply_flight),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::Zero(name));

@@ -125,6 +125,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         refresh_ms: Some(a.refresh_ms),
         stale_ms: Some(a.stale_ms),
         stand_down_ms: Some(a.stand_down_ms),
+        reply_flight_ms: None,
         mode: None,
         backend: a.backend,
     };

@@ -85,6 +85,7 @@ mod tests {
             refresh: ms(refresh),
             stale: ms(stale),
             stand_down: ms(stand_down),
+            reply_flight: crate::config::DEFAULT_REPLY_FLIGHT,
         }
     }
 

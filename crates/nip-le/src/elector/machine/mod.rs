@@ -80,6 +80,10 @@ pub(crate) trait Probes {
     /// Extension: does another participant with a presence take part in
     /// this key (one of them may be a holder whose child emptied the file)?
     fn others_present(&self) -> bool;
+    /// Extension: the presence token of another participant of this key
+    /// whose instance id is `id`, if one lives (a harness child writes its
+    /// window's id with its own pid).
+    fn present_as(&self, id: &str) -> Option<String>;
 }
 
 /// Our outstanding claim.

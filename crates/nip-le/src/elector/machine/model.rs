@@ -57,6 +57,7 @@ fn rules() -> Rules {
         refresh: Duration::from_secs(5),
         stale: Duration::from_secs(10),
         stand_down: Duration::from_secs(10),
+        reply_flight: crate::config::DEFAULT_REPLY_FLIGHT,
     }
 }
 
@@ -186,6 +187,11 @@ impl Probes for LiveProbes<'_> {
     }
     fn others_present(&self) -> bool {
         self.0.iter().filter(|a| **a).count() > 1
+    }
+    fn present_as(&self, id: &str) -> Option<String> {
+        (0..self.0.len())
+            .find(|&i| self.0[i] && format!("w{i}") == id)
+            .map(token)
     }
 }
 

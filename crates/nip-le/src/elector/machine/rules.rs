@@ -13,6 +13,9 @@ pub(crate) struct Rules {
     pub refresh: Duration,
     pub stale: Duration,
     pub stand_down: Duration,
+    /// How long a reply sent while we may act can take to reach the relay
+    /// (see [`Rules::validity`]).
+    pub reply_flight: Duration,
 }
 
 impl Rules {
@@ -43,13 +46,53 @@ impl Rules {
         (lock_wait + Duration::from_millis(50)).min(self.refresh)
     }
 
-    /// How long a leader's view stays valid after its own last write. A
-    /// little under the stale bound: observers replace a hung holder only
-    /// after the bound, measured from when they saw its last write, so the
-    /// leader fences itself before anyone may take over, whatever the coarse
-    /// clock's granularity.
+    /// How long a leader's view stays valid after its own last write. Under
+    /// the stale bound by the reply flight: observers replace a holder that
+    /// stopped writing only after the bound, measured from when they saw its
+    /// last write, so the leader fences itself before anyone may take over,
+    /// whatever the coarse clock's granularity, and a reply it sent just
+    /// before lands (with its `done`) before a successor owes the event
+    /// (the simulator: a holder kept from writing by a peer's `flock` sent
+    /// a reply 50 ms before its fence that reached the relay after its
+    /// successor had taken the mention again). At least 50 ms, at most half
+    /// the gap between refresh and stale, which a refresh that failed once
+    /// still needs to retry in.
     pub(crate) fn validity(&self) -> Duration {
-        let margin = Duration::from_millis(50).min((self.stale.saturating_sub(self.refresh)) / 2);
+        let flight = if mutated!(NoReplyFlight) {
+            Duration::ZERO
+        } else {
+            self.reply_flight
+        };
+        let margin = (flight.max(Duration::from_millis(50)))
+            .min((self.stale.saturating_sub(self.refresh)) / 2);
         self.stale.saturating_sub(margin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Mode;
+
+    fn rules(refresh: u64, stale: u64, reply_flight: u64) -> Rules {
+        let ms = Duration::from_millis;
+        Rules {
+            profile: Profile::of(Mode::Extended),
+            refresh: ms(refresh),
+            stale: ms(stale),
+            stand_down: ms(stale),
+            reply_flight: ms(reply_flight),
+        }
+    }
+
+    #[test]
+    fn a_leader_stops_acting_a_reply_flight_before_anyone_may_take_over() {
+        let ms = Duration::from_millis;
+        // The NIP's timings, the default flight: 1 s to land in.
+        assert_eq!(rules(5_000, 10_000, 1_000).validity(), ms(9_000));
+        // At least 50 ms for the coarse clock.
+        assert_eq!(rules(5_000, 10_000, 1).validity(), ms(9_950));
+        // At most half the gap a failed refresh retries in.
+        assert_eq!(rules(250, 1_000, 1_000).validity(), ms(625));
     }
 }

@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use crate::epoch::Mark;
 use crate::host::Origin;
+use crate::liveness::Liveness;
 use crate::presence::PeerPresence;
 use crate::record::{LockContent, LockRecord};
 
@@ -83,13 +84,29 @@ impl KeyMachine {
     /// disk, a peer's `flock`), its dead pid is no sign of the holder's
     /// death (the simulator: an observer took the file by the child's dead
     /// pid while the holder still acted).
-    fn holders_childs_record(&self, content: &LockContent) -> bool {
-        let Some(h) = &self.same_id.holder else {
+    ///
+    /// A window that never saw a holder (it joined while the child's
+    /// record was there) reads the record as the child of the participant
+    /// whose instance id it names, when one lives and the child's pid is
+    /// dead (the simulator: a window that joined took the file by the
+    /// child's dead pid while the holder, kept from writing by a peer's
+    /// `flock`, still acted).
+    fn holders_childs_record(&self, content: &LockContent, probes: &dyn Probes) -> bool {
+        let Some(r) = content.record() else {
             return false;
         };
-        content.record().is_some_and(|r| {
-            h.token.is_some() && r.instance_id == h.id && r.live.is_none() && r.epoch.is_none()
-        })
+        if r.live.is_some() || r.epoch.is_some() || r.instance_id == *self.our_id {
+            return false;
+        }
+        match &self.same_id.holder {
+            Some(h) if h.token.is_some() => r.instance_id == h.id,
+            _ => {
+                !mutated!(JoinerTakesChildByPid)
+                    && self.rules.profile.presence
+                    && probes.pid(r.pid) == Liveness::Dead
+                    && probes.present_as(&r.instance_id).is_some()
+            }
+        }
     }
 
     /// Whether `content`, vacant, is ours to take back at our epoch: we held
@@ -128,7 +145,7 @@ impl KeyMachine {
             && (!self.holds_lock || displaced)
             && (vacant(content)
                 || self.childs_record(content)
-                || self.holders_childs_record(content));
+                || self.holders_childs_record(content, probes));
         // An epoch issued since the holder we saw and not released: a
         // holder we never saw (we were starved or stopped while it took
         // the file, and its child emptied it since), to wait for as one.

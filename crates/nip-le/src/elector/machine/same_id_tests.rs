@@ -257,3 +257,43 @@ fn an_epoch_issued_since_our_last_look_is_a_holder_we_never_saw_and_is_waited_fo
     assert_eq!(took, Some(TakeReason::Free), "bounded by the stale bound");
     assert!(out.leader);
 }
+
+#[test]
+fn a_joiner_waits_for_a_live_window_whose_child_died_in_its_record() {
+    // Found by the simulator (beyond the CI budget, without clock
+    // faults): the holder's harness child died while a peer's `flock`
+    // kept the holder from writing its own record back; a window that
+    // joined then took the file by the child's dead pid while the holder
+    // still acted.
+    let child_dead_window_alive = Fixed(Liveness::Dead, PeerPresence::Alive);
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let (mut f, mut mark) = (childs("other", c.now().wall), Mark::default().raised(3));
+    let (out, took) = look(
+        &mut m,
+        &mut f,
+        &mut mark,
+        c.now(),
+        Cause::Join,
+        &child_dead_window_alive,
+    );
+    assert!(took.is_none() && !out.leader, "its window may still act");
+    assert!(m.hang_deadline().is_some(), "a look when its bound ends");
+    c.advance(STALE + Duration::from_millis(2));
+    let (out, took) = look(
+        &mut m,
+        &mut f,
+        &mut mark,
+        c.now(),
+        Cause::Tick,
+        &child_dead_window_alive,
+    );
+    assert!(took.is_some() && out.leader, "bounded by the stale bound");
+    // No window with its id takes part: a dead pid is taken at once.
+    let mut m = machine(true, "me");
+    let gone = Fixed(Liveness::Dead, PeerPresence::Gone);
+    let (mut f, mut mark) = (childs("other", c.now().wall), Mark::default().raised(3));
+    let (out, took) = look(&mut m, &mut f, &mut mark, c.now(), Cause::Join, &gone);
+    assert_eq!(took, Some(TakeReason::DeadPid));
+    assert!(out.leader);
+}

@@ -18,6 +18,7 @@ pub(super) fn rules(extended: bool) -> Rules {
         refresh: Duration::from_secs(5),
         stale: STALE,
         stand_down: Duration::from_secs(10),
+        reply_flight: crate::config::DEFAULT_REPLY_FLIGHT,
     }
 }
 
@@ -31,6 +32,9 @@ impl Probes for Fixed {
     }
     fn others_present(&self) -> bool {
         self.1 == PeerPresence::Alive
+    }
+    fn present_as(&self, _: &str) -> Option<String> {
+        (self.1 == PeerPresence::Alive).then(|| "4242-0123456789abcdef".to_owned())
     }
 }
 pub(super) const ALIVE: Fixed = Fixed(Liveness::Alive, PeerPresence::Alive);

@@ -158,4 +158,10 @@ impl Probes for FileProbes<'_> {
             .token()
             .is_some_and(|t| !self.ctx.world.live_siblings(self.pubkey, t).is_empty())
     }
+    fn present_as(&self, id: &str) -> Option<String> {
+        let ours = self.ctx.token()?;
+        (self.ctx.world.live_siblings(self.pubkey, ours).into_iter())
+            .find(|s| s.instance_id == id)
+            .map(|s| s.token)
+    }
 }

@@ -108,6 +108,7 @@ impl Writer {
             refresh: config.refresh,
             stale: config.stale,
             stand_down: config.stand_down,
+            reply_flight: config.reply_flight,
         };
         Self {
             ctx: Ctx::new(config, rules, our_id, shared, world, upper),
