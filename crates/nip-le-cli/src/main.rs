@@ -51,7 +51,11 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if matches!(command, Command::Status(_) | Command::Sim(_)) {
+        quiet_on_a_closed_pipe();
+    }
+    let result = match command {
         Command::Run(a) => cli::run::run(*a),
         Command::Status(a) => cli::status::status(a),
         Command::Demo(a) => lab::demo::demo(a),
@@ -68,5 +72,18 @@ fn main() -> ExitCode {
             eprintln!("nip-le: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// A report piped into `head` (or any reader that stops early) ends the
+/// process quietly, as other Unix tools do, instead of a panic on the
+/// closed pipe. Only for the commands that print a report: `run` owns a
+/// lock and releases it on the way out, whatever its reader does.
+fn quiet_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default action of one signal, before any
+    // thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -130,3 +130,29 @@ fn status_lists_hostile_files_without_crashing() {
     #[cfg(unix)]
     assert!(table.contains("symlink"), "{table}");
 }
+
+/// A report read by a reader that stops early (`nip-le sim … | head`)
+/// ends quietly, as other Unix tools do, not with a panic on the closed
+/// pipe.
+#[cfg(unix)]
+#[test]
+fn a_report_piped_into_a_reader_that_stops_early_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nip-le"))
+        .args(["sim", "--seeds", "300", "--verbose"])
+        .env("NIP_LE_LOG", "off")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(!first.is_empty(), "a first line");
+    // The reader is gone: the next write finds the pipe closed.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
