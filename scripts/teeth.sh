@@ -53,7 +53,11 @@ guard held_flush_unsynced ledger::tests::dones_give_backs_and_held_lines_are_syn
 guard taken_left_to_floor work::tests::before_a_ledgerless_floor_our_windows_unanswered_takes_are_owed
 guard no_floor_line work::tests::floor::a_ledgerless_writers_floor_binds_every_later_holder
 guard unreadable_grants ledger::tests::an_unreadable_ledger_delays_takes_for_the_stale_bound_then_never_silences_the_agent
+guard unlocked_keeps_lease global::contender::tests::fail_safe::a_host_leader_that_loses_the_lock_file_gives_up_the_key_it_holds
+guard granted_unlocked global::contender::tests::fail_safe::a_claim_granted_to_a_host_leader_without_the_lock_file_is_left_to_the_sibling
+guard drop_unanswered_hand_over global::contender::tests::hardening::a_hand_over_etcd_did_not_answer_is_tried_again
 # Reached by no seed of the search and no unit test (next: a unit test each):
 unguarded spec_ticks 'latency only: a spec claimant waits a refresh more; no invariant breaks'
 unguarded spec_clears 'no seed of the search since the same-id rules changed; the model check misses it'
+unguarded claim_on_siblings_lease 'no seed of 2,000 across hosts: the watch shows the claim too, and that hand-over asks the writer first'
 [ "$failed" = 0 ] || { echo "teeth: a defect put back passed its guard (above)" >&2; exit 1; }

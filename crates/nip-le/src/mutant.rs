@@ -146,6 +146,19 @@ mutants! {
     JoinerTakesChildByPid = "joiner_takes_child_by_pid",
     /// A leader's validity leaves no time for a reply on its way.
     NoReplyFlight = "no_reply_flight",
+    /// A host leader without the lock file (the NIP's fail-safe) keeps
+    /// renewing the lease the sibling holding the lock continues.
+    UnlockedKeepsLease = "unlocked_keeps_lease",
+    /// A host leader without the lock file tries to take the key.
+    UnlockedAcquires = "unlocked_acquires",
+    /// A claim honoured on a sibling's lease we continue.
+    ClaimOnSiblingsLease = "claim_on_siblings_lease",
+    /// A hand-over etcd gave no answer to dropped.
+    DropUnansweredHandOver = "drop_unanswered_hand_over",
+    /// A claim granted to a host leader without the lock file taken.
+    GrantedUnlocked = "granted_unlocked",
+    /// `held` and `floor` lines not synced.
+    HeldNotSynced = "held_not_synced",
 }
 
 /// Whether `m` is the defect put back in this process.

@@ -1,10 +1,10 @@
-//! [`Elector::start`]: the elector with the level above the host its
+//! [`Elector::start`]: the elector with the global level its
 //! configuration asks for. The one place that knows both the elector and
 //! the etcd level (feature `etcd`), so that neither names the other's
 //! house: the arrows run start → elector and start → global → elector.
 
 use crate::config::Config;
-use crate::elector::{upper, Elector};
+use crate::elector::{global_level, Elector};
 use crate::error::Result;
 use crate::identity::InstanceId;
 
@@ -24,16 +24,16 @@ impl Elector {
             return Err(e);
         }
         let stores = Elector::file_stores(&config);
-        let upper = upper_level(&config, &id);
-        Elector::start_with(config, id, stores, upper)
+        let global_level = global_level_of(&config, &id);
+        Elector::start_with(config, id, stores, global_level)
     }
 }
 
 /// The etcd contender, when the configuration names etcd.
 #[cfg(feature = "etcd")]
-fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
+fn global_level_of(config: &Config, id: &InstanceId) -> global_level::GlobalBuilder {
     let Some(mut etcd) = config.etcd.clone() else {
-        return upper::none();
+        return global_level::none();
     };
     let (id, timings) = (
         id.as_str().to_owned(),
@@ -61,11 +61,13 @@ fn upper_level(config: &Config, id: &InstanceId) -> upper::UpperBuilder {
         let contender =
             crate::global::Contender::start(etcd, &id, timings, (tell, renewed), &lock_dir)
                 .map_err(|e| crate::Error::io("<etcd thread>", e))?;
-        Ok(Some(Box::new(contender) as Box<dyn upper::UpperLevel>))
+        Ok(Some(
+            Box::new(contender) as Box<dyn global_level::GlobalLevel>
+        ))
     })
 }
 
 #[cfg(not(feature = "etcd"))]
-fn upper_level(_: &Config, _: &InstanceId) -> upper::UpperBuilder {
-    upper::none()
+fn global_level_of(_: &Config, _: &InstanceId) -> global_level::GlobalBuilder {
+    global_level::none()
 }

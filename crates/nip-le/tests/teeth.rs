@@ -125,6 +125,14 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
     (Mutant::NoReplyFlight, Extended(NoClocks), 14949),
     // two acting windows at 90.180 s: ["w1r", "w0rr"] act while the record names w0rr
     (Mutant::JoinerTakesChildByPid, Extended(NoClocks), 4641),
+    // two holders of etcd's key at 49.676 s: ["cw1", "cw0r"] act, each holding the key
+    (
+        Mutant::UnlockedAcquires,
+        Hosts(WhenUnreachable::FallBack),
+        155,
+    ),
+    // never answered at 324.926 s: mention 0 published at 500 ms
+    (Mutant::HeldNotSynced, Extended(NoClocks), 286),
 ];
 
 fn mix(f: Faults) -> Mix {
@@ -272,6 +280,11 @@ fn search() {
                 | Mutant::EarlyHandover
                 | Mutant::RevokeClaim
                 | Mutant::RevokeSibling
+                | Mutant::UnlockedKeepsLease
+                | Mutant::UnlockedAcquires
+                | Mutant::ClaimOnSiblingsLease
+                | Mutant::DropUnansweredHandOver
+                | Mutant::GrantedUnlocked
         );
         let runs = if across_hosts { SEARCH_HOSTS } else { SEARCH };
         let found = runs.iter().find_map(|&(run, seeds)| {

@@ -79,9 +79,9 @@ impl Clocks for SystemClocks {
     }
 }
 
-/// Whether an upper level (etcd) is configured for a key, and what it says.
+/// Whether a global level (etcd) is configured for a key, and what it says.
 pub(crate) mod global_state {
-    /// No upper level: leading the host is enough.
+    /// No global level: leading the host is enough.
     pub const OFF: u8 = 0;
     /// Etcd is configured and we do not hold the agent's lease.
     pub const NOT_HELD: u8 = 1;
@@ -97,9 +97,9 @@ pub(crate) mod global_state {
 pub(crate) struct KeyCell {
     leader: AtomicBool,
     valid_until: AtomicU64,
-    /// The upper level's permit: `ALWAYS_VALID` without one (or in
+    /// The global level's permit: `ALWAYS_VALID` without one (or in
     /// fallback), 0 when not held, else a [`boot_nanos`] deadline. Written
-    /// only by the upper level's task.
+    /// only by the global level's task.
     global_until: AtomicU64,
     /// One of [`global_state`].
     global_state: AtomicU8,
@@ -180,7 +180,7 @@ impl KeyCell {
     }
 
     /// We lead our host and are not past the self-fencing deadline (the
-    /// upper level's permit aside).
+    /// global level's permit aside).
     pub(crate) fn host_valid_on(&self, clocks: &(impl Clocks + ?Sized)) -> bool {
         let until = self.valid_until.load(Ordering::Acquire);
         self.is_set_leader() && (until == ALWAYS_VALID || clocks.boot_nanos() < until)
@@ -204,7 +204,7 @@ impl KeyCell {
         }
     }
 
-    /// The upper level's verdict: one of [`global_state`] and, for `HELD`,
+    /// The global level's verdict: one of [`global_state`] and, for `HELD`,
     /// the [`boot_nanos`] deadline of the lease.
     pub(crate) fn set_global(&self, state: u8, until: u64) {
         let until = match state {

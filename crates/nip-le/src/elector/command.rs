@@ -1,4 +1,4 @@
-//! The messages the facade (and the level above the host) send the
+//! The messages the facade (and the global level) send the
 //! writer, and where their answers go.
 
 use std::sync::{mpsc, Arc};
@@ -6,8 +6,8 @@ use std::sync::{mpsc, Arc};
 use crate::error::{Error, Result};
 use crate::pubkey::AgentPubkey;
 
+use super::global_level::GlobalNews;
 use super::types::{ClaimOutcome, QueuedEvent, TakeOutcome};
-use super::upper::UpperNews;
 
 /// Where a command's answer goes.
 pub(crate) type Reply<T> = mpsc::SyncSender<Result<T>>;
@@ -26,12 +26,12 @@ pub(crate) enum Command {
     Shutdown(Reply<()>),
     /// A work-ledger operation on a key.
     Work(AgentPubkey, WorkOp, WorkReply),
-    /// News from the level above the host.
+    /// News from the global level.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-    Upper(AgentPubkey, UpperNews),
-    /// A renewal made beside the level above's task.
+    Global(AgentPubkey, GlobalNews),
+    /// A renewal made beside the global level's task.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-    Renewed(AgentPubkey, super::upper::Renewed),
+    Renewed(AgentPubkey, super::global_level::Renewed),
 }
 
 /// A work-ledger operation (see [`crate::Work`]).

@@ -1,14 +1,14 @@
-//! The seam for a level of leadership above the host's file election (the
+//! The seam for the global level above the host's file election (the
 //! etcd contender of [`crate::global`], behind the `etcd` feature). The
 //! writer tells it when this instance starts or stops leading its host for
-//! a key and when the user claims; the upper level answers with news
+//! a key and when the user claims; the global level answers with news
 //! through the writer's mailbox, each carrying the permit it grants now.
 //! The writer alone sets the key cell's permit and announces: one writer.
 //! A permit ends on its own at its deadline, so news that arrives late
-//! never extends what etcd granted; an upper level that must know the
+//! never extends what etcd granted; a global level that must know the
 //! permit is closed before it acts (a hand-over to another host) asks the
-//! writer to confirm ([`UpperLevel::withdrawn`]). A renewal made beside
-//! the upper level's task ([`Renewed`]) only raises the deadline of the
+//! writer to confirm ([`GlobalLevel::withdrawn`]). A renewal made beside
+//! the global level's task ([`Renewed`]) only raises the deadline of the
 //! permit the writer holds now, for the same lease: it opens nothing.
 
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use crate::pubkey::AgentPubkey;
 use super::cache::global_state::HELD;
 use super::types::{ChangeReason, GlobalStatus};
 
-/// What the upper level lets this window do for a key: one of
+/// What the global level lets this window do for a key: one of
 /// [`super::cache::global_state`] and, for `HELD`, the
 /// [`super::cache::boot_nanos`] deadline of the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +71,8 @@ impl Permit {
     }
 }
 
-/// A level above the host.
-pub(crate) trait UpperLevel: Send {
+/// The global level (etcd).
+pub(crate) trait GlobalLevel: Send {
     /// Our host id.
     fn host_id(&self) -> &str;
 
@@ -98,13 +98,13 @@ pub(crate) trait UpperLevel: Send {
     fn claim(&mut self, pubkey: AgentPubkey);
 
     /// The writer closed the permit of news that asked for a confirmation
-    /// ([`UpperNews::confirm`]).
+    /// ([`GlobalNews::confirm`]).
     fn withdrawn(&mut self, pubkey: AgentPubkey);
 
-    /// We granted a take of event `id` under the permit: the upper level
+    /// We granted a take of event `id` under the permit: the global level
     /// records it (fenced by its hold), so that another host that gains the
     /// agent leaves it to us while this window runs. Told in order with
-    /// [`UpperLevel::withdrawn`]: a hand-over to another host comes after
+    /// [`GlobalLevel::withdrawn`]: a hand-over to another host comes after
     /// the record.
     fn took(&mut self, pubkey: AgentPubkey, id: &str);
 
@@ -117,9 +117,9 @@ pub(crate) trait UpperLevel: Send {
     fn shutdown(&mut self);
 }
 
-/// What the upper level tells the writer about one key.
+/// What the global level tells the writer about one key.
 #[derive(Debug, Clone)]
-pub(crate) struct UpperNews {
+pub(crate) struct GlobalNews {
     /// Why our answer changed; `None`: only the status view changed.
     pub reason: Option<ChangeReason>,
     /// The view to publish.
@@ -128,17 +128,17 @@ pub(crate) struct UpperNews {
     pub permit: Permit,
     /// The host leadership this news belongs to.
     pub tenure: u64,
-    /// The upper level waits for [`UpperLevel::withdrawn`] before it acts.
+    /// The global level waits for [`GlobalLevel::withdrawn`] before it acts.
     pub confirm: bool,
     /// A gain from a holder on another host, whose work ledger is not ours:
     /// what was published before this time (unix ms) it may have answered,
     /// unknown here, so only what is published since is owed (see
     /// [`crate::Work::owed`]). `None`: a gain from our own host.
     pub unknown_before_ms: Option<u64>,
-    /// When the permit changed (unix ms), stamped by the upper level at
+    /// When the permit changed (unix ms), stamped by the global level at
     /// the moment it opened or closed it, not when the writer got to it.
     pub at_ms: u64,
-    /// What the upper level knows of the agent's work on every host, read
+    /// What the global level knows of the agent's work on every host, read
     /// when we gain the key (and again while another window's takes are
     /// in flight); `None`: unchanged, or it could not be read.
     pub work: Option<Arc<SharedWork>>,
@@ -147,10 +147,10 @@ pub(crate) struct UpperNews {
     pub work_unread: bool,
 }
 
-/// The agent's work as the level above records it (its rules: [`crate::work`]).
+/// The agent's work as the global level records it (its rules: [`crate::work`]).
 pub(crate) use crate::work::SharedWork;
 
-/// A lease renewed beside the upper level's task, while the task was busy
+/// A lease renewed beside the global level's task, while the task was busy
 /// (see `global::contender::renewer`): lease `lease` lives until `until`
 /// (a [`super::cache::boot_nanos`] deadline) and the key still named us.
 /// The writer raises the deadline of a permit that is still open on that
@@ -163,20 +163,20 @@ pub(crate) struct Renewed {
     pub until: u64,
 }
 
-/// How the upper level tells the writer (through its mailbox).
-pub(crate) type Tell = Box<dyn Fn(AgentPubkey, UpperNews) + Send>;
+/// How the global level tells the writer (through its mailbox).
+pub(crate) type Tell = Box<dyn Fn(AgentPubkey, GlobalNews) + Send>;
 
 /// How renewals beside the task reach the writer (through its mailbox).
 pub(crate) type TellRenewed = Arc<dyn Fn(AgentPubkey, Renewed) + Send + Sync>;
 
-/// Builds the level above the host once the writer's mailbox exists. The
+/// Builds the global level once the writer's mailbox exists. The
 /// elector never names the etcd level: its caller (`crate::start`) hands
 /// the builder in.
-pub(crate) type UpperBuilder =
-    Box<dyn FnOnce(Tell, TellRenewed) -> Result<Option<Box<dyn UpperLevel>>>>;
+pub(crate) type GlobalBuilder =
+    Box<dyn FnOnce(Tell, TellRenewed) -> Result<Option<Box<dyn GlobalLevel>>>>;
 
-/// No level above the host: leading the host is all there is.
-pub(crate) fn none() -> UpperBuilder {
+/// No global level: leading the host is all there is.
+pub(crate) fn none() -> GlobalBuilder {
     Box::new(|_, _| Ok(None))
 }
 

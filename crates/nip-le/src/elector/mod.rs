@@ -10,18 +10,18 @@
 //!   as owned handles;
 //! * `cache`: the hot path readers use (`is_leader`, `status`);
 //! * `writer`: the one task that owns all key state and does all file I/O;
-//! * `upper`: the seam for a level above the host (etcd, feature `etcd`);
+//! * `global_level`: the seam for the global level (etcd, feature `etcd`);
 //! * this file: the facade, [`Elector`], whose calls are messages to the
 //!   writer or reads of the published snapshot.
 
 pub(crate) mod agent_hold;
 pub(crate) mod cache;
 mod command;
+pub(crate) mod global_level;
 mod machine;
 mod profile;
 pub(crate) mod store;
 pub mod types;
-pub(crate) mod upper;
 mod wake;
 mod world;
 mod writer;
@@ -111,12 +111,12 @@ impl Elector {
     }
 
     /// Validates `config` and starts the writer thread with `stores` and
-    /// the level above the host that `upper` builds (see `crate::start`).
+    /// the global level that `global_level` builds (see `crate::start`).
     pub(crate) fn start_with(
         config: Config,
         id: InstanceId,
         stores: StoreFactory,
-        upper: upper::UpperBuilder,
+        global_level: global_level::GlobalBuilder,
     ) -> Result<Self> {
         config.validate()?;
         let mut sources = WakeSources::new(&config.lock_dir, config.backend, config.holder_poll())
@@ -127,22 +127,22 @@ impl Elector {
         let mailbox = sources.mailbox();
         let shared = Arc::new(Shared::new());
         let tell_mailbox = mailbox.clone();
-        let tell: upper::Tell = Box::new(move |pk, news| {
-            let _ = tell_mailbox.send(Msg::Command(Command::Upper(pk, news)));
+        let tell: global_level::Tell = Box::new(move |pk, news| {
+            let _ = tell_mailbox.send(Msg::Command(Command::Global(pk, news)));
         });
         let renewed_mailbox = std::sync::Mutex::new(mailbox.clone());
-        let renewed: upper::TellRenewed = Arc::new(move |pk, r| {
+        let renewed: global_level::TellRenewed = Arc::new(move |pk, r| {
             let tx = renewed_mailbox.lock().unwrap_or_else(|p| p.into_inner());
             let _ = tx.send(Msg::Command(Command::Renewed(pk, r)));
         });
-        let upper = upper(tell, renewed)?;
+        let global_level = global_level(tell, renewed)?;
         let world = Box::new(world::SystemWorld::new(&config, sources, stores));
         let writer = Writer::new(
             config.clone(),
             Arc::from(id.as_str()),
             Arc::clone(&shared),
             world,
-            upper,
+            global_level,
         );
         let thread = std::thread::Builder::new()
             .name("nip-le-writer".into())
@@ -492,7 +492,7 @@ impl LeaderView {
         self.shared.snapshot.is_leader(&self.pubkey)
     }
 
-    /// Whether we lead our host for the key, whatever the level above says
+    /// Whether we lead our host for the key, whatever the global level says
     /// (false while it is not joined, and while we step down).
     pub(crate) fn leads_host(&self) -> bool {
         self.shared

@@ -53,8 +53,13 @@ fn lock_file_io_happens_on_the_writer_thread_only() {
                 threads: Arc::clone(&t),
             }) as Box<dyn LockStore>
         });
-        let e =
-            Elector::start_with(c, InstanceId::new("me").unwrap(), stores, upper::none()).unwrap();
+        let e = Elector::start_with(
+            c,
+            InstanceId::new("me").unwrap(),
+            stores,
+            global_level::none(),
+        )
+        .unwrap();
         let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
         // Every call the API has, from this (the "main") thread.
         e.join(&k).unwrap();
@@ -156,7 +161,13 @@ fn fencing_and_unfencing_are_announced_and_agree_with_status() {
     c.stale = Duration::from_millis(2_500);
     c.lock_wait = Duration::from_millis(10);
     let (stores, failing) = failing_stores(&c);
-    let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores, upper::none()).unwrap();
+    let e = Elector::start_with(
+        c,
+        InstanceId::new("me").unwrap(),
+        stores,
+        global_level::none(),
+    )
+    .unwrap();
     let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
     let mut rx = e.subscribe();
     assert!(e.join(&k).unwrap());
@@ -231,7 +242,13 @@ fn a_panic_in_one_key_costs_that_key_a_look_never_the_election_task() {
             ))
         }
     });
-    let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores, upper::none()).unwrap();
+    let e = Elector::start_with(
+        c,
+        InstanceId::new("me").unwrap(),
+        stores,
+        global_level::none(),
+    )
+    .unwrap();
     e.join(&bad).unwrap();
     assert!(e.join(&good).unwrap(), "the healthy key leads");
     // Several ticks of the panicking key later, everything still answers.
@@ -252,11 +269,11 @@ fn a_panic_in_one_key_costs_that_key_a_look_never_the_election_task() {
     e.shutdown();
 }
 
-/// The level above the host as the writer tells it: every `host_leader`
+/// The global level as the writer tells it: every `host_leader`
 /// call, (leads, locked).
 struct Told(Arc<Mutex<Vec<(bool, bool)>>>);
 
-impl upper::UpperLevel for Told {
+impl global_level::GlobalLevel for Told {
     fn host_id(&self) -> &str {
         "h"
     }
@@ -272,11 +289,11 @@ impl upper::UpperLevel for Told {
 
 /// Issue 21, item 3: a host leader whose lock file cannot be written (a
 /// full or failing disk) fences itself, and must stop leading for the
-/// level above too: kept, its etcd lease keeps every other host from the
+/// global level too: kept, its etcd lease keeps every other host from the
 /// agent while it cannot act. With the host validity check in
-/// `Key::tell_upper` removed, the level above is never told.
+/// `Key::tell_global` removed, the global level is never told.
 #[test]
-fn a_host_leader_that_fenced_itself_no_longer_leads_for_the_level_above() {
+fn a_host_leader_that_fenced_itself_no_longer_leads_for_the_global_level() {
     let tmp = tempfile::tempdir().unwrap();
     let mut c = Config::new(tmp.path());
     c.refresh = Duration::from_millis(50);
@@ -285,9 +302,12 @@ fn a_host_leader_that_fenced_itself_no_longer_leads_for_the_level_above() {
     let (stores, failing) = failing_stores(&c);
     let calls = Arc::new(Mutex::new(Vec::new()));
     let told = Arc::clone(&calls);
-    let above: upper::UpperBuilder =
-        Box::new(move |_, _| Ok(Some(Box::new(Told(told)) as Box<dyn upper::UpperLevel>)));
-    let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores, above).unwrap();
+    let global_level: global_level::GlobalBuilder = Box::new(move |_, _| {
+        Ok(Some(
+            Box::new(Told(told)) as Box<dyn global_level::GlobalLevel>
+        ))
+    });
+    let e = Elector::start_with(c, InstanceId::new("me").unwrap(), stores, global_level).unwrap();
     let k = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
     e.join(&k).unwrap();
     let last = || calls.lock().unwrap().last().copied();
@@ -299,7 +319,7 @@ fn a_host_leader_that_fenced_itself_no_longer_leads_for_the_level_above() {
     failing.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(
         wait_for(Duration::from_secs(3), || last() == Some((false, false))),
-        "a fenced host leader still leads for the level above: {:?}",
+        "a fenced host leader still leads for the global level: {:?}",
         calls.lock().unwrap()
     );
     failing.store(false, std::sync::atomic::Ordering::SeqCst);

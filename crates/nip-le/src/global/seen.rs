@@ -2,8 +2,9 @@
 //! store revision and the cluster id. A window that first reaches etcd
 //! after it lost data (restored from an old snapshot, or recreated) would
 //! otherwise see nothing wrong, take a free key at once and act beside a
-//! window whose permit a forgotten lease still backs (simulator seed 101
-//! of `--cluster hosts --with data-loss`). Every window of the host starts
+//! window whose permit a forgotten lease still backs (the simulator with
+//! data loss: `every_window_notices_a_data_loss_its_host_saw_the_store_before_across_300_seeds`).
+//! Every window of the host starts
 //! from what any of them saw.
 //!
 //! The file is a hint, not a record: it is written without a sync, merged

@@ -344,15 +344,16 @@ impl Ledger {
     /// (the simulator with power losses: 0 of 300 seeds fail with takes
     /// unsynced, 59 with dones unsynced). A `held` line does too: lost, a
     /// successor takes its window's harness child for a writer without a
-    /// ledger and owes only what is published after it (the simulator:
-    /// seed 259, a power cut took the line of a window that had just
-    /// joined, its child held the lock, and a mention given back before
-    /// was never answered). So does a `floor` line: lost, a later holder
+    /// ledger and owes only what is published after it (the simulator
+    /// with power losses: a power cut took the line of a window that had
+    /// just joined, its child held the lock, and a mention given back
+    /// before was never answered; the teeth's `held_not_synced`). So does
+    /// a `floor` line: lost, a later holder
     /// owes again what a writer without a ledger may have answered.
     /// Refused lines that go out with it are synced.
     fn durable(&self, op: &Op) -> bool {
         (matches!(op, Op::Done { .. } | Op::GiveBack { .. }) && !mutated!(DoneNotSynced))
-            || matches!(op, Op::Held { .. } | Op::Floor { .. })
+            || (matches!(op, Op::Held { .. } | Op::Floor { .. }) && !mutated!(HeldNotSynced))
             || (!self.pending.is_empty() && !mutated!(HeldFlushUnsynced))
     }
 

@@ -1,6 +1,6 @@
 //! [`WorkMachine`]: one key's work rules for this window, pure. Its state
 //! is what the window knows of its work beyond the ledger file (the epoch
-//! it holds at and how it came to hold it, what the level above reported,
+//! it holds at and how it came to hold it, what the global level reported,
 //! since when it leads), its inputs the ledger's [`Index`] as last read (or
 //! `None`: unreadable), the presence probe and the time; its answers are
 //! decisions, and the lines to append. The writer's work shell opens,
@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::elector::types::{QueuedEvent, TakeOutcome};
 use crate::ledger::{self, Index, Op, Verdict};
 
-mod above;
+mod global_view;
 
 use super::first_look::FirstLook;
 use super::ledger_lines::{floor_line, record_take, taken_by};
@@ -44,12 +44,12 @@ struct Held {
     displaced: Option<Displaced>,
 }
 
-/// What the level above the host (etcd) reported for this key.
+/// What the global level (etcd) reported for this key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-struct Above {
-    /// Done or taken on every host, while we hold the key above.
+struct GlobalView {
+    /// Done or taken on every host, while we hold the agent's etcd key.
     shared: Option<Arc<SharedWork>>,
-    /// We hold the key above but its records could not be read yet.
+    /// We hold the agent's etcd key but its records could not be read yet.
     unread: bool,
     /// Since when (unix ms) we act after taking the agent from another
     /// host whose work is unknown here (its records could not tell).
@@ -81,7 +81,7 @@ pub(crate) struct WorkMachine {
     /// one of the fail-safe's leaders (see [`WorkMachine::holds`]).
     holds_lock: bool,
     held: Option<Held>,
-    above: Above,
+    global: GlobalView,
     /// Takes this window was granted and has not settled yet (see
     /// [`WorkMachine::grant`]).
     in_hand: BTreeMap<String, InHand>,
@@ -120,7 +120,7 @@ impl WorkMachine {
             replaced: None,
             holds_lock: false,
             held: None,
-            above: Above::default(),
+            global: GlobalView::default(),
             in_hand: BTreeMap::new(),
         }
     }
@@ -172,11 +172,11 @@ impl WorkMachine {
     ) -> Lead {
         if !leader {
             *self = Self {
-                above: std::mem::take(&mut self.above),
+                global: std::mem::take(&mut self.global),
                 in_hand: std::mem::take(&mut self.in_hand),
                 ..Self::new(self.keeps_ledger, self.stale)
             };
-            self.above.since = None;
+            self.global.since = None;
             return Lead::Forget;
         }
         self.leader_since.get_or_insert(now_ms);
@@ -338,10 +338,10 @@ impl WorkMachine {
             return Answer(TakeOutcome::AlreadyTaken);
         }
         // What another host did (or a window of any host still does).
-        if self.above.unread {
+        if self.global.unread {
             return Answer(TakeOutcome::Unavailable);
         }
-        if let Some(shared) = &self.above.shared {
+        if let Some(shared) = &self.global.shared {
             if shared.done.contains(id) {
                 return Answer(TakeOutcome::Done);
             }
@@ -501,15 +501,15 @@ impl WorkMachine {
     }
 
     /// The queued events we must dispatch now, in order: none unless we
-    /// act and the level above could tell what every host did; then what
-    /// the level above does not show done or taken, and what the ledger
+    /// act and the global level could tell what every host did; then what
+    /// the global level does not show done or taken, and what the ledger
     /// shows owed (see [`ledger::owed`]). Without a ledger that covers the
     /// predecessor, only what was published since we led (it may have
     /// answered the rest), or queued after the first time we were asked
     /// while leading: a `created_at` is its sender's clock, and ours may
     /// have stepped (the simulator, the teeth's `late_by_published`: after
     /// a wall-clock step of +5.9 s, the mentions published in those seconds
-    /// were owed to no holder). The level above's unknown start stays a published time:
+    /// were owed to no holder). The global level's unknown start stays a published time:
     /// the other host received what we queue since, and may have acted on
     /// it (across hosts, 1,000 seeds: owing it made 6% more answers on two
     /// hosts).
@@ -527,24 +527,24 @@ impl WorkMachine {
         let after_ledgerless = self.held.as_ref().is_some_and(|h| h.ledgerless_before);
         (self.first_look).get_or_insert_with(|| FirstLook::new(queue, led, after_ledgerless));
         let first_look = self.first_look.as_ref();
-        if self.above.unread {
+        if self.global.unread {
             return Vec::new();
         }
-        let since = led.max(self.above.since.unwrap_or(0));
-        let shared = self.above.shared.as_deref();
+        let since = led.max(self.global.since.unwrap_or(0));
+        let shared = self.global.shared.as_deref();
         let elsewhere = |id: &str| {
             self.in_hand(id, index)
                 || shared.is_some_and(|w| w.done.contains(id) || w.taken.contains(id))
         };
         // As if published since we led (of unknown time), unless before
-        // the level above's unknown start: what was queued since our first
+        // the global level's unknown start: what was queued since our first
         // look, and what our ledger shows taken by a taker now gone, or
         // given back (it was in our windows' hands and they did not answer
         // it: the simulator, the teeth's `taken_left_to_floor`: a holder
         // took mentions and was killed, a harness child's record came
         // between, and the next holder owed only what was published since
         // it led).
-        let above_since = self.above.since.unwrap_or(0);
+        let global_since = self.global.since.unwrap_or(0);
         let ours = |id: &str| {
             !mutated!(TakenLeftToFloor) && index.is_some_and(|ix| ix.state(id).is_some())
         };
@@ -552,7 +552,7 @@ impl WorkMachine {
         let events = (queue.iter())
             .filter(|e| !elsewhere(&e.id))
             .map(|e| match e.published_ms {
-                Some(p) if (above_since..since).contains(&p) && (ours(&e.id) || late(&e.id)) => {
+                Some(p) if (global_since..since).contains(&p) && (ours(&e.id) || late(&e.id)) => {
                     (e.id.as_str(), None)
                 }
                 p => (e.id.as_str(), p),
@@ -562,14 +562,14 @@ impl WorkMachine {
             Some(h) => {
                 // Our ledger covers our host's earlier leaders, unless it
                 // cannot (then only what was published since we led); the
-                // level above's unknown start applies either way (a start
+                // global level's unknown start applies either way (a start
                 // no earlier than we led skipped what another host left
                 // unanswered before our host's leader changed: real-process
                 // chaos across hosts).
                 let ours_unknown = h.ledgerless_before || index.is_none();
-                let from = match (ours_unknown, self.above.since) {
+                let from = match (ours_unknown, self.global.since) {
                     (true, _) => Some(since),
-                    (false, above) => above,
+                    (false, global) => global,
                 };
                 ledger::owed(events, index, h.epoch, from, &lives)
             }
@@ -580,7 +580,7 @@ impl WorkMachine {
             None => {
                 let after_keeper = self.holds_lock && self.replaced_ledgerless.is_none();
                 let from = if after_keeper {
-                    self.above.since
+                    self.global.since
                 } else {
                     Some(since)
                 };

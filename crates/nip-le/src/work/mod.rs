@@ -1,6 +1,6 @@
 //! Extension: the work ledger's rules, for both levels, as pure code: what
 //! a take is granted, whose settle is accepted and at which epoch, what
-//! is owed, what the level above the host (etcd) has in hand elsewhere,
+//! is owed, what the global level (etcd) has in hand elsewhere,
 //! and when each falls back to "published since we led". The file format
 //! and the index of what a ledger file says are in [`crate::ledger`]; what
 //! a window owes etcd of its records (sent, refused, sent again, the
@@ -32,7 +32,7 @@ pub(crate) use ledger_lines::{epoch_floor, held_line, settle_line};
 pub(crate) use machine::WorkMachine;
 pub(crate) use steps::{Displaced, Lead, Settle, SettleStep, Spell, TakeStep};
 
-/// The agent's work as the level above the host records it for every host:
+/// The agent's work as the global level records it for every host:
 /// events done, and events a window still running has taken.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct SharedWork {
@@ -64,7 +64,7 @@ impl SharedWork {
     }
 }
 
-/// One record the level above keeps of an event.
+/// One record the global level keeps of an event.
 #[cfg(feature = "etcd")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RecordView<'a> {

@@ -11,8 +11,8 @@ use crate::liveness::Liveness;
 use crate::presence::{HolderPresence, PeerPresence};
 use crate::pubkey::AgentPubkey;
 
+use super::super::global_level::GlobalLevel;
 use super::super::machine::{Probes, Rules};
-use super::super::upper::UpperLevel;
 use super::super::world::{PresenceLock, World};
 use super::Shared;
 
@@ -39,8 +39,8 @@ pub(super) struct Ctx {
     /// Holders probed since the last answer: a holder of several keys is
     /// probed once per command, not once per key.
     pub(super) probed: RefCell<HashMap<String, HolderPresence>>,
-    /// The level above the host (etcd), when configured.
-    pub(super) upper: Option<Box<dyn UpperLevel>>,
+    /// The global level (etcd), when configured.
+    pub(super) global_level: Option<Box<dyn GlobalLevel>>,
 }
 
 impl Ctx {
@@ -50,7 +50,7 @@ impl Ctx {
         our_id: Arc<str>,
         shared: Arc<Shared>,
         world: Box<dyn World>,
-        upper: Option<Box<dyn UpperLevel>>,
+        global_level: Option<Box<dyn GlobalLevel>>,
     ) -> Self {
         Self {
             config,
@@ -64,7 +64,7 @@ impl Ctx {
             presence_dirty: false,
             listed: BTreeSet::new(),
             probed: RefCell::new(HashMap::new()),
-            upper,
+            global_level,
         }
     }
 

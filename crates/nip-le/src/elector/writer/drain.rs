@@ -124,8 +124,8 @@ impl Key {
         self.drain.is_some()
     }
 
-    /// The level above hands the agent to another host once we confirm
-    /// that we stopped acting ([`super::super::upper::UpperNews::confirm`]):
+    /// The global level hands the agent to another host once we confirm
+    /// that we stopped acting ([`super::super::global_level::GlobalNews::confirm`]):
     /// confirmed now, or, while our agent runs, once it has stopped (at the
     /// drain bound at the latest), so the other host's agent never answers
     /// beside ours.
@@ -138,7 +138,7 @@ impl Key {
             return;
         }
         self.withdraw_at = None;
-        if let Some(u) = ctx.upper.as_mut() {
+        if let Some(u) = ctx.global_level.as_mut() {
             u.withdrawn(self.pubkey);
         }
     }
@@ -152,7 +152,7 @@ impl Key {
         let running = ctx.shared.agents.running(&self.pubkey);
         if now || !running || ctx.world.now().mono >= until {
             self.withdraw_at = None;
-            if let Some(u) = ctx.upper.as_mut() {
+            if let Some(u) = ctx.global_level.as_mut() {
                 u.withdrawn(self.pubkey);
             }
         }

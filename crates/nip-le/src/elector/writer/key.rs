@@ -14,6 +14,7 @@ use crate::record::{LockContent, LockRecord};
 use crate::work::{Displaced, WorkMachine};
 
 use super::super::cache::{KeyCell, Published};
+use super::super::global_level::Permit;
 use super::super::machine::announce::{Announcement, Announcer};
 use super::super::machine::{
     Cause, Conclusion, Drain, Input, KeyMachine, Look, Observed, Seen, StepDownPlan, Validity,
@@ -23,7 +24,6 @@ use super::super::types::{
     ChangeReason, ClaimOutcome, ElectionStatus, GlobalStatus, HolderStatus, LeadershipChange,
     LockState,
 };
-use super::super::upper::Permit;
 use super::context::{Ctx, FileProbes};
 use super::{guarded, panic_message, unix_ms};
 
@@ -50,21 +50,21 @@ pub(super) struct Key {
     pub(super) unwritten: super::unwritten::Unwritten,
     /// What was announced last (see [`Announcer`]).
     pub(super) announcer: Announcer,
-    /// Whether the upper level was last told that we lead our host.
-    pub(super) told_upper: bool,
+    /// Whether the global level was last told that we lead our host.
+    pub(super) told_global: bool,
     /// ... and whether we held the lock file then.
     pub(super) told_locked: bool,
-    /// The upper level's permit as set in the cell now.
+    /// The global level's permit as set in the cell now.
     pub(super) permit: Permit,
-    /// Takes the upper level heard of and not yet their end: given back
+    /// Takes the global level heard of and not yet their end: given back
     /// to it when we leave the key, whatever our ledger says (one it
     /// cannot read, or a fail-safe take it never held), or their records
     /// would keep every other host from the events while we run.
-    pub(super) above_open: std::collections::BTreeSet<String>,
+    pub(super) global_open: std::collections::BTreeSet<String>,
     /// Our host leaderships of this key, counted (see
-    /// [`super::super::upper::UpperLevel::host_leader`]).
-    pub(super) upper_tenure: u64,
-    /// The upper level's view, when one is configured.
+    /// [`super::super::global_level::GlobalLevel::host_leader`]).
+    pub(super) global_tenure: u64,
+    /// The global level's view, when one is configured.
     pub(super) global: Option<GlobalStatus>,
     /// Extension: a step-down of ours waiting for our agent to stop
     /// before the lock moves (see [`super::drain`]), and the calls it
@@ -307,7 +307,7 @@ impl Key {
             ),
         }
         let held = self.cell.set_leader(c.leader);
-        self.tell_upper(ctx, c.leader, false);
+        self.tell_global(ctx, c.leader, false);
         // What readers see from now on: the flag, self-fencing included.
         let acting = self.cell.is_leader_on(ctx.world.clocks());
         let told =
@@ -348,10 +348,10 @@ impl Key {
         // The change happened now, whatever the writes below take.
         let stopped_at = unix_ms(ctx.world.now().wall);
         if departing || mutated!(StandDownGivesBack) {
-            let mut ended = std::mem::take(&mut self.above_open);
+            let mut ended = std::mem::take(&mut self.global_open);
             ended.extend(self.end_takes(ctx));
             for id in ended {
-                if let Some(u) = ctx.upper.as_mut() {
+                if let Some(u) = ctx.global_level.as_mut() {
                     u.settled(self.pubkey, &id, false);
                 }
             }
@@ -387,8 +387,8 @@ impl Key {
         }
         self.m.step(Input::Released(result), ctx.world.now());
         // A sibling of this host that took the lock from us continues the
-        // upper level's hold; otherwise it is given up at once.
-        self.tell_upper(ctx, false, !(released && heir.is_some()));
+        // global level's hold; otherwise it is given up at once.
+        self.tell_global(ctx, false, !(released && heir.is_some()));
         if let Some(a) = self.announcer.step_down(reason, always) {
             self.notify_at(ctx, a, stopped_at);
         }
@@ -451,14 +451,14 @@ impl Key {
     /// a successful write is announced as fenced at once, so the app's gate
     /// closes when `is_leader` turns false, not at our next tick.
     pub(super) fn announce_fencing(&mut self, ctx: &mut Ctx) {
-        // A step-down waiting for our agent tells the level above when the
-        // lock moves (to a sibling, the upper key stays with the host).
+        // A step-down waiting for our agent tells the global level when the
+        // lock moves (to a sibling, the etcd key stays with the host).
         if self.draining() {
             return;
         }
-        // Fenced: the level above hears that we no longer lead the host
+        // Fenced: the global level hears that we no longer lead the host
         // (and gives the agent up), unfenced again: that we do.
-        self.tell_upper(ctx, self.cell.is_set_leader(), true);
+        self.tell_global(ctx, self.cell.is_set_leader(), true);
         let acting = self.cell.is_leader_on(ctx.world.clocks());
         if let Some(a) = self.announcer.lapse(acting) {
             tracing::warn!(pubkey = %self.pubkey, "no successful write within the stale bound: fenced");

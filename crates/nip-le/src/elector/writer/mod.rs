@@ -15,14 +15,14 @@
 //! One concept per file: this one is the loop and the commands;
 //! `context` what the writer owns besides the keys (presence, probes);
 //! `key` one key's evaluation, step-down and announcements; `work` the
-//! work ledger; `upper` the glue to a level above the host.
+//! work ledger; `global_level` the glue to the global level.
 
 mod context;
 mod deferred;
 mod drain;
+mod global_level;
 mod key;
 mod unwritten;
-mod upper;
 mod work;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,11 +37,11 @@ use crate::pubkey::AgentPubkey;
 use crate::work::WorkMachine;
 
 use super::cache::{self, KeyCell, Published, Snapshot};
+use super::global_level::GlobalLevel;
 use super::machine::{Cause, Input, KeyMachine, Rules, StepDownPlan};
 use super::profile::Profile;
 use super::types::ChangeReason;
 use super::types::{ClaimOutcome, GlobalStatus, LeadershipChange};
-use super::upper::UpperLevel;
 use super::world::World;
 
 use context::Ctx;
@@ -101,7 +101,7 @@ impl Writer {
         our_id: Arc<str>,
         shared: Arc<Shared>,
         world: Box<dyn World>,
-        upper: Option<Box<dyn UpperLevel>>,
+        global_level: Option<Box<dyn GlobalLevel>>,
     ) -> Self {
         let rules = Rules {
             profile: Profile::of(config.mode),
@@ -111,7 +111,7 @@ impl Writer {
             reply_flight: config.reply_flight,
         };
         Self {
-            ctx: Ctx::new(config, rules, our_id, shared, world, upper),
+            ctx: Ctx::new(config, rules, our_id, shared, world, global_level),
             keys: BTreeMap::new(),
             left_unwritten: BTreeMap::new(),
             closing: None,
@@ -248,7 +248,7 @@ impl Writer {
                     Some(k) => {
                         k.cancel_drain(&mut self.ctx);
                         k.claim(&mut self.ctx)
-                            .map(|o| k.claim_above(&mut self.ctx, o))
+                            .map(|o| k.claim_global(&mut self.ctx, o))
                     }
                     None => Err(Error::NotJoined(pk)),
                 };
@@ -322,9 +322,9 @@ impl Writer {
                 Some(k) => k.work(&mut self.ctx, op, reply),
                 None => reply.fail(Error::NotJoined(pk)),
             },
-            Command::Upper(pk, news) => {
+            Command::Global(pk, news) => {
                 if let Some(k) = self.keys.get_mut(&pk) {
-                    k.upper_news(&mut self.ctx, news);
+                    k.global_news(&mut self.ctx, news);
                 }
             }
             Command::Renewed(pk, r) => {
@@ -379,11 +379,11 @@ impl Writer {
             ledger: None,
             unwritten: self.left_unwritten.remove(&pk).unwrap_or_default(),
             announcer: Default::default(),
-            told_upper: false,
+            told_global: false,
             told_locked: false,
-            permit: super::upper::Permit::NOT_HELD,
-            above_open: Default::default(),
-            upper_tenure: 0,
+            permit: super::global_level::Permit::NOT_HELD,
+            global_open: Default::default(),
+            global_tenure: 0,
             global: None,
             drain: None,
             drain_replies: Vec::new(),
@@ -391,7 +391,7 @@ impl Writer {
             work_counts: None,
         };
         key.note_member(&self.ctx);
-        if let Some(u) = &self.ctx.upper {
+        if let Some(u) = &self.ctx.global_level {
             key.cell.set_global(cache::global_state::NOT_HELD, 0);
             key.global = Some(GlobalStatus {
                 host_id: u.host_id().to_owned(),
@@ -472,13 +472,13 @@ impl Writer {
         let key = self.keys.get_mut(pk).ok_or(Error::NotJoined(*pk))?;
         if target == &*ctx.our_id {
             let local = key.claim(ctx)?;
-            return Ok(key.claim_above(ctx, local) != ClaimOutcome::Pending);
+            return Ok(key.claim_global(ctx, local) != ClaimOutcome::Pending);
         }
         if key.m.holds_lock() {
             // Across hosts the relay fans the frame out to every host, but
             // only the claimant's host must give its lock up: elsewhere
             // the claim travels through etcd and the host keeps its leader.
-            if ctx.upper.is_some() && key.heir(ctx, Some(target)).is_none() {
+            if ctx.global_level.is_some() && key.heir(ctx, Some(target)).is_none() {
                 return Ok(false);
             }
             let plan = plan(ChangeReason::StoodDown, Some(target.to_owned()), false);
@@ -508,13 +508,13 @@ impl Writer {
             self.forget(key);
         }
         // The last chance for lines the disk refused, those of keys we left
-        // before included (seed 2470: a `done` refused by EIO, its key left,
-        // the process quit before the next retry; its successor answered
-        // the mention again).
+        // before included (a `done` refused by EIO, its key left, the
+        // process quit before the next retry; its successor answered the
+        // mention again: `seeds_found_beyond_the_budget_stay_fixed`).
         for (pk, u) in self.left_unwritten.iter_mut() {
             work::retry(u, &self.ctx, pk);
         }
-        if let Some(u) = self.ctx.upper.as_mut() {
+        if let Some(u) = self.ctx.global_level.as_mut() {
             u.shutdown();
         }
         self.ctx.world.stop_all();

@@ -234,25 +234,25 @@ impl Key {
     /// One work-ledger operation, decided by the work rules
     /// ([`crate::work::WorkMachine`]) and carried out here.
     ///
-    /// The level above the host (if any) hears of every take granted and
+    /// The global level (if any) hears of every take granted and
     /// every take settled, after the answer: it records them for every host.
     pub(super) fn work(&mut self, ctx: &mut Ctx, op: WorkOp, reply: WorkReply) {
-        let above = self.work_here(ctx, op, reply);
-        if let (Some((id, what)), Some(u)) = (above, ctx.upper.as_mut()) {
+        let global = self.work_here(ctx, op, reply);
+        if let (Some((id, what)), Some(u)) = (global, ctx.global_level.as_mut()) {
             match what {
                 None => {
                     u.took(self.pubkey, &id);
-                    self.above_open.insert(id);
+                    self.global_open.insert(id);
                 }
                 Some(done) => {
                     u.settled(self.pubkey, &id, done);
-                    self.above_open.remove(&id);
+                    self.global_open.remove(&id);
                 }
             }
         }
     }
 
-    /// [`Key::work`] on the host: the answer, and what the level above
+    /// [`Key::work`] on the host: the answer, and what the global level
     /// must hear (an event and `None` for a take, `Some(done)` for its end).
     fn work_here(
         &mut self,
@@ -291,7 +291,7 @@ impl Key {
                 let _ = r.send(Ok(out));
                 granted.then_some((id, None))
             }
-            // The level above hears of every end, whatever this host's
+            // The global level hears of every end, whatever this host's
             // ledger made of it: a reply sent is done for every host, and a
             // take record of ours must not outlive its turn.
             (WorkOp::Done(id), WorkReply::Flag(r)) => {

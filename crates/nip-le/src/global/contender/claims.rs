@@ -157,7 +157,8 @@ impl Task {
                 }
                 // Only a claim other than the one that just failed: the
                 // same one again (a forged revision) would loop forever
-                // (found by the simulator, seed 81 of `--with hostile`).
+                // (found by the simulator with forged answers:
+                // `forged_ttls_and_revisions_never_make_two_holders_across_200_seeds`).
                 let r = self.gw.get(&self.cfg.claim_key(&pk));
                 if let Some(Some(newer)) = self.noted(pk, r) {
                     if newer.mod_revision != claim.mod_revision {
@@ -168,7 +169,9 @@ impl Task {
             // No answer (it may have been applied): still standing down,
             // tried again (the compare tells). Dropping the hand-over here
             // left a key naming us that we did not hold, which the next
-            // look continued as a sibling's (seed 1001 of `--cluster hosts`).
+            // look continued as a sibling's (found by the simulator across
+            // hosts; the teeth's `drop_unanswered_hand_over`).
+            None if mutated!(DropUnansweredHandOver) => {}
             None => {
                 if let Some(e) = self.entries.get_mut(&pk) {
                     e.handing = Some((h, claim));
@@ -185,8 +188,10 @@ impl Task {
         let e = &self.entries[&pk];
         let ours = holder_of(kv).instance_id == self.our_id;
         // Granted to a fail-safe host leader (no lock file): the sibling
-        // that holds the lock continues it (seed 7 of `--cluster hosts`).
-        if !(ours && e.leads && e.locked && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
+        // that holds the lock continues it (found by the simulator across
+        // hosts; the teeth's `granted_unlocked`).
+        let locked = e.locked || mutated!(GrantedUnlocked);
+        if !(ours && e.leads && locked && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
             return false;
         }
         if !self.may_take() {

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::elector::upper::{Tell, TellRenewed, UpperLevel};
+use crate::elector::global_level::{GlobalLevel, Tell, TellRenewed};
 use crate::elector::GlobalHolder;
 use crate::pubkey::AgentPubkey;
 
@@ -65,7 +65,7 @@ pub(crate) fn holder_of(kv: &Kv) -> GlobalHolder {
 #[derive(Debug)]
 pub(crate) enum Inbox {
     /// The writer leads its host for the key now, or stopped (see
-    /// [`UpperLevel::host_leader`]).
+    /// [`GlobalLevel::host_leader`]).
     Lead {
         pk: AgentPubkey,
         leads: bool,
@@ -125,7 +125,7 @@ pub(crate) struct Clients {
     pub renewals: Option<Arc<dyn Etcd>>,
 }
 
-/// The longest [`UpperLevel::shutdown`] waits for the leases to be given up.
+/// The longest [`GlobalLevel::shutdown`] waits for the leases to be given up.
 pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_secs(3);
 
 /// What the task's thread receives.
@@ -308,7 +308,7 @@ fn run(
     }
 }
 
-impl UpperLevel for Contender {
+impl GlobalLevel for Contender {
     fn host_id(&self) -> &str {
         &self.host_id
     }

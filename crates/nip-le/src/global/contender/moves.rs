@@ -70,10 +70,11 @@ impl Task {
     /// Renews our lease; a lease that etcd no longer knows means the key
     /// is gone.
     pub(super) fn renew(&mut self, pk: AgentPubkey, h: Held) {
-        if !self.entries[&pk].locked {
+        if !self.entries[&pk].locked && !mutated!(UnlockedKeepsLease) {
             // The NIP's fail-safe: the sibling holding our host's lock
-            // continues the lease; we stop acting on it (seed 7 of
-            // `--cluster hosts`, with disk faults).
+            // continues the lease; we stop acting on it (found by the
+            // simulator across hosts with disk faults; the teeth's
+            // `unlocked_keeps_lease`).
             self.step_back_for(pk, false, Some(ChangeReason::Lost));
             return;
         }
@@ -189,10 +190,10 @@ impl Task {
     /// etcd (a grant or the create failed), `None` not tried or someone
     /// else holds it.
     fn try_acquire(&mut self, pk: AgentPubkey, after_another: bool) -> Option<bool> {
-        if !self.entries[&pk].locked {
+        if !self.entries[&pk].locked && !mutated!(UnlockedAcquires) {
             // The NIP's fail-safe: a sibling may lead our host too and hold
-            // the key, or take it next (found by the simulator with disk
-            // faults, seed 93 of `--cluster hosts`).
+            // the key, or take it next (found by the simulator across hosts
+            // with disk faults; the teeth's `unlocked_acquires`).
             return None;
         }
         if !self.may_take() {
@@ -333,8 +334,12 @@ impl Task {
         // writer hears of the gain (no act-then-stand-down). Only on a
         // lease of our own: a sibling whose lease we continue may be paused
         // with its permit still open, and a hand-over now would give the
-        // key away under it (seed 110 of `--cluster hosts`).
-        if matches!(reason, ChangeReason::Acquired | ChangeReason::Failover) {
+        // key away under it (found by the simulator across hosts, when
+        // its fault plan reached it; the teeth's `claim_on_siblings_lease`
+        // lists it as guarded by nothing now).
+        if matches!(reason, ChangeReason::Acquired | ChangeReason::Failover)
+            || mutated!(ClaimOnSiblingsLease)
+        {
             self.find_claim(pk);
             if self.entries[&pk].handing.is_some() {
                 return;

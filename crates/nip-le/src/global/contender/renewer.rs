@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::elector::cache;
-use crate::elector::upper::{Renewed, TellRenewed};
+use crate::elector::global_level::{Renewed, TellRenewed};
 use crate::pubkey::AgentPubkey;
 
 use super::super::etcd::Etcd;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::elector::cache::{self, global_state};
-use crate::elector::upper::{Permit, SharedWork, Tell, UpperNews};
+use crate::elector::global_level::{GlobalNews, Permit, SharedWork, Tell};
 use crate::elector::{ChangeReason, GlobalHolder, GlobalStatus};
 use crate::pubkey::AgentPubkey;
 
@@ -197,10 +197,11 @@ impl Task {
     /// then news of every permit that changed without a word. Inputs that
     /// waited together are all taken in before anything is done on etcd:
     /// a host leadership the writer gained and lost again while this task
-    /// was busy (a slow link) is never acted on (`nip-le sim --cluster
-    /// hosts --with slow-link --no-renewer`, seed 321: the stale gain took
-    /// the sibling's key and the loss that followed deleted it under the
-    /// sibling that still acted, and another host took it). A panic on
+    /// was busy (a slow link) is never acted on (the simulator with slow
+    /// links and no renewer: the stale gain took the sibling's key and the
+    /// loss that followed deleted it under the sibling that still acted,
+    /// and another host took it;
+    /// `slow_links_never_make_two_holders_with_or_without_the_renewer_across_300_seeds`). A panic on
     /// the way (a bug, here or in a call) closes every permit before the
     /// task goes on: no permit outlives the machine's grip on it, and the
     /// next steps look at every key again.
@@ -313,9 +314,9 @@ impl Task {
                     // Only the lock changed. Without it (the NIP's
                     // fail-safe) we give up a key we hold: the sibling
                     // that holds the lock continues it, and must find
-                    // nobody else acting on it (seed 7 of `--cluster
-                    // hosts`, with disk faults).
-                    if !locked && e.held.is_some() {
+                    // nobody else acting on it (the teeth's
+                    // `unlocked_keeps_lease`).
+                    if !locked && e.held.is_some() && !mutated!(UnlockedKeepsLease) {
                         self.step_back_for(pk, false, Some(ChangeReason::Lost));
                     } else {
                         // The writer closed its permit when the lock went:
@@ -396,7 +397,7 @@ impl Task {
             return;
         };
         let e = &self.entries[&pk];
-        let news = UpperNews {
+        let news = GlobalNews {
             work,
             work_unread: e.work_unread && e.held.is_some(),
             reason,

@@ -7,7 +7,7 @@
 //! * `take`: written when the writer grants a take, in one transaction
 //!   fenced by our hold (`MOD(leader) == held.revision`) that creates the
 //!   record only if there is none (a take sent late never overwrites a
-//!   done, seed 25 of `--cluster hosts --strict-once`), bound to a lease
+//!   done: `a_take_recorded_late_never_overwrites_a_done`), bound to a lease
 //!   of this window that is renewed while any take of ours is open. So a
 //!   take record lives while its window runs (at most a TTL
 //!   after it died): another host's holder leaves the event to it, as a
@@ -118,8 +118,10 @@ impl Task {
     /// The writer granted a take of `id`: recorded at once, fenced by our
     /// hold (or, under the fall-back, where we hold nothing, unfenced once
     /// etcd answers: the turn is real, and a host that gains the agent
-    /// meanwhile must leave it to us; seeds 88 and 1500 of `--cluster
-    /// hosts --strict-once`). A record etcd refuses is sent again, and a
+    /// meanwhile must leave it to us: the simulator across hosts with every
+    /// mention answered once,
+    /// `three_hosts_on_one_etcd_never_have_two_holders_and_answer_once_across_200_seeds`).
+    /// A record etcd refuses is sent again, and a
     /// hand-over to another host waits for it (see [`Task::work_sent`]).
     pub(super) fn took(&mut self, pk: AgentPubkey, id: String) {
         self.work.took(pk, id);
@@ -251,7 +253,7 @@ impl Task {
     /// be read). While another window's take is open, it is read again
     /// every TTL/3.
     /// A failed read is tried again soon, and the writer owes nothing
-    /// meanwhile ([`crate::elector::upper::UpperNews::work_unread`]).
+    /// meanwhile ([`crate::elector::global_level::GlobalNews::work_unread`]).
     pub(super) fn read_work(&mut self, pk: AgentPubkey) -> Option<Arc<SharedWork>> {
         let prefix = self.work_prefix(&pk);
         self.list_leases();

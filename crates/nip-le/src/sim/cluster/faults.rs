@@ -348,8 +348,8 @@ impl Sim {
 /// Stops `p` until `until` at least: a stop that ends sooner never wakes a
 /// process that a machine suspend (or a pause of everyone) holds longer.
 /// Setting it outright let a window stopped during a suspend run while the
-/// machine slept, and act beside the holder that woke with it (seed 173:
-/// two acting windows).
+/// machine slept, and act beside the holder that woke with it (a suspend
+/// of the budget: two acting windows).
 fn stop_until(p: &mut crate::sim::state::Proc, until: u64) {
     p.stopped_until = p.stopped_until.max(until);
 }

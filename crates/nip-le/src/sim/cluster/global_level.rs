@@ -1,4 +1,4 @@
-//! The level above the host in a run across hosts: each window's real
+//! The global level in a run across hosts: each window's real
 //! contender machine ([`crate::global::contender::Task`]) on its host's
 //! clocks, calling the run's simulated etcd through its host's link, its
 //! watch cursor fed from that etcd. The contender lives and dies with its
@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::elector::upper::UpperLevel;
+use crate::elector::global_level::GlobalLevel;
 use crate::global::contender::renewer::{self, Renewer};
 use crate::global::contender::watch::Cursor;
 use crate::global::contender::{Clock, Inbox, Task};
@@ -83,7 +83,7 @@ struct Contended {
     id: String,
 }
 
-/// What the window's writer said to its upper level, for the next step.
+/// What the window's writer said to its global level, for the next step.
 #[derive(Default)]
 struct Slot {
     inbox: VecDeque<Inbox>,
@@ -95,12 +95,12 @@ fn slot(s: &Mutex<Slot>) -> std::sync::MutexGuard<'_, Slot> {
 }
 
 /// The writer's handle.
-struct SimUpper {
+struct SimGlobal {
     host_id: String,
     slot: Arc<Mutex<Slot>>,
 }
 
-impl UpperLevel for SimUpper {
+impl GlobalLevel for SimGlobal {
     fn host_id(&self) -> &str {
         &self.host_id
     }
@@ -159,9 +159,13 @@ impl Clock for HostClock {
 }
 
 impl Sim {
-    /// The upper level of a new window `proc` named `id`, if the run spans
+    /// The global level of a new window `proc` named `id`, if the run spans
     /// hosts.
-    pub(super) fn upper_for(&mut self, proc: ProcId, id: &str) -> Option<Box<dyn UpperLevel>> {
+    pub(super) fn global_level_for(
+        &mut self,
+        proc: ProcId,
+        id: &str,
+    ) -> Option<Box<dyn GlobalLevel>> {
         let h = self.host.as_mut()?;
         let mut cfg = EtcdConfig::new(vec!["http://sim:0".into()], h.name.clone());
         cfg.ttl = h.ttl;
@@ -170,7 +174,7 @@ impl Sim {
         let tell = Box::new(move |pk, news| {
             let mut s = lock(&m);
             let t = s.t;
-            s.procs[proc].inbox.push(Command::Upper(pk, news));
+            s.procs[proc].inbox.push(Command::Global(pk, news));
             s.wakeups.push((proc, t));
         });
         let mut task = Task::new(
@@ -194,7 +198,7 @@ impl Sim {
                 id: id.to_owned(),
             },
         );
-        let upper = SimUpper {
+        let global_level = SimGlobal {
             host_id: h.name.clone(),
             slot,
         };
@@ -203,7 +207,7 @@ impl Sim {
             let at = self.now() + every;
             self.push(at, Ev::Renewer(proc));
         }
-        Some(Box::new(upper))
+        Some(Box::new(global_level))
     }
 
     /// The host's link is slow until `until`: its contenders are busy.

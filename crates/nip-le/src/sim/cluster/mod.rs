@@ -20,15 +20,15 @@ use super::rng::Rng;
 use super::state::{Kind, ProcId, State};
 use super::world::{lock, write_fault, Machine, SimWorld};
 
-mod above;
 mod across;
 mod apps;
 mod checks;
 mod faults;
+mod global_level;
 mod outcome;
 mod procs;
 
-pub(crate) use above::HostLink;
+pub(crate) use global_level::HostLink;
 pub use outcome::Outcome;
 
 const MS: u64 = 1_000_000;
@@ -291,7 +291,7 @@ impl Sim {
     /// true clock: the machine's wall steps do not move it), for a mention
     /// published at `at` (virtual ns). Was the virtual ms since the run
     /// began, older than every unix time: a holder that fell back to
-    /// "published since we led" then owed nothing ever again (seed 48).
+    /// "published since we led" then owed nothing ever again.
     fn relay_ms(&self, at: u64) -> u64 {
         let wall0 = lock(&self.m).wall0;
         let base = wall0

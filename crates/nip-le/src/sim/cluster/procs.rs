@@ -19,13 +19,13 @@ impl Sim {
         let shared = Arc::new(Shared::new());
         let rx = shared.events.subscribe();
         let world = SimWorld::new(Arc::clone(&self.m), proc, self.rng.fork());
-        let upper = self.upper_for(proc, &id);
+        let global_level = self.global_level_for(proc, &id);
         let writer = Writer::new(
             self.config(extended),
             Arc::from(id.as_str()),
             Arc::clone(&shared),
             Box::new(world),
-            upper,
+            global_level,
         );
         // What the relay brings a client that connects: the recent events,
         // as many as its queue keeps.

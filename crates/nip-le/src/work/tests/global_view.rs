@@ -1,9 +1,9 @@
-//! What the level above the host (etcd) reports, against the ledger.
+//! What the global level (etcd) reports, against the ledger.
 
 use super::*;
 
 #[test]
-fn what_the_level_above_reports_decides_before_the_ledger() {
+fn what_the_global_level_reports_decides_before_the_ledger() {
     let mut m = holding(3);
     let ix = Index::default();
     let q = queue(&[("done-there", 1), ("taken-there", 1), ("free", 1)]);
@@ -12,13 +12,13 @@ fn what_the_level_above_reports_decides_before_the_ledger() {
         taken: ["taken-there".to_owned()].into(),
     };
     // Unread: nothing owed, nothing granted.
-    m.above(None, true, None, false);
+    m.heard_global(None, true, None, false);
     assert!(m.owed(&q, true, Some(&ix), NOBODY).is_empty());
     assert_eq!(
         take(&m, "free", Some(&ix), NOBODY),
         TakeStep::Answer(TakeOutcome::Unavailable)
     );
-    m.above(Some(Arc::new(shared)), false, None, false);
+    m.heard_global(Some(Arc::new(shared)), false, None, false);
     assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["free"]);
     assert_eq!(
         take(&m, "done-there", Some(&ix), NOBODY),
@@ -29,15 +29,15 @@ fn what_the_level_above_reports_decides_before_the_ledger() {
     // A gain from a host whose work is unknown: only what is published
     // from then on; a read of the records ends that.
     let q = queue(&[("old", T), ("new", T + 10)]);
-    m.above(None, false, Some(T + 5), false);
+    m.heard_global(None, false, Some(T + 5), false);
     assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["new"]);
-    m.above(Some(Arc::new(SharedWork::default())), false, None, false);
+    m.heard_global(Some(Arc::new(SharedWork::default())), false, None, false);
     assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["old", "new"]);
 }
 
 #[cfg(feature = "etcd")]
 #[test]
-fn the_records_above_leave_our_own_takes_to_our_ledger() {
+fn the_global_records_leave_our_own_takes_to_our_ledger() {
     let recs = [
         RecordView {
             id: "a",
@@ -89,7 +89,7 @@ fn a_fall_back_owes_from_the_hosts_unknown_start_though_we_led_later() {
         ("before-us", T + 500),
         ("after", T + 2_000),
     ]);
-    m.above(None, false, Some(T), false);
+    m.heard_global(None, false, Some(T), false);
     assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["before-us", "after"]);
     // Our own ledger unreadable: nothing covers our predecessors either.
     assert_eq!(m.owed(&q, true, None, NOBODY), ["after"]);

@@ -10,8 +10,8 @@ use super::*;
 use crate::elector::types::{QueuedEvent, TakeOutcome};
 use crate::ledger::{Index, Op};
 
-mod above;
 mod floor;
+mod global_view;
 
 const STALE: Duration = Duration::from_secs(10);
 const T: u64 = 1_000_000;
@@ -304,7 +304,7 @@ fn what_is_queued_after_we_lead_is_owed_whatever_its_published_time() {
     );
     // A gain from a host whose work is unknown since T + 4: what it
     // received before then it may have answered, queued here late or not.
-    m.above(None, false, Some(T + 4), false);
+    m.heard_global(None, false, Some(T + 4), false);
     let gain = queue(&[("late-clock", T - 3), ("there", T + 3), ("after", T + 5)]);
     assert_eq!(m.owed(&gain, true, Some(&ix), NOBODY), ["after"]);
     // Lost, and led again after a ledgerless writer: a new first look.
@@ -343,7 +343,7 @@ fn before_a_ledgerless_floor_our_windows_unanswered_takes_are_owed() {
     );
     // Before another host's unknown start, that host may have answered
     // them: left out all the same.
-    m.above(None, false, Some(T - 1), false);
+    m.heard_global(None, false, Some(T - 1), false);
     assert!(m.owed(&q, true, Some(&ix), &lives).is_empty());
 }
 

@@ -14,6 +14,8 @@ struct Twisted {
     no_space: AtomicBool,
     /// The next fenced create commits, and its answer is lost.
     lose_answer_once: AtomicBool,
+    /// The next swap (a hand-over) never reaches etcd, and gets no answer.
+    swap_unanswered_once: AtomicBool,
 }
 
 impl Twisted {
@@ -55,6 +57,9 @@ impl Etcd for TwistedEtcd {
         also: Option<(&str, u64)>,
     ) -> EtcdResult<Txn> {
         self.how.writes()?;
+        if self.how.swap_unanswered_once.swap(false, Ordering::SeqCst) {
+            return Err(EtcdError::unreachable("simulated: no answer"));
+        }
         self.etcd.swap(k, rev, v, lease, also)
     }
     fn put(&self, key: &str, value: &[u8], lease: i64) -> EtcdResult<()> {
@@ -485,4 +490,34 @@ fn a_take_whose_answer_was_lost_is_still_ours_renewed_and_given_back() {
         etcd.get_at(&key).unwrap().0.is_none(),
         "the give-back left it"
     );
+}
+
+/// A hand-over to another host's claim that etcd did not answer is tried
+/// again (the compare tells whether it was applied). Dropped, it left the
+/// key naming a holder that no longer held it, and the claimant waited
+/// for the lease to lapse (found by the simulator across hosts; the
+/// teeth's `drop_unanswered_hand_over`).
+#[test]
+fn a_hand_over_etcd_did_not_answer_is_tried_again() {
+    let (clock, etcd) = rig();
+    let how = Arc::new(Twisted::default());
+    let mut a = twisted_with(&etcd, &clock, "a", &how, WhenUnreachable::FallBack);
+    let mut b = Host::new(&etcd, &clock, "b", WhenUnreachable::FallBack);
+    a.lead(true, false);
+    b.lead(true, false);
+    pump_all(&mut [&mut a, &mut b]);
+    assert!(a.acts() && !b.acts());
+    b.task.step(Some(Inbox::Claim(pk())));
+    b.pump();
+    how.swap_unanswered_once.store(true, Ordering::SeqCst);
+    a.pump();
+    assert!(!a.acts(), "stood down for the claim");
+    // A few retry delays, far less than the lease's TTL.
+    for _ in 0..4 {
+        clock.advance(TTL / 20);
+        pump_all(&mut [&mut a, &mut b]);
+    }
+    let holder = holder_of(&etcd.get(&leader_key()).unwrap().expect("held"));
+    assert_eq!(holder.host_id, "b", "the hand-over was tried again");
+    assert!(b.acts() && !a.acts());
 }

@@ -11,7 +11,7 @@ use super::task::Clock;
 use super::watch::Cursor;
 use super::*;
 use crate::elector::cache::{global_state, Clocks, KeyCell, Published};
-use crate::elector::upper::UpperNews;
+use crate::elector::global_level::GlobalNews;
 use crate::elector::{ChangeReason, Level};
 use crate::global::memory::MemoryEtcd;
 use crate::global::WhenUnreachable;
@@ -170,7 +170,7 @@ impl Etcd for Cut {
 /// each permit, confirm when asked; the flag, never fenced).
 struct Host {
     task: Task,
-    news: Arc<Mutex<Vec<UpperNews>>>,
+    news: Arc<Mutex<Vec<GlobalNews>>>,
     cell: KeyCell,
     cursor: Cursor,
     cut: Arc<AtomicBool>,
@@ -178,7 +178,7 @@ struct Host {
     confirms: usize,
     etcd: MemoryEtcd,
     /// The last work records the writer was handed.
-    work: Option<Arc<crate::elector::upper::SharedWork>>,
+    work: Option<Arc<crate::elector::global_level::SharedWork>>,
 }
 
 impl Host {
@@ -266,7 +266,7 @@ impl Host {
                 };
                 inputs.extend(msg.map(|m| self.cursor.message(m)).unwrap_or_default());
             }
-            let news: Vec<UpperNews> = std::mem::take(&mut *self.news.lock().unwrap());
+            let news: Vec<GlobalNews> = std::mem::take(&mut *self.news.lock().unwrap());
             for n in &news {
                 self.cell.set_global(n.permit.state, n.permit.until);
                 if n.work.is_some() {
@@ -421,7 +421,7 @@ fn shell_holding(calls: Arc<dyn Etcd>, watches: Arc<dyn Etcd>) -> (Contender, Ar
 /// [`shell_holding`] on any clients; permits and renewals applied by the
 /// writer's rules ([`Permit::over`], [`Permit::renewed`]).
 fn shell_holding_on(clients: Clients) -> (Contender, Arc<KeyCell>) {
-    use crate::elector::upper::Permit;
+    use crate::elector::global_level::Permit;
     let cell = Arc::new(KeyCell::new(false, Published::initial(pk())));
     cell.set_global(global_state::NOT_HELD, 0);
     cell.set_leader(true);
@@ -553,6 +553,7 @@ fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
     assert!(a1.acts() && !a0.acts());
 }
 
+mod fail_safe;
 mod hardening;
 mod refusals;
 mod renewals;
