@@ -182,7 +182,7 @@ pub struct Config {
     /// Extension: how long a reply the app sent while it could act may take
     /// to reach the relay (1 s by default). A leader that cannot write its
     /// record stops acting this long before anyone may take over from it
-    /// (at least 50 ms, at most half the gap between `refresh` and
+    /// (at least 50 ms, at most a quarter of the gap between `refresh` and
     /// `stale`), so such a reply, and its `done`, land before a successor
     /// owes the event.
     pub reply_flight: Duration,
