@@ -27,7 +27,7 @@ const STALE_MS = 3000
 const STAND_DOWN_MS = 6000
 const FEED = path.join(tmp, 'feed')
 const EVENTS = path.join(tmp, 'lease-events.jsonl')
-const NIP_LE = path.join(ROOT, 'target/debug/nip-le')
+const NIP_LE = path.join(ROOT, 'target/debug/nip-le-lab')
 
 const agents = [SCOUT, SCRIBE]
 const violations = []
@@ -131,7 +131,7 @@ async function settled(what) {
   }
 }
 
-/** SIGSTOPs `w` at a moment it holds no lock file's flock (see crates/nip-le-cli/tests/support: a process frozen inside it cannot be replaced). */
+/** SIGSTOPs `w` at a moment it holds no lock file's flock (see crates/nip-le-lab/tests/support: a process frozen inside it cannot be replaced). */
 async function stopOutsideFlock(w, agentsOf) {
   const locks = agentsOf.map((a) => path.join(tmp, 'locks', `${a}.lock`))
   const stopped = () => fs.readdirSync(`/proc/${w.pid}/task`).every((t) => /\) [Tt]/.test(fs.readFileSync(`/proc/${w.pid}/task/${t}/stat`, 'utf8')))

@@ -1,18 +1,22 @@
 // The docs name only what exists, and name all of it. Compared both ways:
 // * `nip-le`'s subcommands and each one's flags, from the binary's own
-//   `--help`, against the synopsis at the top of docs/cli.md;
+//   `--help`, against the synopsis at the top of docs/cli.md, and the
+//   lab's own (`nip-le-lab`, beyond the user's commands it shares) against
+//   the lab's synopsis there;
 // * the `changed` event's fields, its `reason` values and its `level`
 //   values, from the generated TypeScript bindings, against
 //   docs/integration.md;
 // * the plugin's commands (build.rs), the default and read-only permission
 //   sets (permissions/*.toml) and every `leader-election:…` permission the
 //   README and docs name.
-// Usage: node scripts/docs-check.mjs [path/to/nip-le] (default
-// target/debug/nip-le). Called by scripts/test.sh.
+// Usage: node scripts/docs-check.mjs [path/to/nip-le [path/to/nip-le-lab]]
+// (default target/debug/nip-le and its sibling nip-le-lab). Called by
+// scripts/test.sh.
 import { execFileSync } from 'node:child_process'
 import { readFileSync, readdirSync } from 'node:fs'
 
 const bin = process.argv[2] ?? 'target/debug/nip-le'
+const labBin = process.argv[3] ?? `${bin}-lab`
 const read = (p) => readFileSync(p, 'utf8')
 const problems = []
 /** Reports what one side has and the other lacks. */
@@ -20,7 +24,6 @@ function compare(what, inCode, inDocs, where) {
   for (const x of inCode) if (!inDocs.has(x)) problems.push(`${what}: ${x} exists but ${where} does not name it`)
   for (const x of inDocs) if (!inCode.has(x)) problems.push(`${what}: ${where} names ${x}, which does not exist`)
 }
-const help = (...args) => execFileSync(bin, [...args, '--help'], { encoding: 'utf8' })
 const flagsIn = (text) => new Set([...text.matchAll(/--[a-z0-9][a-z0-9-]*/g)].map((m) => m[0]))
 const ticked = (text) => new Set([...text.matchAll(/`([^`]+)`/g)].map((m) => m[1]))
 /** The text of `text` from `from` up to `to` (exclusive). */
@@ -36,35 +39,52 @@ function between(text, from, to, file) {
 
 // --- the CLI ------------------------------------------------------------
 const cli = read('docs/cli.md')
-const synopsis = cli.match(/^```\n(nip-le [\s\S]*?)^```/m)?.[1] ?? ''
-if (!synopsis) problems.push('docs/cli.md: no synopsis block (a plain ``` block starting with `nip-le `)')
-const sections = new Map()
-let current = null
-for (const line of synopsis.split('\n')) {
-  const head = line.match(/^nip-le ([a-z-]+)/) ?? line.match(/^(ETCD):/)
-  if (head) current = head[1]
-  if (!current || !line.trim()) continue
-  sections.set(current, (sections.get(current) ?? '') + line + '\n')
+/** The subcommands `exe` lists in its `--help`. */
+function subcommandsOf(exe) {
+  const text = execFileSync(exe, ['--help'], { encoding: 'utf8' })
+  return new Set(
+    [...text.split('Commands:')[1].split(/\n\S/)[0].matchAll(/^ {2}([a-z][a-z-]*) /gm)]
+      .map((m) => m[1])
+      .filter((c) => c !== 'help'),
+  )
 }
-const etcdFlags = flagsIn(sections.get('ETCD') ?? '')
-sections.delete('ETCD')
-const subcommands = new Set(
-  [...help().split('Commands:')[1].split(/\n\S/)[0].matchAll(/^ {2}([a-z][a-z-]*) /gm)]
-    .map((m) => m[1])
-    .filter((c) => c !== 'help'),
-)
-compare('nip-le subcommand', subcommands, new Set(sections.keys()), 'docs/cli.md')
-for (const sub of subcommands) {
-  if (!sections.has(sub)) continue
-  // Flags as clap lists them (an option line starts with one), not those
-  // a description mentions.
-  const listedFlags = [...help(sub).matchAll(/^\s+(?:-\w, )?(--[a-z0-9][a-z0-9-]*)/gm)].map((m) => m[1])
-  const code = new Set(listedFlags.filter((f) => f !== '--help' && f !== '--version'))
-  const text = sections.get(sub)
-  const docs = flagsIn(text)
-  if (text.includes('[ETCD]')) for (const f of etcdFlags) docs.add(f)
-  compare(`nip-le ${sub} flag`, code, docs, 'docs/cli.md')
+/**
+ * Compares `exe`'s subcommands (less `shared`) and their flags with the
+ * synopsis block of docs/cli.md whose lines start with `name `.
+ */
+function checkSynopsis(exe, name, shared) {
+  const synopsis = cli.match(new RegExp('^```\\n(' + name + ' [\\s\\S]*?)^```', 'm'))?.[1] ?? ''
+  if (!synopsis) problems.push(`docs/cli.md: no synopsis block (a plain \`\`\` block starting with \`${name} \`)`)
+  const sections = new Map()
+  let current = null
+  for (const line of synopsis.split('\n')) {
+    const head = line.match(new RegExp('^' + name + ' ([a-z-]+)')) ?? line.match(/^(ETCD):/)
+    if (head) current = head[1]
+    if (!current || !line.trim()) continue
+    sections.set(current, (sections.get(current) ?? '') + line + '\n')
+  }
+  const etcdFlags = flagsIn(sections.get('ETCD') ?? '')
+  sections.delete('ETCD')
+  const subcommands = new Set([...subcommandsOf(exe)].filter((c) => !shared.has(c)))
+  compare(`${name} subcommand`, subcommands, new Set(sections.keys()), 'docs/cli.md')
+  for (const sub of subcommands) {
+    if (!sections.has(sub)) continue
+    // Flags as clap lists them (an option line starts with one), not those
+    // a description mentions.
+    const text = execFileSync(exe, [sub, '--help'], { encoding: 'utf8' })
+    const listedFlags = [...text.matchAll(/^\s+(?:-\w, )?(--[a-z0-9][a-z0-9-]*)/gm)].map((m) => m[1])
+    const code = new Set(listedFlags.filter((f) => f !== '--help' && f !== '--version'))
+    const docsText = sections.get(sub)
+    const docs = flagsIn(docsText)
+    if (docsText.includes('[ETCD]')) for (const f of etcdFlags) docs.add(f)
+    compare(`${name} ${sub} flag`, code, docs, 'docs/cli.md')
+  }
+  return subcommands
 }
+const userCommands = checkSynopsis(bin, 'nip-le', new Set())
+const labShares = [...userCommands].filter((c) => !subcommandsOf(labBin).has(c))
+if (labShares.length) problems.push(`nip-le-lab lacks the user's commands: ${labShares.join(', ')}`)
+const labCommands = checkSynopsis(labBin, 'nip-le-lab', userCommands)
 
 // --- the changed event ---------------------------------------------------
 const integration = read('docs/integration.md')
@@ -106,5 +126,5 @@ if (problems.length) {
   process.exit(1)
 }
 console.log(
-  `docs match the code: ${subcommands.size} subcommands and their flags, ${fields.size} event fields, ${commands.size} commands, ${permissions.size} permissions`,
+  `docs match the code: ${userCommands.size} + ${labCommands.size} subcommands (nip-le, nip-le-lab) and their flags, ${fields.size} event fields, ${commands.size} commands, ${permissions.size} permissions`,
 )

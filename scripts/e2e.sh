@@ -14,10 +14,10 @@ fi
 export PATH="$HOME/.cargo/bin:$PATH"
 
 [ -x target/debug/leader-election-example ] || { npm run build:example && cargo build -p leader-election-example; }
-if [ ! -x target/debug/buzz-shaped-example ] || [ ! -x target/debug/nip-le ]; then
+if [ ! -x target/debug/buzz-shaped-example ] || [ ! -x target/debug/nip-le-lab ]; then
   bash scripts/pnpm.sh examples/buzz-app install --frozen-lockfile
   bash scripts/pnpm.sh examples/buzz-app run build
-  cargo build -p buzz-shaped-example -p nip-le-cli
+  cargo build -p buzz-shaped-example -p nip-le-lab
 fi
 
 echo "== end-to-end (3 windows of the example, 4 of the Buzz-shaped one; WebKitWebDriver, Xvfb); screenshots in target/e2e-artifacts"

@@ -4,7 +4,7 @@
 # etcd-bin-vendored (the release binary, packaged per platform), fetched by
 # cargo into its registry cache. Linux x86_64 only; elsewhere it fails.
 #
-#   NIP_LE_ETCD=$(bash scripts/etcd-newest.sh) cargo test -p nip-le-cli --test etcd_security
+#   NIP_LE_ETCD=$(bash scripts/etcd-newest.sh) cargo test -p nip-le-lab --test etcd_security
 set -euo pipefail
 version=3.7.2
 [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]] || { echo "etcd-newest: Linux x86_64 only" >&2; exit 1; }

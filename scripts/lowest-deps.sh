@@ -34,7 +34,7 @@ export CARGO_TARGET_DIR="$root/target/msrv"
 # minutes of a CI budget that had none left; what an older Tauri could
 # break (its API, its macros, the build script) fails this check.
 echo "== Rust $msrv, Buzz's Tauri: the plugin (every target), the engine and the CLI (every target)"
-cargo "+$msrv" check --locked -q -p tauri-plugin-leader-election -p nip-le -p nip-le-cli --all-targets
+cargo "+$msrv" check --locked -q -p tauri-plugin-leader-election -p nip-le -p nip-le-cli -p nip-le-lab --all-targets
 for t in aarch64-apple-darwin x86_64-pc-windows-gnu; do
   # All features but etcd-tls (ring needs the target's SDK: scripts/cross-check.sh).
   cargo "+$msrv" check --locked -q -p nip-le --features etcd,sim,ts --target "$t"

@@ -81,7 +81,7 @@ step "the declared minimum Rust (rust-version) with the lowest Tauri the plugin 
 bash scripts/lowest-deps.sh
 
 step "cargo doc -D warnings (engine, plugin)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli -p nip-le-lab
 
 step "cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
 # The three example apps have no tests (checked): a test build of each
@@ -101,7 +101,7 @@ node scripts/docs-check.mjs "${CARGO_TARGET_DIR:-target}/debug/nip-le"
 step "the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
 # The engine's in-process tests of both backends ran above (tests/elector.rs,
 # tests/leaks.rs); here every `nip-le run` the suites spawn inherits it.
-NIP_LE_BACKEND=portable cargo test -p nip-le-cli --test multiprocess --test pauses --test lock_holds \
+NIP_LE_BACKEND=portable cargo test -p nip-le-lab --test multiprocess --test pauses --test lock_holds \
   --test mixed --test turns --test children --test interop --test hostile_fs --test agent
 
 step "Windows, run under Wine (x86_64-pc-windows-gnu): the engine's tests and the CLI's real-process suites"
@@ -115,7 +115,7 @@ cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features et
   || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
 cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
 # The defects of the teeth are compiled into test builds only.
-if cargo tree -p tauri-plugin-leader-election -p nip-le-cli -e normal --prefix none -f '{p} {f}' | grep -E '^nip-le v.*mutants'; then
+if cargo tree -p tauri-plugin-leader-election -p nip-le-cli -p nip-le-lab -e normal --prefix none -f '{p} {f}' | grep -E '^nip-le v.*mutants'; then
   echo "a normal build compiles the teeth's defects in (above): only dev-dependencies may enable mutants" >&2; exit 1
 fi
 step "one dirs and one windows-sys: the engine's are Tauri's (on every target)"
@@ -128,7 +128,7 @@ done
 step "etcd's gRPC code in the engine is what scripts/etcd-proto.sh generates from crates/nip-le/proto (no build needs protoc)"
 bash scripts/etcd-proto.sh --check
 step "the etcd suites on the newest etcd release too (3.7.2 from crates.io; Debian's 3.4 ran above): TLS with client certificates and users together, the contender, a 3-member cluster"
-NIP_LE_ETCD=$(bash scripts/etcd-newest.sh) NIP_LE_REQUIRE_ETCD=1 cargo test -p nip-le-cli --test etcd_security --test etcd --test etcd_cluster
+NIP_LE_ETCD=$(bash scripts/etcd-newest.sh) NIP_LE_REQUIRE_ETCD=1 cargo test -p nip-le-lab --test etcd_security --test etcd --test etcd_cluster
 step "the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
 cargo test -p tauri-plugin-leader-election --features etcd --test etcd
 
@@ -160,7 +160,7 @@ cargo build -p leader-election-example
 step "cargo build of the README's app (examples/readme-app: its Cargo.toml line, capability and Rust block)"
 cargo build -p readme-app
 step "cargo build of the Buzz-shaped example (examples/buzz-app: no core:default, exactly the capability docs/buzz.md names)"
-cargo build -p buzz-shaped-example -p nip-le-cli
+cargo build -p buzz-shaped-example -p nip-le-cli -p nip-le-lab
 
 step "end-to-end in real webviews, the two backends side by side (w1, w3 native; w2, w4 portable: what macOS and Windows run)"
 # One run drives both backends' code and their hand-overs to each other; an
@@ -172,20 +172,20 @@ NIP_LE_BACKEND=mixed bash scripts/e2e.sh
 # (cargo test) covers in depth: six runs of 30 to 45 s, a fault or mention
 # every 250 ms on average.
 step "chaos: 40 s of random faults on a mixed cluster"
-cargo run -q -p nip-le-cli -- chaos --seconds 40
+cargo run -q -p nip-le-lab -- chaos --seconds 40
 
 step "chaos: 40 s of random faults on extended instances working a queue (exactly once)"
-cargo run -q -p nip-le-cli -- chaos --seconds 40 --turn-ms 60
+cargo run -q -p nip-le-lab -- chaos --seconds 40 --turn-ms 60
 
 step "chaos on the portable backend: the mixed cluster, and the queue worked exactly once"
-cargo run -q -p nip-le-cli -- chaos --seconds 30 --backend portable
-cargo run -q -p nip-le-cli -- chaos --seconds 40 --turn-ms 60 --backend portable
+cargo run -q -p nip-le-lab -- chaos --seconds 30 --backend portable
+cargo run -q -p nip-le-lab -- chaos --seconds 40 --turn-ms 60 --backend portable
 
 step "chaos: the same with harness children sharing their windows' instance ids (INTEROP.md's writer)"
-cargo run -q -p nip-le-cli -- chaos --seconds 40 --turn-ms 60 --children
+cargo run -q -p nip-le-lab -- chaos --seconds 40 --turn-ms 60 --children
 
 step "chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd over TLS with client certificates and users (paused, members restarted and cut off): exactly once but while etcd was unreachable"
-cargo run -q -p nip-le-cli -- chaos --seconds 45 --hosts 3 --extended 6 --turn-ms 60 --etcd-members 3 --etcd-secure
+cargo run -q -p nip-le-lab -- chaos --seconds 45 --hosts 3 --extended 6 --turn-ms 60 --etcd-members 3 --etcd-secure
 
 step "nip-le demo (the main job, short timings)"
 cargo run -q -p nip-le-cli -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500

@@ -46,5 +46,5 @@ fi
 
 echo "== Windows under Wine: the engine's unit and integration tests (etcd feature; the exhaustive model check runs on Linux only, for time)"
 cargo test --target "$target" -p nip-le --features etcd -- --skip model::
-echo "== Windows under Wine: the CLI's real-process suites (nip-le.exe instances, LockFileEx, TerminateProcess, NtSuspendProcess)"
-cargo test --target "$target" -p nip-le-cli --test multiprocess --test pauses --test lock_holds --test mixed --test turns
+echo "== Windows under Wine: the CLI's real-process suites (nip-le-lab.exe instances, LockFileEx, TerminateProcess, NtSuspendProcess)"
+cargo test --target "$target" -p nip-le-lab --test multiprocess --test pauses --test lock_holds --test mixed --test turns

@@ -1,16 +1,19 @@
-//! The `nip-le` command and its lab, as a library so that the tests drive
+//! The `nip-le` command, as a library so that the lab and the tests drive
 //! the same code:
 //! * [`lines`]: the JSON lines `nip-le run` prints, shared by writer and
 //!   readers;
 //! * [`cli`]: `run` (one instance of an election) and `status` (a lock
 //!   directory, classified);
-//! * [`lab`]: driving real processes: the cluster driver, the feed follower,
-//!   and `demo`, `bench` and `chaos`.
+//! * [`drive`]: driving real processes (the cluster driver, the feed
+//!   follower, `demo`) and the simulator's seeds (`sim`);
+//! * [`commands`]: the user's commands, parsed and dispatched once for
+//!   `nip-le` and the lab's binary.
 //!
 //! None of this is linked by apps: the engine is the `nip-le` crate.
 
 pub mod cli;
-pub mod lab;
+pub mod commands;
+pub mod drive;
 pub mod lines;
 
 /// Wall-clock unix milliseconds, the unit of every `at_ms`.

@@ -2,7 +2,7 @@
 //! minutes each, in virtual time, against the real writers. A failing
 //! seed prints the command that replays it.
 
-use nip_le_cli::lab::sim::{run_seeds, Cluster, ExtraKind, FaultKind, Policy, SimArgs, Summary};
+use nip_le_cli::drive::sim::{run_seeds, Cluster, ExtraKind, FaultKind, Policy, SimArgs, Summary};
 
 fn args(cluster: Cluster, seeds: u64, first: u64, without: Vec<FaultKind>) -> SimArgs {
     SimArgs {

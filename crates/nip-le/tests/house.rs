@@ -1,5 +1,5 @@
-//! The house rules, checked on the source of the engine, the CLI and the
-//! plugin: no file over 600 lines, and no import circle among a crate's
+//! The house rules, checked on the source of the engine, the CLI, the lab
+//! and the plugin: no file over 600 lines, and no import circle among a crate's
 //! files. An arrow is a `crate::`, `super::`, `self::` or child-module path
 //! in code, a `use` or a re-export, followed through re-exports to the file
 //! that defines the name; an arrow into a module's own child counts, one
@@ -320,13 +320,14 @@ fn follow(
     module
 }
 
-/// The source trees checked: the engine, the CLI and the plugin (each its
-/// own crate: `crate::` in one never names another).
+/// The source trees checked: the engine, the CLI, the lab and the plugin
+/// (each its own crate: `crate::` in one never names another).
 fn sources() -> Vec<PathBuf> {
     let engine = Path::new(env!("CARGO_MANIFEST_DIR"));
     vec![
         engine.join("src"),
         engine.join("../nip-le-cli/src"),
+        engine.join("../nip-le-lab/src"),
         engine.join("../../src"),
     ]
 }

@@ -13,7 +13,7 @@ use nip_le::{InstanceId, LeaderFlag, QueuedEvent, TakeOutcome, Work};
 use serde_json::Value;
 
 use super::msg::Msg;
-use crate::lab::feed::FeedFollower;
+use crate::drive::feed::FeedFollower;
 use crate::lines::{Line, MentionLine, ReplyLine, TurnOutcome};
 use crate::unix_ms;
 

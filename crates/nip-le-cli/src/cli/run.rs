@@ -20,7 +20,7 @@ use nip_le::{AgentPubkey, Elector, InstanceId};
 use super::msg::Msg;
 use super::replies::{Feed, Turns};
 use super::{EtcdArgs, TimingArgs};
-use crate::lab::feed::FeedFollower;
+use crate::drive::feed::FeedFollower;
 use crate::lines::{Leadership, Line, StatusLine, TurnOutcome};
 use crate::unix_ms;
 

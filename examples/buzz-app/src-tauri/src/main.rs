@@ -9,8 +9,9 @@
 //! Configuration (the e2e suite sets it):
 //! * `BUZZ_DEMO_STORE`: the agent store (default: `agents.json` in the
 //!   app's data directory);
-//! * `BUZZ_DEMO_HARNESS`: the harness program (default: `nip-le` on the
-//!   `PATH`, run as `nip-le stand-in-agent`, a stand-in for `buzz-acp`);
+//! * `BUZZ_DEMO_HARNESS`: the harness program (default: `nip-le-lab` on
+//!   the `PATH`, run as `nip-le-lab stand-in-agent`, a stand-in for
+//!   `buzz-acp`);
 //! * `BUZZ_DEMO_FEED_DIR`: the stand-in relay (`mentions.jsonl`,
 //!   `replies.jsonl`);
 //! * `BUZZ_DEMO_LEASE_DIR`: the harnesses' instance leases;
@@ -165,7 +166,7 @@ fn env_ms(name: &str) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
-/// The harness program: `BUZZ_DEMO_HARNESS`, or `nip-le` on the `PATH`
+/// The harness program: `BUZZ_DEMO_HARNESS`, or `nip-le-lab` on the `PATH`
 /// (absolute either way: its environment is cleared).
 fn harness_program() -> PathBuf {
     if let Some(p) = std::env::var_os("BUZZ_DEMO_HARNESS") {
@@ -173,9 +174,9 @@ fn harness_program() -> PathBuf {
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .map(|d| d.join("nip-le"))
+        .map(|d| d.join("nip-le-lab"))
         .find(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("nip-le"))
+        .unwrap_or_else(|| PathBuf::from("nip-le-lab"))
 }
 
 fn main() {

@@ -7,7 +7,7 @@
 //! reports: every read in the directory woke every watcher, and portable
 //! Linux measured costs that macOS and Windows do not have (64 × 8
 //! electors started in 550 ms instead of 313, an idle observer woke 0.6
-//! times a second instead of 0.2; `nip-le bench`, docs/platforms.md).
+//! times a second instead of 0.2; `nip-le-lab bench`, docs/platforms.md).
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
