@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use nip_le_cli::lab::etcd::{find_etcd, Etcd};
+use nip_le_lab::etcd::{find_etcd, Etcd};
 use tauri::test::{mock_builder, mock_context, noop_assets, MockRuntime};
 use tauri::App;
 // What an app names comes from the plugin alone.
