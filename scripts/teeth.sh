@@ -42,6 +42,7 @@ echo "the defects the simulator does not reach, each caught by a unit test"
 guard regained elector::machine::announce::tests::a_lead_regained_after_an_unannounced_lapse_is_announced_fenced_first
 guard lost elector::machine::announce::tests::every_way_of_ceasing_to_act_cancels_the_turn_and_observers_cancel_nothing
 guard hang elector::machine::tests::an_observer_that_finds_the_exclusion_held_gives_the_holder_a_fresh_window
+guard take_as_hold_ends elector::machine::tests::an_observer_whose_deadline_falls_as_a_hold_ends_gives_the_holder_a_window_after_it
 guard handoff elector::machine::tests::a_handed_over_record_we_could_not_confirm_is_fenced
 guard revoke_claim global::contender::tests::a_granted_claims_lease_is_never_revoked_by_its_poster_once_it_backs_the_key
 guard revoke_sibling global::contender::tests::stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with

@@ -159,6 +159,10 @@ mutants! {
     GrantedUnlocked = "granted_unlocked",
     /// `held` and `floor` lines not synced.
     HeldNotSynced = "held_not_synced",
+    /// An observer whose last locked look found the exclusion held takes
+    /// the record at its next look if the lock is free, without giving the
+    /// holder a window after the hold.
+    TakeAsHoldEnds = "take_as_hold_ends",
 }
 
 /// Whether `m` is the defect put back in this process.

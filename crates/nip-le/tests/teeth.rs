@@ -60,7 +60,7 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
     // write after leave at 65.883 s: w2 wrote a key it had left
     (Mutant::Leave, Extended(NoFilesClocks), 2),
     // two acting windows at 76.126 s: ["w0rr", "w1rr", "w0rr"] act while the record names w1rr
-    (Mutant::BusyRenew, Extended(NoClocks), 256),
+    (Mutant::BusyRenew, Extended(All), 1564),
     // hot loop at 62.040 s: w2rr's writer wakes again at once, forever
     (Mutant::HotLoop, Extended(NoFilesClocks), 10),
     // two holders of etcd's key at 10.337 s: ["aw1", "bw1"] act, each holding the key

@@ -143,6 +143,9 @@ pub(crate) struct KeyMachine {
     hang_judged: Option<Instant>,
     /// Extension: the record whose hang timer a pause restarted already.
     pause_restarted: Option<LockRecord>,
+    /// Extension: the record whose hang timer a peer's hold on the
+    /// exclusion restarted, until a locked look finds the exclusion free.
+    held_over: Option<LockRecord>,
     /// Highest fencing epoch seen for this key.
     epoch: u64,
     observed: Observed,
@@ -173,6 +176,7 @@ impl KeyMachine {
             rewrote_ours: false,
             hang_judged: None,
             pause_restarted: None,
+            held_over: None,
             epoch: 0,
             observed: Observed::Nothing,
             last_error: None,
@@ -295,6 +299,7 @@ impl KeyMachine {
         else {
             return (Write::Keep, None);
         };
+        self.hold_ended(content, now.mono);
         let record_epoch = content.record().and_then(|r| r.epoch);
         match self.verdict(content, now, may_take_others, write_own, probes) {
             Some(reason) => {
@@ -506,6 +511,32 @@ impl KeyMachine {
         // the live holder).
         if !mutated!(PauseKeepsVacatedDeadline) {
             self.restart_vacated_wait(now);
+        }
+    }
+
+    /// Extension: a peer held the store's exclusion for the whole lock
+    /// wait. The holder could not write either, so the hang timer starts
+    /// again, and again when a locked look finds the exclusion free (see
+    /// [`KeyMachine::hold_ended`]).
+    fn exclusion_held(&mut self, now: Instant) {
+        self.held_over = self.seen.as_ref().map(|(r, _)| r.clone());
+        self.restart_hang_timer(now);
+    }
+
+    /// Extension, under the store's exclusion: the hold that restarted the
+    /// hang timer of this record ended at some moment since, unknown to us,
+    /// and the holder could write only after it. Its window starts now:
+    /// an observer whose deadline fell just after the hold ended took the
+    /// lock before the holder's next try (Windows under Wine: a peer's
+    /// three-window hold moved leadership at its end). A holder that stays
+    /// silent is still replaced, one window later.
+    fn hold_ended(&mut self, content: &LockContent, now: Instant) {
+        let Some(held) = self.held_over.take() else {
+            return;
+        };
+        let unchanged = self.seen.as_ref().is_some_and(|(r, _)| *r == held);
+        if unchanged && content.record() == Some(&held) && !mutated!(TakeAsHoldEnds) {
+            self.restart_hang_timer(now);
         }
     }
 

@@ -83,7 +83,8 @@ pub(crate) enum Input<'a> {
     Resume,
     /// The holder's silence proves nothing (a peer held the exclusion for
     /// the whole lock wait, so the holder could not write either): the
-    /// hang timer starts again.
+    /// hang timer starts again, and once more when the exclusion is next
+    /// found free (see [`KeyMachine::exclusion_held`]).
     RestartHangTimer,
     /// Our round came late (we were paused or starved): the hang timer
     /// starts again, once per unchanged record (see
@@ -270,7 +271,7 @@ impl KeyMachine {
                 Decision::Nothing
             }
             Input::RestartHangTimer => {
-                self.restart_hang_timer(now.mono);
+                self.exclusion_held(now.mono);
                 Decision::Nothing
             }
             Input::Paused => {

@@ -295,6 +295,31 @@ fn an_observer_that_finds_the_exclusion_held_gives_the_holder_a_fresh_window() {
 }
 
 #[test]
+fn an_observer_whose_deadline_falls_as_a_hold_ends_gives_the_holder_a_window_after_it() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let mut f = other(c.now().wall, Some("7-0123456789abcdef"));
+    evaluate(&mut m, &mut f, c.now(), Cause::Join, None, &ALIVE);
+    c.advance(STALE + Duration::from_millis(10));
+    busy_look(&mut m, &f, c.now());
+    m.step(Input::RestartHangTimer, c.now());
+    // The hold ends unseen; our next deadline finds the exclusion free
+    // before the holder's next try.
+    c.advance(STALE + Duration::from_millis(10));
+    assert!(
+        !evaluate(&mut m, &mut f, c.now(), Cause::Wake, None, &ALIVE).leader,
+        "took the lock the moment a peer's hold ended"
+    );
+    assert_eq!(
+        m.hang_deadline(),
+        Some(c.now().mono + STALE + Duration::from_millis(1))
+    );
+    // A holder that stays silent after the hold is still replaced.
+    c.advance(STALE + Duration::from_millis(10));
+    assert!(evaluate(&mut m, &mut f, c.now(), Cause::Wake, None, &ALIVE).leader);
+}
+
+#[test]
 fn a_takeover_that_could_not_be_written_leaves_no_hang_deadline_behind() {
     // Found by the simulator: the holder died while the directory was
     // full; our takeover failed, and the past hang deadline woke the
