@@ -213,6 +213,7 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                                         *c as i64 - *at as i64
                                     )
                                 })
+                                .chain(first_member_faults(out, w, *at, *t))
                                 .collect();
                             // What it last said before the reply.
                             let said = last_said(out, w, *t).map_or(String::new(), |(s, v)| {
@@ -235,6 +236,30 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
             }
         }
     }
+}
+
+/// The faults of the etcd member `id`'s host asks first, from 3 s before
+/// the mention at `at` to 1 s after the reply at `t`: a member cut from the
+/// others holds a write sent to it (a `done`) until the call times out.
+fn first_member_faults(out: &Outcome, id: &str, at: u64, t: u64) -> Vec<String> {
+    let Some(host) = (out.lives.iter())
+        .find(|l| l.instance_id == id)
+        .map(|l| l.host)
+    else {
+        return Vec::new();
+    };
+    (out.etcd_member_faults.iter())
+        .filter(|f| out.etcd_members > 0 && f.member == host % out.etcd_members)
+        .filter(|f| f.until + 3000 >= at && f.from <= t + 1000)
+        .map(|f| {
+            format!(
+                "its host's first etcd member {} {:+}..{:+} ms",
+                if f.cut { "cut" } else { "restarted" },
+                f.from as i64 - at as i64,
+                f.until as i64 - at as i64
+            )
+        })
+        .collect()
 }
 
 /// Whether etcd counted as unreachable at `t`: paused, or within the

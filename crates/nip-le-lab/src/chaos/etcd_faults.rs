@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::outcome::Outcome;
+use super::outcome::{MemberFault, Outcome};
 use crate::etcd::{Cluster, Etcd};
 use nip_le_cli::unix_ms;
 
@@ -115,7 +115,12 @@ impl EtcdFaults {
             SharedEtcd::Cluster(c) => {
                 let member = member % c.len();
                 c.restart(member)?;
-                out.etcd_member_faults.push((at, unix_ms()));
+                out.etcd_member_faults.push(MemberFault {
+                    member,
+                    cut: false,
+                    from: at,
+                    until: unix_ms(),
+                });
                 self.watch_until = Instant::now() + Duration::from_secs(15);
             }
         }
@@ -159,7 +164,12 @@ impl EtcdFaults {
                 if let SharedEtcd::Cluster(c) = &self.etcd {
                     c.set_cut(member, false);
                 }
-                out.etcd_member_faults.push((since, unix_ms()));
+                out.etcd_member_faults.push(MemberFault {
+                    member,
+                    cut: true,
+                    from: since,
+                    until: unix_ms(),
+                });
                 self.cut = None;
             }
         }

@@ -266,6 +266,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     // A whole TTL of silence before the fall-back, and the hosts settle
     // again after etcd returns.
     outcome.etcd_grace_ms = 2 * a.etcd_ttl_s * 1000 + 1000;
+    outcome.etcd_members = a.etcd_members as usize;
     let summary = analysis::analyse(&outcome, &ReplyLine::read_all(&replies), a.refresh_ms);
     if a.keep {
         let timeline = tmp.path().join("timeline.txt");

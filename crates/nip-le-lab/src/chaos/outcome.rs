@@ -33,6 +33,21 @@ pub struct Life {
     pub said: Vec<(u64, String)>,
 }
 
+/// A fault of one member of an etcd cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberFault {
+    /// Which member.
+    pub member: usize,
+    /// Cut from the others (clients still reach it, and a write sent to it
+    /// waits for the call's timeout), or else killed and started again
+    /// (its clients move on at once).
+    pub cut: bool,
+    /// From, unix ms.
+    pub from: u64,
+    /// Until, unix ms.
+    pub until: u64,
+}
+
 /// Everything the runner recorded.
 #[derive(Debug, Default)]
 pub struct Outcome {
@@ -50,10 +65,12 @@ pub struct Outcome {
     /// unreachable (the fall-back policy acts on a whole TTL of silence,
     /// and the hosts settle again after), ms.
     pub etcd_grace_ms: u64,
-    /// Cross-host runs on a cluster: a member restarted or partitioned,
-    /// (from, until) in unix ms; the majority still serves, so nothing is
-    /// excused by them.
-    pub etcd_member_faults: Vec<(u64, u64)>,
+    /// Cross-host runs on a cluster: a member restarted or partitioned;
+    /// the majority still serves, so nothing is excused by them.
+    pub etcd_member_faults: Vec<MemberFault>,
+    /// Cross-host runs: etcd's members (host `h` asks member
+    /// `h % etcd_members` first).
+    pub etcd_members: usize,
     /// Runs with harness children: from the SIGKILL of a leading window
     /// to its child's exit, unix ms. The child holds the lock with the
     /// window's instance id meanwhile, as the NIP lets it, and answers nothing

@@ -188,8 +188,16 @@ pub fn timeline(out: &super::outcome::Outcome) -> String {
     for (from, to) in &out.disk_full {
         lines.push((*from, format!("lock directories' disk full until {to}")));
     }
-    for (from, to) in &out.etcd_member_faults {
-        lines.push((*from, format!("etcd member fault until {to}")));
+    for f in &out.etcd_member_faults {
+        let what = if f.cut {
+            "cut from the others"
+        } else {
+            "restarted"
+        };
+        lines.push((
+            f.from,
+            format!("etcd member {} {what} until {}", f.member, f.until),
+        ));
     }
     lines.sort();
     lines
