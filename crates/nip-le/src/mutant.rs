@@ -163,6 +163,9 @@ mutants! {
     /// the record at its next look if the lock is free, without giving the
     /// holder a window after the hold.
     TakeAsHoldEnds = "take_as_hold_ends",
+    /// A hand-over whose swap failed after we stepped back from our host
+    /// takes the lease back: held without leading.
+    HeldAfterStepBack = "held_after_step_back",
 }
 
 /// Whether `m` is the defect put back in this process.

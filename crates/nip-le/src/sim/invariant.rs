@@ -32,11 +32,13 @@ pub enum Invariant {
     TwoEtcdHolders,
     /// Two hosts acted at once under the stay-silent policy.
     TwoActingHosts,
+    /// A contender left a key in a state its etcd-level phase forbids.
+    ContenderPhase,
 }
 
 impl Invariant {
     /// Every invariant, in the order of their ids.
-    pub const ALL: [Invariant; 12] = [
+    pub const ALL: [Invariant; 13] = [
         Invariant::TwoActingWindows,
         Invariant::EpochWentBackwards,
         Invariant::EpochIssuedTwice,
@@ -49,6 +51,7 @@ impl Invariant {
         Invariant::LedgerPastReadCap,
         Invariant::TwoEtcdHolders,
         Invariant::TwoActingHosts,
+        Invariant::ContenderPhase,
     ];
 
     /// Its id: `S1` to `S10` on one host, `H1` and `H2` across hosts.
@@ -66,6 +69,7 @@ impl Invariant {
             Invariant::LedgerPastReadCap => "S10",
             Invariant::TwoEtcdHolders => "H1",
             Invariant::TwoActingHosts => "H2",
+            Invariant::ContenderPhase => "H3",
         }
     }
 
@@ -84,6 +88,7 @@ impl Invariant {
             Invariant::LedgerPastReadCap => "work ledger past its read cap",
             Invariant::TwoEtcdHolders => "two holders of etcd's key",
             Invariant::TwoActingHosts => "two acting hosts",
+            Invariant::ContenderPhase => "a contender's key outside its phase",
         }
     }
 
@@ -102,6 +107,7 @@ impl Invariant {
             Invariant::LedgerPastReadCap => &["WL5", "WL6"],
             Invariant::TwoEtcdHolders => &["XH2", "XH8", "XH14"],
             Invariant::TwoActingHosts => &["XH9", "XH34"],
+            Invariant::ContenderPhase => &["XH14", "XH17", "XH19"],
         }
     }
 }

@@ -152,9 +152,19 @@ impl Task {
             // (our writer stays stopped until a renewal opens the permit
             // again) and honour whatever claim is there now.
             Some(Txn::Failed(Some(kv))) if kv.lease == h.lease && kv.mod_revision == h.revision => {
-                if let Some(e) = self.entries.get_mut(&pk) {
-                    e.held = Some(h);
+                let Some(e) = self.entries.get_mut(&pk) else {
+                    return;
+                };
+                // We stepped back from our host while the swap waited (for
+                // our work records): the lease is a sibling's to continue,
+                // as a step-back leaves it, not ours to hold without leading
+                // (found by the phase check, H3: held and renewed by nobody
+                // who acts, the claim unanswered until the lease ran out).
+                // Shutting down, it is held once more to be revoked.
+                if !e.leads && !self.shutting_down && !mutated!(HeldAfterStepBack) {
+                    return;
                 }
+                e.held = Some(h);
                 // Only a claim other than the one that just failed: the
                 // same one again (a forged revision) would loop forever
                 // (found by the simulator with forged answers:

@@ -188,9 +188,13 @@ impl Task {
     /// One input (or none: time passed), then whatever every key needs
     /// now, then news of every permit that changed without a word (see
     /// [`Task::step_all`]).
+    /// In the unit tests every step ends with each key inside its phase.
     #[cfg(test)]
     pub(crate) fn step(&mut self, input: Option<Inbox>) {
         self.step_all(input);
+        if let Some(broken) = self.phase_violation() {
+            panic!("a key outside its phase: {broken}");
+        }
     }
 
     /// Every input waiting (in order), then whatever every key needs now,

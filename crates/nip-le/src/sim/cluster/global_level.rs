@@ -374,10 +374,10 @@ impl Sim {
             if let Some(kept) = c.task.seen_to_keep() {
                 h.seen = h.seen.merge(kept);
             }
-            c.task.next_due()
+            (c.task.next_due(), c.task.phase_violation())
         }));
         super::IN_WRITER.with(|s| s.set(false));
-        let Ok(next) = run else {
+        let Ok((next, phase)) = run else {
             h.contenders.remove(&proc);
             let t = self.now();
             let id = lock(&self.m).procs[proc].instance_id.clone();
@@ -388,6 +388,15 @@ impl Sim {
             ));
             return;
         };
+        if let Some(what) = phase {
+            let t = self.now();
+            let id = lock(&self.m).procs[proc].instance_id.clone();
+            self.violation.get_or_insert(Violation::new(
+                t,
+                Invariant::ContenderPhase,
+                format!("{id}'s etcd contender: {what}"),
+            ));
+        }
         let at = lock(&self.m).t_of(next);
         self.schedule_contender(proc, at);
     }
