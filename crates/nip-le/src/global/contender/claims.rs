@@ -7,14 +7,14 @@ use crate::pubkey::AgentPubkey;
 
 use super::super::etcd::{Kv, Txn};
 use super::holder_of;
-use super::task::{Task, NOT_HELD};
+use super::task::{Holding, Task, NOT_HELD};
 
 impl Task {
     /// A claim the watch cannot bring: posted before we took the key, or
     /// while our watch had lost its place. Looked for when we take a key
     /// on a lease of our own and after every resync.
     pub(super) fn find_claim(&mut self, pk: AgentPubkey) {
-        if self.entries.get(&pk).is_none_or(|e| e.held.is_none()) {
+        if self.entries.get(&pk).is_none_or(|e| e.held().is_none()) {
             return;
         }
         let r = self.gw.get(&self.cfg.claim_key(&pk));
@@ -86,7 +86,7 @@ impl Task {
     pub(super) fn hand_over(&mut self, pk: AgentPubkey, claim: &Kv) {
         let claimant = holder_of(claim);
         let e = self.entries.get_mut(&pk).expect("caller checked");
-        let Some(h) = e.held else {
+        let Some(h) = e.held() else {
             return;
         };
         // A claim from our own host is the host's file election's to serve
@@ -99,8 +99,7 @@ impl Task {
             return;
         }
         e.grant(NOT_HELD, 0);
-        e.held = None;
-        e.handing = Some((h, claim.clone()));
+        e.holding = Holding::HandingOver(h, claim.clone());
         tracing::info!(pubkey = %pk, to = %claimant.instance_id, "standing down for a cross-host claim");
         if mutated!(EarlyHandover) {
             self.hand_over_confirmed(pk);
@@ -116,7 +115,7 @@ impl Task {
     /// hand-over waits (tried again soon; our lease runs out meanwhile if
     /// etcd stays out of reach, and the claimant gets the key then).
     pub(super) fn hand_over_confirmed(&mut self, pk: AgentPubkey) {
-        if self.entries.get(&pk).is_none_or(|e| e.handing.is_none()) {
+        if self.entries.get(&pk).is_none_or(|e| !e.handing_over()) {
             return;
         }
         // Shutting down: the records go as far as they can, the key goes.
@@ -128,7 +127,7 @@ impl Task {
             return;
         }
         e.swap_at = None;
-        let Some((h, claim)) = e.handing.take() else {
+        let Some((h, claim)) = e.take_hand_over() else {
             return;
         };
         let key = self.cfg.leader_key(&pk);
@@ -164,7 +163,7 @@ impl Task {
                 if !e.leads && !self.shutting_down && !mutated!(HeldAfterStepBack) {
                     return;
                 }
-                e.held = Some(h);
+                e.holding = Holding::Key(h);
                 // Only a claim other than the one that just failed: the
                 // same one again (a forged revision) would loop forever
                 // (found by the simulator with forged answers:
@@ -184,7 +183,7 @@ impl Task {
             None if mutated!(DropUnansweredHandOver) => {}
             None => {
                 if let Some(e) = self.entries.get_mut(&pk) {
-                    e.handing = Some((h, claim));
+                    e.holding = Holding::HandingOver(h, claim);
                     e.swap_at = Some(retry);
                 }
             }
@@ -201,7 +200,7 @@ impl Task {
         // that holds the lock continues it (found by the simulator across
         // hosts; the teeth's `granted_unlocked`).
         let locked = e.locked || mutated!(GrantedUnlocked);
-        if !(ours && e.leads && locked && e.held.is_none() && e.claim_lease == Some(kv.lease)) {
+        if !(ours && e.leads && locked && e.held().is_none() && e.claim_lease == Some(kv.lease)) {
             return false;
         }
         if !self.may_take() {

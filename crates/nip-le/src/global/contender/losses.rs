@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::task::{Task, KEEP_EVERY, NOT_HELD};
+use super::task::{Holding, Task, KEEP_EVERY, NOT_HELD};
 use crate::elector::ChangeReason;
 use crate::global::seen::Seen;
 
@@ -97,7 +97,7 @@ impl Task {
             // permit's deadline (a renewal that just failed would leave it
             // open until then, while a window that first reached etcd after
             // the loss takes the key).
-            if e.held.take().is_some() || e.handing.take().is_some() {
+            if !matches!(std::mem::take(&mut e.holding), Holding::Nothing) {
                 e.swap_at = None;
                 e.grant(NOT_HELD, 0);
                 held.push(*pk);

@@ -11,7 +11,7 @@ use super::super::etcd::{Change, Kv, Txn};
 use super::super::WhenUnreachable;
 use super::holder_of;
 use super::renewer::deadline;
-use super::task::{Entry, Held, Task, FALLBACK, HELD, NOT_HELD};
+use super::task::{Entry, Held, Holding, Task, FALLBACK, HELD, NOT_HELD};
 
 impl Task {
     /// Everything a key needs now: renew, look, acquire, adopt, claim,
@@ -27,11 +27,11 @@ impl Task {
         let e = &self.entries[&pk];
         // Standing down for a claim: the key is the claimant's as soon as
         // our writer confirms; taking it back now would undo the claim.
-        if !e.leads || e.handing.is_some() || e.retry_at.is_some_and(|t| t > now) {
+        if !e.leads || e.handing_over() || e.retry_at.is_some_and(|t| t > now) {
             self.check_unreachable(pk);
             return;
         }
-        let (held, verify) = (e.held, e.verify);
+        let (held, verify) = (e.held(), e.verify);
         let look = verify || (held.is_none() && self.needs_look(e));
         if let Some(e) = self.entries.get_mut(&pk) {
             e.verify = false;
@@ -85,7 +85,7 @@ impl Task {
         };
         let e = self.entries.get_mut(&pk).expect("noted checked");
         if ttl.is_zero() {
-            e.held = None;
+            e.holding = Holding::Nothing;
             e.grant(NOT_HELD, 0);
             tracing::warn!(pubkey = %pk, "etcd lease expired");
             self.tell(pk, Some(ChangeReason::Lost));
@@ -121,7 +121,7 @@ impl Task {
         // A later write of ours that the watch has not brought (it was on
         // a member cut from the majority): the revision a hand-over must
         // compare is that one.
-        e.held = Some(Held {
+        e.holding = Holding::Key(Held {
             renew_at: self.clock.now() + ttl / 3,
             until,
             revision: written,
@@ -134,7 +134,7 @@ impl Task {
 
     /// Looks at the key and takes it when it is free, ours or our host's.
     pub(super) fn look(&mut self, pk: AgentPubkey) {
-        if self.entries.get(&pk).is_none_or(|e| e.handing.is_some()) {
+        if self.entries.get(&pk).is_none_or(Entry::handing_over) {
             // Standing down: the key is the claimant's once our writer
             // confirms; continuing it now would undo the claim.
             return;
@@ -154,11 +154,11 @@ impl Task {
             Some(kv) => {
                 let h = holder_of(&kv);
                 let ours = h.instance_id == self.our_id;
-                let held_now = e.held.is_some_and(|held| ours && held.lease == kv.lease);
+                let held_now = e.held().is_some_and(|held| ours && held.lease == kv.lease);
                 if held_now {
                     return;
                 }
-                if e.held.is_some() {
+                if e.held().is_some() {
                     self.lost(pk);
                     return;
                 }
@@ -307,7 +307,7 @@ impl Task {
             return;
         }
         let until = deadline(sent, ttl);
-        e.held = Some(Held {
+        e.holding = Holding::Key(Held {
             lease,
             revision,
             renew_at: self.clock.now() + ttl / 3,
@@ -341,7 +341,7 @@ impl Task {
             || mutated!(ClaimOnSiblingsLease)
         {
             self.find_claim(pk);
-            if self.entries[&pk].handing.is_some() {
+            if self.entries[&pk].handing_over() {
                 return;
             }
         }
@@ -355,7 +355,7 @@ impl Task {
     pub(super) fn lost(&mut self, pk: AgentPubkey) {
         let e = self.entries.get_mut(&pk).expect("caller checked");
         e.retry_at = Some(self.clock.now() + self.cfg.ttl / 4);
-        if e.held.take().is_some() {
+        if e.take_held().is_some() {
             e.grant(NOT_HELD, 0);
             tracing::warn!(pubkey = %pk, instance = %self.our_id, "lost the etcd key");
             self.tell(pk, Some(ChangeReason::Lost));
@@ -382,7 +382,7 @@ impl Task {
         let e = self.entries.get_mut(&pk).expect("caller inserted");
         e.grant(NOT_HELD, 0);
         e.fallback = false;
-        if let Some(h) = e.held.take() {
+        if let Some(h) = e.take_held() {
             if revoke {
                 self.give_up_lease(pk, h.lease);
             }
@@ -439,9 +439,11 @@ impl Task {
                 // A hand-over still waiting when our lease ran out is moot:
                 // the key is free (a claim still posted is honoured again
                 // by whoever takes it).
-                e.handing = None;
+                if e.handing_over() {
+                    e.holding = Holding::Nothing;
+                }
                 e.swap_at = None;
-                if e.held.is_some() {
+                if e.held().is_some() {
                     // Revoked or expired under us.
                     self.lost(pk);
                 }
@@ -451,7 +453,7 @@ impl Task {
                     self.tell(pk, None);
                 }
             }
-            ("claim", Some(kv)) if self.entries[&pk].held.is_some() => self.hand_over(pk, &kv),
+            ("claim", Some(kv)) if self.entries[&pk].held().is_some() => self.hand_over(pk, &kv),
             _ => {}
         }
     }
@@ -464,13 +466,10 @@ impl Task {
         let our_id = self.our_id.clone();
         let e = self.entries.get_mut(&pk).expect("checked");
         e.see(Some(h.clone()));
-        match e.held {
+        match e.held_mut() {
             Some(held) if kv.mod_revision <= held.revision => {}
             Some(held) if h.instance_id == our_id && kv.lease == held.lease => {
-                e.held = Some(Held {
-                    revision: kv.mod_revision,
-                    ..held
-                });
+                held.revision = kv.mod_revision;
             }
             Some(_) => self.lost(pk),
             None => self.tell(pk, None),
@@ -498,9 +497,9 @@ impl Task {
         // Whether we held the key when etcd went quiet: if not, another
         // host did (or nobody), and what it answered is in no ledger of
         // ours.
-        let held = e.held.is_some() || e.permit.state == HELD;
-        if silent && e.held.is_some() {
-            e.held = None;
+        let held = e.held().is_some() || e.permit.state == HELD;
+        if silent && e.held().is_some() {
+            e.holding = Holding::Nothing;
             e.grant(NOT_HELD, 0);
         }
         let fall_back =
@@ -521,7 +520,7 @@ impl Task {
             self.tell_with(pk, Some(ChangeReason::FailSafe), unknown_before, false);
         } else if !silent && e.fallback {
             e.fallback = false;
-            if e.held.is_none() {
+            if e.held().is_none() {
                 e.grant(NOT_HELD, 0);
                 self.tell(pk, Some(ChangeReason::Lost));
             }
@@ -539,7 +538,7 @@ impl Task {
         let handing: Vec<AgentPubkey> = self
             .entries
             .iter()
-            .filter(|(_, e)| e.handing.is_some())
+            .filter(|(_, e)| e.handing_over())
             .map(|(pk, _)| *pk)
             .collect();
         for pk in handing {
@@ -548,7 +547,7 @@ impl Task {
         let held: Vec<(AgentPubkey, i64)> = self
             .entries
             .iter()
-            .filter_map(|(pk, e)| Some((*pk, e.held?.lease)))
+            .filter_map(|(pk, e)| Some((*pk, e.held()?.lease)))
             .collect();
         for (pk, lease) in held {
             self.give_up_lease(pk, lease);

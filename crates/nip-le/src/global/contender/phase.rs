@@ -1,9 +1,11 @@
 //! A key's phase at the etcd level: the states the contender's per-key
 //! [`Entry`] means, named, with what each allows written beside it and
-//! checked. The entry still keeps them as fields (`leads`, `held`,
-//! `handing`, `fallback`, the permit); [`Entry::phase`] reads which one
-//! holds and [`Entry::broken_invariant`] says what a combination no move
-//! may leave behind. The simulator checks every key of every contender
+//! checked. What we hold of the key is one value ([`super::task::Holding`]:
+//! nothing, the key, or a hand-over), so a key is never held and handed
+//! over at once; the rest are still fields (`leads`, `locked`, `fallback`,
+//! the permit). [`Entry::phase`] reads which phase holds and
+//! [`Entry::broken_invariant`] says what a combination no move may leave
+//! behind. The simulator checks every key of every contender
 //! after each of its steps (invariant H3), so a move that leaves a
 //! combination outside these phases fails a seed.
 
@@ -38,11 +40,11 @@ impl Entry {
     /// The phase the entry's fields describe. A hand-over outranks a
     /// fall-back: one may still be owed when etcd falls silent.
     pub(crate) fn phase(&self) -> Phase {
-        if self.handing.is_some() {
+        if self.handing_over() {
             Phase::HandingOver
         } else if self.fallback {
             Phase::FallingBack
-        } else if self.held.is_some() {
+        } else if self.held().is_some() {
             Phase::Held
         } else if self.leads {
             Phase::Contending
@@ -55,9 +57,10 @@ impl Entry {
     pub(crate) fn broken_invariant(&self) -> Option<&'static str> {
         let permit = self.permit.state;
         let breaks = |broken: bool, what: &'static str| broken.then_some(what);
+        // Each phase's own fields are its definition (`phase`); what is
+        // checked is the rest.
         match self.phase() {
-            Phase::Idle => breaks(self.held.is_some(), "idle, yet holds a lease")
-                .or(breaks(permit != NOT_HELD, "idle, yet grants a permit")),
+            Phase::Idle => breaks(permit != NOT_HELD, "idle, yet grants a permit"),
             Phase::Contending => breaks(permit != NOT_HELD, "contending, yet grants a permit"),
             Phase::Held => breaks(!self.leads, "holds a lease without leading its host")
                 .or(breaks(
@@ -66,19 +69,15 @@ impl Entry {
                 ))
                 .or(breaks(permit == FALLBACK, "holds a lease, yet falls back"))
                 .or(breaks(
-                    permit == HELD && self.held.is_some_and(|h| h.lease != self.permit.lease),
+                    permit == HELD && self.held().is_some_and(|h| h.lease != self.permit.lease),
                     "grants a permit on a lease it does not hold",
                 )),
-            Phase::HandingOver => breaks(self.held.is_some(), "hands over, yet holds a lease")
-                .or(breaks(
-                    permit == HELD,
-                    "hands over, yet grants a held permit",
-                ))
+            Phase::HandingOver => breaks(permit == HELD, "hands over, yet grants a held permit")
                 .or(breaks(
                     (permit == FALLBACK) != self.fallback,
                     "hands over with a fall-back permit and flag that disagree",
                 )),
-            Phase::FallingBack => breaks(self.held.is_some(), "falls back, yet holds a lease")
+            Phase::FallingBack => breaks(self.held().is_some(), "falls back, yet holds a lease")
                 .or(breaks(!self.leads, "falls back without leading its host"))
                 .or(breaks(
                     permit != FALLBACK,

@@ -59,6 +59,21 @@ pub(super) struct Held {
     pub until: u64,
 }
 
+/// What we hold of a key in etcd: nothing, the key on our lease, or the
+/// key we stood down from for a claim (our lease and the revision we
+/// wrote, kept to swap the key to the claimant once our writer confirms).
+/// One value, so a key is never held and handed over at once.
+#[derive(Debug, Clone, Default)]
+pub(super) enum Holding {
+    /// Idle, contending or falling back (see [`super::phase`]).
+    #[default]
+    Nothing,
+    /// The key, on our lease.
+    Key(Held),
+    /// Standing down for the claim: the hold we give up, and the claim.
+    HandingOver(Held, super::Kv),
+}
+
 /// How often what was seen of etcd is kept at most.
 pub(crate) const KEEP_EVERY: Duration = Duration::from_millis(100);
 
@@ -72,7 +87,8 @@ pub(super) struct Entry {
     pub locked: bool,
     /// The host leadership we were last told of.
     pub tenure: u64,
-    pub held: Option<Held>,
+    /// What we hold of the key.
+    pub holding: Holding,
     pub holder: Option<GlobalHolder>,
     pub fallback: bool,
     /// A claim of ours, until it expires.
@@ -97,9 +113,6 @@ pub(super) struct Entry {
     /// The permit we grant the writer now, and the last one we told it.
     pub permit: Permit,
     pub told: Permit,
-    /// A hand-over waiting for the writer to confirm that it stopped
-    /// acting: our lease and revision, and the claim.
-    pub handing: Option<(Held, super::Kv)>,
     /// The work records read for the writer's next news.
     pub work_news: Option<Arc<SharedWork>>,
     /// Read the work records again then (another window's take is open,
@@ -228,8 +241,7 @@ impl Task {
         let keys: Vec<AgentPubkey> = self.entries.keys().copied().collect();
         for pk in keys {
             if let Some(e) = self.entries.get_mut(&pk) {
-                e.held = None;
-                e.handing = None;
+                e.holding = Holding::Nothing;
                 e.fallback = false;
                 e.verify = true;
                 e.grant(NOT_HELD, 0);
@@ -276,11 +288,11 @@ impl Task {
         let mut due = now + Duration::from_secs(1);
         for e in self.entries.values().filter(|e| e.leads) {
             let times = [
-                e.held.map(|h| h.renew_at),
+                e.held().map(|h| h.renew_at),
                 e.retry_at,
                 e.claim_until,
-                (!e.fallback && e.held.is_none()).then(|| self.last_contact + self.cfg.ttl),
-                e.work_again_at.filter(|_| e.held.is_some()),
+                (!e.fallback && e.held().is_none()).then(|| self.last_contact + self.cfg.ttl),
+                e.work_again_at.filter(|_| e.held().is_some()),
             ];
             for t in times.into_iter().flatten().filter(|t| *t > now) {
                 due = due.min(t);
@@ -320,7 +332,7 @@ impl Task {
                     // that holds the lock continues it, and must find
                     // nobody else acting on it (the teeth's
                     // `unlocked_keeps_lease`).
-                    if !locked && e.held.is_some() && !mutated!(UnlockedKeepsLease) {
+                    if !locked && e.held().is_some() && !mutated!(UnlockedKeepsLease) {
                         self.step_back_for(pk, false, Some(ChangeReason::Lost));
                     } else {
                         // The writer closed its permit when the lock went:
@@ -403,7 +415,7 @@ impl Task {
         let e = &self.entries[&pk];
         let news = GlobalNews {
             work,
-            work_unread: e.work_unread && e.held.is_some(),
+            work_unread: e.work_unread && e.held().is_some(),
             reason,
             unknown_before_ms,
             status: self.status(e),
@@ -494,9 +506,8 @@ impl Task {
         let keys = self
             .entries
             .iter()
-            .filter(|(_, e)| e.handing.is_none())
             .filter_map(|(pk, e)| {
-                let h = e.held?;
+                let h = e.held()?;
                 Some((
                     *pk,
                     super::renewer::KeyLease {
@@ -528,7 +539,7 @@ impl Task {
 impl Entry {
     /// Sets the permit the writer is to apply (told with the next news).
     pub(super) fn grant(&mut self, state: u8, until: u64) {
-        let lease = match (state, self.held) {
+        let lease = match (state, self.held()) {
             (HELD, Some(h)) => h.lease,
             _ => 0,
         };
@@ -537,6 +548,45 @@ impl Entry {
             until,
             lease,
         };
+    }
+
+    /// The key on our lease, if we hold it (not while handing it over).
+    pub(super) fn held(&self) -> Option<Held> {
+        match self.holding {
+            Holding::Key(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// [`Entry::held`], to update in place.
+    pub(super) fn held_mut(&mut self) -> Option<&mut Held> {
+        match &mut self.holding {
+            Holding::Key(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// Gives up the key we hold, if we do; a hand-over stays.
+    pub(super) fn take_held(&mut self) -> Option<Held> {
+        let h = self.held()?;
+        self.holding = Holding::Nothing;
+        Some(h)
+    }
+
+    /// Whether we are standing down for a claim.
+    pub(super) fn handing_over(&self) -> bool {
+        matches!(self.holding, Holding::HandingOver(..))
+    }
+
+    /// Ends the hand-over, if one is waiting: the hold and the claim.
+    pub(super) fn take_hand_over(&mut self) -> Option<(Held, super::Kv)> {
+        match std::mem::take(&mut self.holding) {
+            Holding::HandingOver(h, claim) => Some((h, claim)),
+            other => {
+                self.holding = other;
+                None
+            }
+        }
     }
 
     /// Records the holder the key names now (`None`: deleted).
@@ -552,7 +602,7 @@ impl Entry {
             leads: false,
             locked: false,
             tenure: 0,
-            held: None,
+            holding: Holding::Nothing,
             holder: None,
             fallback: false,
             claim_until: None,
@@ -566,7 +616,6 @@ impl Entry {
             told_error: None,
             permit: Permit::NOT_HELD,
             told: Permit::NOT_HELD,
-            handing: None,
             work_news: None,
             work_again_at: None,
             work_unread: false,

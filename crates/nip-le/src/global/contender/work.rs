@@ -44,7 +44,7 @@ use crate::work::{gives_up_on_records, RecordView, SharedWork};
 use super::super::etcd::{Etcd, Kv, Result, Txn};
 use super::super::{EtcdConfig, WorkRecord};
 use super::outbox::{Answer, Fence, Learnt, ReadBack, Scope, Times, WorkCall};
-use super::task::{Entry, Task};
+use super::task::{Entry, Holding, Task};
 
 /// Most records read for one agent: more is treated as unreadable.
 pub(crate) const MAX_RECORDS: usize = 100_000;
@@ -188,7 +188,7 @@ impl Task {
                     Learnt::Contact => self.last_contact = now,
                     Learnt::StoreAt(rev) => self.store_at(rev),
                     Learnt::Refence { pk, revision } => {
-                        if let Some(h) = self.entries.get_mut(&pk).and_then(|e| e.held.as_mut()) {
+                        if let Some(h) = self.entries.get_mut(&pk).and_then(Entry::held_mut) {
                             h.revision = revision;
                         }
                     }
@@ -293,7 +293,7 @@ impl Task {
         let Some(e) = self.entries.get(&pk) else {
             return;
         };
-        if e.held.is_none() || e.work_again_at.is_none_or(|t| now < t) {
+        if e.held().is_none() || e.work_again_at.is_none_or(|t| now < t) {
             return;
         }
         let was_unread = self.entries[&pk].work_unread;
@@ -313,16 +313,16 @@ impl Task {
 /// or, while handing it over, the one we held it at.
 fn fence(entries: &BTreeMap<AgentPubkey, Entry>, pk: &AgentPubkey) -> Option<Fence> {
     let e = entries.get(pk)?;
-    match (e.held, &e.handing) {
-        (Some(h), _) => Some(Fence {
+    match &e.holding {
+        Holding::Key(h) => Some(Fence {
             revision: h.revision,
             held_lease: Some(h.lease),
         }),
-        (None, Some((h, _))) => Some(Fence {
+        Holding::HandingOver(h, _) => Some(Fence {
             revision: h.revision,
             held_lease: None,
         }),
-        (None, None) => None,
+        Holding::Nothing => None,
     }
 }
 

@@ -95,7 +95,7 @@ fn a_holder_whose_records_cannot_be_read_owes_nothing_until_they_are() {
     let news = std::mem::take(&mut *a.news.lock().unwrap());
     assert!(news.iter().all(|n| !n.work_unread), "read at the gain");
     a.cut.store(true, Ordering::SeqCst);
-    assert!(a.task.entries[&pk()].held.is_some());
+    assert!(a.task.entries[&pk()].held().is_some());
     assert!(a.task.read_work(pk()).is_none());
     assert!(a.task.entries[&pk()].work_unread);
     a.cut.store(false, Ordering::SeqCst);
