@@ -33,6 +33,9 @@ enum Command {
     /// A worker of the stand-in agent: waits until it is signalled.
     #[command(hide = true)]
     StandInWorker(lab::stand_in::WorkerArgs),
+    /// For the bench's floor: holds an exclusive lock on a file until killed.
+    #[command(hide = true)]
+    HoldLock(lab::bench::HoldLockArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Chaos(a) => lab::chaos::chaos(a),
         Command::StandInAgent(a) => lab::stand_in::stand_in(a),
         Command::StandInWorker(a) => Ok(lab::stand_in::worker(a)),
+        Command::HoldLock(a) => Ok(lab::bench::hold_lock(a)),
     };
     commands::exit_code(result)
 }

@@ -6,6 +6,7 @@
 //! predecessor side by side, on the same machine, in the same run.
 
 mod faults;
+mod floor;
 mod hosts;
 mod scale;
 mod scenarios;
@@ -17,6 +18,7 @@ use std::process::ExitCode;
 use clap::Args;
 use nip_le::{Backend, Mode};
 
+pub use floor::{hold_lock, HoldLockArgs};
 use scenarios::Bench;
 
 /// Options of `nip-le-lab bench`.
@@ -40,7 +42,9 @@ pub struct BenchArgs {
     /// graceful, claim, foreign, sigstop, start, scale-memory, scale-cpu,
     /// idle, slept, pause, flock,
     /// queued, turn-kill, cross-kill, cross-lost, cross-graceful,
-    /// cross-claim, in-process, work-across. The cross-host rows (and
+    /// cross-claim, in-process, work-across, floor (what the OS alone
+    /// allows: a killed holder's lock free, a file's open + close). The
+    /// cross-host rows (and
     /// work-across, the work ledger's cost with the etcd level on and off)
     /// start a real etcd (Debian's etcd-server) and run only in the current
     /// extended build.
@@ -320,6 +324,19 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
                 r.backlog_us.1,
             ),
             Err(e) => println!("in-process [{label}]: failed: {e}"),
+        }
+    }
+    if wanted("floor") {
+        match floor::lock_release(a.runs).and_then(|s| Ok((s, floor::open_close(a.runs)?))) {
+            Ok((s, u)) => println!(
+                "the OS alone: a killed holder's exclusive file lock → another process has it {:.2} ms median, {:.2} ms p99 ({} runs; the floor under the SIGKILL row); a file's open + close {:.0} µs median, {:.0} µs p99",
+                pct(&s, 50.0),
+                pct(&s, 99.0),
+                s.len(),
+                pct(&u, 50.0),
+                pct(&u, 99.0),
+            ),
+            Err(e) => println!("the OS alone: failed: {e}"),
         }
     }
     if wanted("work-across") {
