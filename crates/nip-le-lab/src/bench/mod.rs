@@ -68,6 +68,8 @@ pub struct Variant {
     pub backend: Option<Backend>,
     /// An earlier build (`--before`).
     pub before: bool,
+    /// Its `run` takes `--relay`: claims travel as the desktop sends them.
+    pub relay: bool,
 }
 
 /// One row's samples and the violations seen while taking them.
@@ -126,6 +128,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             mode: Mode::Spec,
             backend: None,
             before: false,
+            relay: true,
         },
         Variant {
             label: "ext".into(),
@@ -133,6 +136,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             mode: Mode::Extended,
             backend: Some(Backend::Native),
             before: false,
+            relay: true,
         },
         // What macOS and Windows run, on this machine.
         Variant {
@@ -141,9 +145,11 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             mode: Mode::Extended,
             backend: Some(Backend::Portable),
             before: false,
+            relay: true,
         },
     ];
     if let Some(before) = &a.before {
+        let relay = takes_relay(before);
         for (label, mode) in [("spec before", Mode::Spec), ("ext before", Mode::Extended)] {
             variants.push(Variant {
                 label: label.into(),
@@ -151,6 +157,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
                 mode,
                 backend: None,
                 before: true,
+                relay,
             });
         }
     }
@@ -365,6 +372,16 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Whether `exe run` takes `--relay` (builds before it send claims as lead
+/// requests only, which a spec-mode instance does not read: without the
+/// relay, a spec claim of such a build never reaches its leader).
+fn takes_relay(exe: &std::path::Path) -> bool {
+    std::process::Command::new(exe)
+        .args(["run", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--relay"))
 }
 
 /// A row: its key for `--only`, its label, its scenario and its runs.

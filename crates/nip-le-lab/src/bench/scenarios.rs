@@ -53,9 +53,9 @@ impl Bench {
         if let Some(b) = v.backend {
             o.extra_args.extend(["--backend".into(), b.as_str().into()]);
         }
-        if v.before {
-            // An earlier build has no `--relay`; its claims use the lead
-            // request in both modes.
+        if !v.relay {
+            // A build without `--relay`: its claims use the lead request in
+            // both modes.
             return o;
         }
         // Claims travel as the desktop sends them, through the relay.
