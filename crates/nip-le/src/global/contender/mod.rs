@@ -32,6 +32,7 @@ use super::grpc::Grpc;
 use super::EtcdConfig;
 
 mod claims;
+mod entry;
 mod losses;
 mod moves;
 mod outbox;

@@ -14,8 +14,19 @@ use super::renewer::deadline;
 use super::task::{Entry, Held, Holding, Task, FALLBACK, HELD, NOT_HELD};
 
 impl Task {
-    /// Everything a key needs now: renew, look, acquire, adopt, claim,
-    /// fall back.
+    /// Everything a key needs now, in one place and in this order (as
+    /// client-go's `tryAcquireOrRenew`; the phases are `phase.rs`'s):
+    ///
+    /// 1. a claim of ours that expired is withdrawn;
+    /// 2. idle, handing over, or waiting out a failed call: nothing is
+    ///    asked of etcd (a hand-over waits for our writer's confirmation,
+    ///    and taking the key back would undo the claim); go to 5;
+    /// 3. held: renew when due, or at once when told to verify (a resync),
+    ///    then look for a claim the watch could not bring;
+    /// 4. not held (or verifying) and the watch cannot tell us: look, and
+    ///    acquire a free key, adopt our host's, or post our claim;
+    /// 5. etcd silent a whole TTL: fall back (or not, by the policy); an
+    ///    answer again ends the fall-back.
     pub(super) fn settle(&mut self, pk: AgentPubkey) {
         let now = self.clock.now();
         let Some(e) = self.entries.get(&pk) else {

@@ -11,13 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::elector::cache::{self, global_state};
-use crate::elector::global_level::{GlobalNews, Permit, SharedWork, Tell};
-use crate::elector::{ChangeReason, GlobalHolder, GlobalStatus};
+use crate::elector::global_level::{GlobalNews, Tell};
+use crate::elector::{ChangeReason, GlobalStatus};
 use crate::pubkey::AgentPubkey;
 
 use super::super::etcd::{ErrorKind, Etcd, EtcdError};
 use super::super::seen::Seen;
 use super::super::EtcdConfig;
+pub(super) use super::entry::{Entry, Held, Holding};
 use super::outbox::WorkOutbox;
 use super::{Inbox, Value};
 
@@ -48,84 +49,11 @@ impl Clock for SystemClock {
     }
 }
 
-/// Our hold on a key.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Held {
-    pub lease: i64,
-    /// The revision we last wrote the key at.
-    pub revision: u64,
-    pub renew_at: Instant,
-    /// The permit's deadline ([`cache::boot_nanos`]).
-    pub until: u64,
-}
-
-/// What we hold of a key in etcd: nothing, the key on our lease, or the
-/// key we stood down from for a claim (our lease and the revision we
-/// wrote, kept to swap the key to the claimant once our writer confirms).
-/// One value, so a key is never held and handed over at once.
-#[derive(Debug, Clone, Default)]
-pub(super) enum Holding {
-    /// Idle, contending or falling back (see [`super::phase`]).
-    #[default]
-    Nothing,
-    /// The key, on our lease.
-    Key(Held),
-    /// Standing down for the claim: the hold we give up, and the claim.
-    HandingOver(Held, super::Kv),
-}
-
 /// How often what was seen of etcd is kept at most.
 pub(crate) const KEEP_EVERY: Duration = Duration::from_millis(100);
 
 /// The longest wait between two calls that etcd refuses in a row.
 pub(super) const MAX_REFUSAL_WAIT: Duration = Duration::from_secs(10);
-
-pub(super) struct Entry {
-    /// We lead our host for this key.
-    pub leads: bool,
-    /// ... holding its lock file (not the NIP's fail-safe).
-    pub locked: bool,
-    /// The host leadership we were last told of.
-    pub tenure: u64,
-    /// What we hold of the key.
-    pub holding: Holding,
-    pub holder: Option<GlobalHolder>,
-    pub fallback: bool,
-    /// A claim of ours, until it expires.
-    pub claim_until: Option<Instant>,
-    /// The lease our posted claim is bound to.
-    pub claim_lease: Option<i64>,
-    /// Don't call etcd for this key before (after a failure).
-    pub retry_at: Option<Instant>,
-    /// etcd's refusals in a row (its answers, not an outage): each doubles
-    /// the wait before the next call, up to [`MAX_REFUSAL_WAIT`].
-    pub refusals: u32,
-    /// Look again even if we hold (after the watch lost track).
-    pub verify: bool,
-    /// The latest revision at which we know the leader key's state.
-    pub seen: u64,
-    /// The host of the last holder we saw (kept across deletions).
-    pub last_holder_host: Option<String>,
-    pub last_error: Option<String>,
-    /// The error the writer was last told of: a new refusal (or its end)
-    /// is told at once, though no permit changes.
-    pub told_error: Option<String>,
-    /// The permit we grant the writer now, and the last one we told it.
-    pub permit: Permit,
-    pub told: Permit,
-    /// The work records read for the writer's next news.
-    pub work_news: Option<Arc<SharedWork>>,
-    /// Read the work records again then (another window's take is open,
-    /// or they could not be read).
-    pub work_again_at: Option<Instant>,
-    /// We hold the key and its work records could not be read yet.
-    pub work_unread: bool,
-    /// Since when they could not be read.
-    pub unread_since: Option<Instant>,
-    /// The writer confirmed a hand-over whose swap waits for our work
-    /// records: tried again then.
-    pub swap_at: Option<Instant>,
-}
 
 /// The machine.
 pub(crate) struct Task {
@@ -532,95 +460,6 @@ impl Task {
     pub(crate) fn list_leases(&self) {
         if let Some(l) = &self.leases {
             l.set(self.listed());
-        }
-    }
-}
-
-impl Entry {
-    /// Sets the permit the writer is to apply (told with the next news).
-    pub(super) fn grant(&mut self, state: u8, until: u64) {
-        let lease = match (state, self.held()) {
-            (HELD, Some(h)) => h.lease,
-            _ => 0,
-        };
-        self.permit = Permit {
-            state,
-            until,
-            lease,
-        };
-    }
-
-    /// The key on our lease, if we hold it (not while handing it over).
-    pub(super) fn held(&self) -> Option<Held> {
-        match self.holding {
-            Holding::Key(h) => Some(h),
-            _ => None,
-        }
-    }
-
-    /// [`Entry::held`], to update in place.
-    pub(super) fn held_mut(&mut self) -> Option<&mut Held> {
-        match &mut self.holding {
-            Holding::Key(h) => Some(h),
-            _ => None,
-        }
-    }
-
-    /// Gives up the key we hold, if we do; a hand-over stays.
-    pub(super) fn take_held(&mut self) -> Option<Held> {
-        let h = self.held()?;
-        self.holding = Holding::Nothing;
-        Some(h)
-    }
-
-    /// Whether we are standing down for a claim.
-    pub(super) fn handing_over(&self) -> bool {
-        matches!(self.holding, Holding::HandingOver(..))
-    }
-
-    /// Ends the hand-over, if one is waiting: the hold and the claim.
-    pub(super) fn take_hand_over(&mut self) -> Option<(Held, super::Kv)> {
-        match std::mem::take(&mut self.holding) {
-            Holding::HandingOver(h, claim) => Some((h, claim)),
-            other => {
-                self.holding = other;
-                None
-            }
-        }
-    }
-
-    /// Records the holder the key names now (`None`: deleted).
-    pub(super) fn see(&mut self, holder: Option<GlobalHolder>) {
-        if let Some(h) = holder.as_ref().filter(|h| !h.host_id.is_empty()) {
-            self.last_holder_host = Some(h.host_id.clone());
-        }
-        self.holder = holder;
-    }
-
-    fn new() -> Self {
-        Self {
-            leads: false,
-            locked: false,
-            tenure: 0,
-            holding: Holding::Nothing,
-            holder: None,
-            fallback: false,
-            claim_until: None,
-            claim_lease: None,
-            retry_at: None,
-            refusals: 0,
-            verify: false,
-            seen: 0,
-            last_holder_host: None,
-            last_error: None,
-            told_error: None,
-            permit: Permit::NOT_HELD,
-            told: Permit::NOT_HELD,
-            work_news: None,
-            work_again_at: None,
-            work_unread: false,
-            unread_since: None,
-            swap_at: None,
         }
     }
 }
