@@ -54,7 +54,7 @@ impl Invariant {
         Invariant::ContenderPhase,
     ];
 
-    /// Its id: `S1` to `S10` on one host, `H1` and `H2` across hosts.
+    /// Its id: `S1` to `S10` on one host, `H1` to `H3` across hosts.
     pub fn id(self) -> &'static str {
         match self {
             Invariant::TwoActingWindows => "S1",

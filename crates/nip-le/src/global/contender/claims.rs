@@ -6,8 +6,9 @@ use crate::elector::ChangeReason;
 use crate::pubkey::AgentPubkey;
 
 use super::super::etcd::{Kv, Txn};
+use super::entry::Holding;
 use super::holder_of;
-use super::task::{Holding, Task, NOT_HELD};
+use super::task::{Task, NOT_HELD};
 
 impl Task {
     /// A claim the watch cannot bring: posted before we took the key, or

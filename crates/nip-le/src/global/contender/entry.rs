@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::elector::cache::global_state::HELD;
 use crate::elector::global_level::{Permit, SharedWork};
 use crate::elector::GlobalHolder;
-
-use crate::elector::cache::global_state::HELD;
 
 /// Our hold on a key.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +53,7 @@ pub(super) struct Entry {
     /// Don't call etcd for this key before (after a failure).
     pub retry_at: Option<Instant>,
     /// etcd's refusals in a row (its answers, not an outage): each doubles
-    /// the wait before the next call, up to [`MAX_REFUSAL_WAIT`].
+    /// the wait before the next call, up to `task::MAX_REFUSAL_WAIT`.
     pub refusals: u32,
     /// Look again even if we hold (after the watch lost track).
     pub verify: bool,

@@ -6,7 +6,8 @@
 
 use std::time::Instant;
 
-use super::task::{Holding, Task, KEEP_EVERY, NOT_HELD};
+use super::entry::Holding;
+use super::task::{Task, KEEP_EVERY, NOT_HELD};
 use crate::elector::ChangeReason;
 use crate::global::seen::Seen;
 

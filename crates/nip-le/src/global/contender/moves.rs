@@ -9,9 +9,10 @@ use crate::pubkey::AgentPubkey;
 
 use super::super::etcd::{Change, Kv, Txn};
 use super::super::WhenUnreachable;
+use super::entry::{Entry, Held, Holding};
 use super::holder_of;
 use super::renewer::deadline;
-use super::task::{Entry, Held, Holding, Task, FALLBACK, HELD, NOT_HELD};
+use super::task::{Task, FALLBACK, HELD, NOT_HELD};
 
 impl Task {
     /// Everything a key needs now, in one place and in this order (as

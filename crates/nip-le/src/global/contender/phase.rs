@@ -1,6 +1,6 @@
 //! A key's phase at the etcd level: the states the contender's per-key
 //! [`Entry`] means, named, with what each allows written beside it and
-//! checked. What we hold of the key is one value ([`super::task::Holding`]:
+//! checked. What we hold of the key is one value ([`super::entry::Holding`]:
 //! nothing, the key, or a hand-over), so a key is never held and handed
 //! over at once; the rest are still fields (`leads`, `locked`, `fallback`,
 //! the permit). [`Entry::phase`] reads which phase holds and
@@ -9,7 +9,8 @@
 //! after each of its steps (invariant H3), so a move that leaves a
 //! combination outside these phases fails a seed.
 
-use super::task::{Entry, FALLBACK, HELD, NOT_HELD};
+use super::entry::Entry;
+use super::task::{FALLBACK, HELD, NOT_HELD};
 
 /// What a key is at the etcd level, for one window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use crate::pubkey::AgentPubkey;
 use super::super::etcd::{ErrorKind, Etcd, EtcdError};
 use super::super::seen::Seen;
 use super::super::EtcdConfig;
-pub(super) use super::entry::{Entry, Held, Holding};
+use super::entry::{Entry, Holding};
 use super::outbox::WorkOutbox;
 use super::{Inbox, Value};
 

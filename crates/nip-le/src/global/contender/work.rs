@@ -43,8 +43,9 @@ use crate::work::{gives_up_on_records, RecordView, SharedWork};
 
 use super::super::etcd::{Etcd, Kv, Result, Txn};
 use super::super::{EtcdConfig, WorkRecord};
+use super::entry::{Entry, Holding};
 use super::outbox::{Answer, Fence, Learnt, ReadBack, Scope, Times, WorkCall};
-use super::task::{Entry, Holding, Task};
+use super::task::Task;
 
 /// Most records read for one agent: more is treated as unreadable.
 pub(crate) const MAX_RECORDS: usize = 100_000;
