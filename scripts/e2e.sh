@@ -12,6 +12,10 @@ if ! command -v tauri-driver >/dev/null 2>&1; then
   cargo install tauri-driver --version '^2' --locked
 fi
 export PATH="$HOME/.cargo/bin:$PATH"
+# --setup: only what the run needs installed (the test command installs it
+# while it builds, so a fresh machine's tauri-driver build is not the last
+# minute of the run).
+[ "${1-}" = --setup ] && exit 0
 
 [ -x target/debug/leader-election-example ] || { npm run build:example && cargo build -p leader-election-example; }
 if [ ! -x target/debug/buzz-shaped-example ] || [ ! -x target/debug/nip-le-lab ]; then

@@ -18,3 +18,34 @@ ensure_packages() {
     return 1
   fi
 }
+
+# test_executables CARGO-TEST-ARGS...: builds tests as `cargo test` would
+# (`--no-run`) and prints each test executable as its package directory and
+# its path, tab-separated, one per line. The test command runs them with
+# run_test_executables while it builds other things: cargo holds a lock on
+# the target directory for as long as it builds, so a `cargo test` started
+# then would wait for the build to end.
+test_executables() {
+  cargo test --no-run --message-format=json-render-diagnostics "$@" | python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(os.path.dirname(m["manifest_path"]) + "\t" + m["executable"])'
+}
+
+# run_test_executables LIST [RUNNER...] [-- TEST-ARGS...]: runs each
+# executable of LIST (made by test_executables) from its package directory,
+# as cargo does, through RUNNER if given (wine), with TEST-ARGS; stops at the
+# first that fails.
+run_test_executables() {
+  local list=$1 runner=() args=() dir exe
+  shift
+  while (($#)) && [ "$1" != -- ]; do runner+=("$1"); shift; done
+  (($#)) && { shift; args=("$@"); }
+  [ -s "$list" ] || { echo "no test executables in $list" >&2; return 1; }
+  while IFS=$'\t' read -r dir exe; do
+    echo "     Running ${exe#"$PWD"/}"
+    (cd "$dir" && "${runner[@]}" "$exe" "${args[@]}") </dev/null || { echo "failed: $exe" >&2; return 1; }
+  done <"$list"
+}

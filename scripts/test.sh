@@ -59,6 +59,59 @@ node scripts/readme-check.mjs
 npx tsc -p examples/readme-app/tsconfig.json
 
 # --- Rust --------------------------------------------------------------------
+# Two kinds of work share the machine (CI has 2 cores): builds, which keep
+# every core busy, and real-time suites (real processes, etcd, Wine, chaos),
+# which mostly wait on timers. The builds after `cargo test` run `nice`d in
+# the foreground while the real-time suites run in the background, one at a
+# time, so the cores stay busy and a suite's processes are still scheduled
+# first when they wake. A background job's output goes to a file and is
+# printed whole when the test command waits for the job; if anything fails,
+# the background jobs are stopped.
+target_dir=${CARGO_TARGET_DIR:-target}
+logs=$target_dir/test-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+declare -A job_pid=() job_began=()
+# background NAME WHAT CMD...: runs CMD (a command or a function) in its
+# own process group, its output in $logs/NAME.log.
+background() {
+  local name=$1 what=$2
+  shift 2
+  set -m
+  "$@" </dev/null >"$logs/$name.log" 2>&1 &
+  job_pid[$name]=$!
+  set +m
+  job_began[$name]=$SECONDS
+  step "in the background from now: $what (its output printed when it ends)"
+}
+# finish NAME: waits for the background job NAME, prints its output, and
+# fails if it failed.
+finish() {
+  local name=$1 rc=0
+  wait "${job_pid[$name]}" || rc=$?
+  unset "job_pid[$name]"
+  step "the background job $name ended (started at $((job_began[$name] / 60))m$(printf %02d $((job_began[$name] % 60)))s); its output:"
+  cat "$logs/$name.log"
+  ((rc == 0)) || { echo "the background job $name failed (exit status $rc): its output above" >&2; exit 1; }
+}
+stop_background() {
+  local pid
+  for pid in "${job_pid[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+}
+trap stop_background EXIT
+# build CMD...: a build (a command or a function), at the lowest priority:
+# the real-time suites first.
+build() { (renice -n 19 -p "$BASHPID" >/dev/null && "$@"); }
+# await FILE: waits (up to 30 min) for a file the foreground writes when a
+# build the background needs is done.
+await() {
+  local deadline=$((SECONDS + 1800))
+  until [ -e "$1" ]; do
+    ((SECONDS < deadline)) || { echo "gave up waiting for $1" >&2; return 1; }
+    sleep 1
+  done
+}
+
 step "cargo fmt --check"
 if cargo fmt --version >/dev/null 2>&1; then
   cargo fmt --all -- --check
@@ -73,15 +126,11 @@ else
   echo "clippy not installed; skipping lints"
 fi
 
-step "cross-target checks: macOS (Apple silicon; Intel compiles the same code) and Windows"
+# Its own toolchain and target directory: nothing waits for it, and at the
+# lowest priority it uses what the foreground leaves of the cores.
 command -v rustup >/dev/null 2>&1 || { echo "missing: rustup (the cross-target checks add their targets with it)" >&2; exit 1; }
-bash scripts/cross-check.sh
-
-step "the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin, the engine and the CLI type-checked, the engine for macOS and Windows"
-bash scripts/lowest-deps.sh
-
-step "cargo doc -D warnings (engine, plugin)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli -p nip-le-lab
+background lowest-deps "the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin, the engine and the CLI type-checked, the engine for macOS and Windows" \
+  build bash scripts/lowest-deps.sh
 
 step "cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
 # The three example apps have no tests (checked): a test build of each
@@ -90,22 +139,71 @@ examples=(examples/tauri-app/src-tauri examples/readme-app/src-tauri examples/bu
 if grep -rnE '#\[(tokio::)?test' "${examples[@]}" --include=*.rs; then
   echo "an example app has tests (above): run them in cargo test" >&2; exit 1
 fi
-cargo test --workspace --exclude leader-election-example --exclude readme-app --exclude buzz-shaped-example
+# Every `cargo test` below selects the workspace too: cargo resolves
+# dependencies' features for the packages selected, so `-p nip-le-lab`
+# alone would build most dependencies again.
+workspace=(--workspace --exclude leader-election-example --exclude readme-app --exclude buzz-shaped-example)
+cargo test "${workspace[@]}"
 
 step "the teeth: every defect a fix removed, put back alone (nip_le::mutant), fails its guard (the simulator's seeds ran in cargo test, tests/teeth.rs; here the unit tests')"
 bash scripts/teeth.sh
 
 step "the docs name every CLI flag, event field, reason, command and permission that exists, and nothing else"
-node scripts/docs-check.mjs "${CARGO_TARGET_DIR:-target}/debug/nip-le"
+node scripts/docs-check.mjs "$target_dir/debug/nip-le"
 
 step "the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
 # The engine's in-process tests of both backends ran above (tests/elector.rs,
 # tests/leaks.rs); here every `nip-le run` the suites spawn inherits it.
-NIP_LE_BACKEND=portable cargo test -p nip-le-lab --test multiprocess --test pauses --test lock_holds \
+NIP_LE_BACKEND=portable cargo test "${workspace[@]}" --test multiprocess --test pauses --test lock_holds \
   --test mixed --test turns --test children --test interop --test hostile_fs --test agent
 
-step "Windows, run under Wine (x86_64-pc-windows-gnu): the engine's tests and the CLI's real-process suites"
-bash scripts/wine.sh
+# Built by cargo test above; listed here, run in the background below.
+test_executables "${workspace[@]}" --test etcd_security --test etcd --test etcd_cluster >"$logs/etcd-tests.list"
+
+# The real-time suites, one at a time. Chaos is the real-process smoke of
+# what the simulator's seed budget (cargo test) covers in depth: six runs of
+# 30 to 45 s, a fault or mention every 250 ms on average.
+realtime_suites() {
+  set -euo pipefail
+  # Its own copy: nothing the foreground builds then may change it.
+  local lab=$logs/nip-le-lab
+  cp "$target_dir/debug/nip-le-lab" "$lab"
+  step "chaos: 40 s of random faults on a mixed cluster"
+  "$lab" chaos --seconds 40
+  step "chaos: 40 s of random faults on extended instances working a queue (exactly once)"
+  "$lab" chaos --seconds 40 --turn-ms 60
+  step "chaos on the portable backend: the mixed cluster, and the queue worked exactly once"
+  "$lab" chaos --seconds 30 --backend portable
+  "$lab" chaos --seconds 40 --turn-ms 60 --backend portable
+  step "chaos: the same with harness children sharing their windows' instance ids (INTEROP.md's writer)"
+  "$lab" chaos --seconds 40 --turn-ms 60 --children
+  step "chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd over TLS with client certificates and users (paused, members restarted and cut off): exactly once but while etcd was unreachable"
+  "$lab" chaos --seconds 45 --hosts 3 --extended 6 --turn-ms 60 --etcd-members 3 --etcd-secure
+  step "Windows, run under Wine (x86_64-pc-windows-gnu): the engine's tests and the CLI's real-process suites"
+  await "$logs/wine-tests.list"
+  bash scripts/wine.sh --run "$logs/wine-tests.list"
+  step "the etcd suites on the newest etcd release too (3.7.2 from crates.io; Debian's 3.4 ran in cargo test): TLS with client certificates and users together, the contender, a 3-member cluster"
+  local etcd
+  etcd=$(bash scripts/etcd-newest.sh)
+  NIP_LE_ETCD=$etcd run_test_executables "$logs/etcd-tests.list"
+  step "the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
+  await "$logs/plugin-etcd-tests.list"
+  run_test_executables "$logs/plugin-etcd-tests.list"
+}
+background realtime "the real-time suites: chaos, Windows under Wine, the newest etcd, the plugin on etcd" realtime_suites
+
+step "the Windows build (x86_64-pc-windows-gnu) of the engine's tests and the CLI's real-process suites, for Wine"
+build bash scripts/wine.sh --build "$logs/wine-tests.list"
+
+step "the plugin with its etcd feature: its etcd test built"
+build test_executables -p tauri-plugin-leader-election --features etcd --test etcd >"$logs/plugin-etcd-tests.list.part"
+mv "$logs/plugin-etcd-tests.list.part" "$logs/plugin-etcd-tests.list"
+
+step "cross-target checks: macOS (Apple silicon; Intel compiles the same code) and Windows"
+build bash scripts/cross-check.sh
+
+step "cargo doc -D warnings (engine, plugin)"
+RUSTDOCFLAGS="-D warnings" build cargo doc --no-deps -p nip-le -p tauri-plugin-leader-election -p nip-le-cli -p nip-le-lab
 
 step "the engine links no CLI dependency, and no etcd client unless asked"
 if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile|tonic|prost) '; then
@@ -113,7 +211,7 @@ if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E 
 fi
 cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^tonic ' \
   || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
-cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
+build cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
 # The defects of the teeth are compiled into test builds only.
 if cargo tree -p tauri-plugin-leader-election -p nip-le-cli -p nip-le-lab -e normal --prefix none -f '{p} {f}' | grep -E '^nip-le v.*mutants'; then
   echo "a normal build compiles the teeth's defects in (above): only dev-dependencies may enable mutants" >&2; exit 1
@@ -127,10 +225,6 @@ for c in dirs windows-sys; do
 done
 step "etcd's gRPC code in the engine is what scripts/etcd-proto.sh generates from crates/nip-le/proto (no build needs protoc)"
 bash scripts/etcd-proto.sh --check
-step "the etcd suites on the newest etcd release too (3.7.2 from crates.io; Debian's 3.4 ran above): TLS with client certificates and users together, the contender, a 3-member cluster"
-NIP_LE_ETCD=$(bash scripts/etcd-newest.sh) NIP_LE_REQUIRE_ETCD=1 cargo test -p nip-le-lab --test etcd_security --test etcd --test etcd_cluster
-step "the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
-cargo test -p tauri-plugin-leader-election --features etcd --test etcd
 
 step "cargo publish --dry-run (engine and plugin)"
 # Cargo extracts the packaged engine into its registry cache, never
@@ -139,12 +233,11 @@ step "cargo publish --dry-run (engine and plugin)"
 # extractions (the local overlay's directories are the ones named "-<hash>")
 # and the fingerprints of the engine built from them.
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/nip-le-*
-target_dir=${CARGO_TARGET_DIR:-target}
 for d in $(grep -l 'registry/src/-' "$target_dir"/debug/deps/nip_le-*.d 2>/dev/null); do
   h=${d##*/nip_le-}
   rm -rf "$target_dir/debug/.fingerprint/nip-le-${h%.d}"
 done
-cargo publish --dry-run --allow-dirty -p nip-le -p tauri-plugin-leader-election
+build cargo publish --dry-run --allow-dirty -p nip-le -p tauri-plugin-leader-election
 step "both crates package their license files (and the plugin its changelog)"
 for pkg in nip-le tauri-plugin-leader-election; do
   list=$(cargo package --list --allow-dirty -p "$pkg")
@@ -156,11 +249,16 @@ cargo package --list --allow-dirty -p tauri-plugin-leader-election | grep -qx CH
   || { echo "cargo package of the plugin is missing CHANGELOG.md" >&2; exit 1; }
 
 step "cargo build of the example app"
-cargo build -p leader-election-example
+build cargo build -p leader-election-example
 step "cargo build of the README's app (examples/readme-app: its Cargo.toml line, capability and Rust block)"
-cargo build -p readme-app
+build cargo build -p readme-app
 step "cargo build of the Buzz-shaped example (examples/buzz-app: no core:default, exactly the capability docs/buzz.md names)"
-cargo build -p buzz-shaped-example -p nip-le-cli -p nip-le-lab
+build cargo build -p buzz-shaped-example
+step "what the end-to-end run needs installed (tauri-driver, Xvfb, WebKitWebDriver)"
+build bash scripts/e2e.sh --setup
+
+finish lowest-deps
+finish realtime
 
 step "end-to-end in real webviews, the two backends side by side (w1, w3 native; w2, w4 portable: what macOS and Windows run)"
 # One run drives both backends' code and their hand-overs to each other; an
@@ -168,25 +266,6 @@ step "end-to-end in real webviews, the two backends side by side (w1, w3 native;
 # this one cannot (each backend's cluster runs whole in the suites above).
 NIP_LE_BACKEND=mixed bash scripts/e2e.sh
 
-# Chaos is the real-process smoke of what the simulator's seed budget
-# (cargo test) covers in depth: six runs of 30 to 45 s, a fault or mention
-# every 250 ms on average.
-step "chaos: 40 s of random faults on a mixed cluster"
-cargo run -q -p nip-le-lab -- chaos --seconds 40
-
-step "chaos: 40 s of random faults on extended instances working a queue (exactly once)"
-cargo run -q -p nip-le-lab -- chaos --seconds 40 --turn-ms 60
-
-step "chaos on the portable backend: the mixed cluster, and the queue worked exactly once"
-cargo run -q -p nip-le-lab -- chaos --seconds 30 --backend portable
-cargo run -q -p nip-le-lab -- chaos --seconds 40 --turn-ms 60 --backend portable
-
-step "chaos: the same with harness children sharing their windows' instance ids (INTEROP.md's writer)"
-cargo run -q -p nip-le-lab -- chaos --seconds 40 --turn-ms 60 --children
-
-step "chaos: 45 s across 3 simulated hosts working a queue on a 3-member etcd over TLS with client certificates and users (paused, members restarted and cut off): exactly once but while etcd was unreachable"
-cargo run -q -p nip-le-lab -- chaos --seconds 45 --hosts 3 --extended 6 --turn-ms 60 --etcd-members 3 --etcd-secure
-
 step "nip-le demo (the main job, short timings)"
-cargo run -q -p nip-le-cli -- demo --refresh-ms 300 --stale-ms 1500 --stand-down-ms 1500
+"$target_dir/debug/nip-le" demo --refresh-ms 300 --stand-down-ms 1500 --stale-ms 1500
 step "every test passed"

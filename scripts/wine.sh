@@ -6,8 +6,11 @@
 # (scripts/wine/bcryptprimitives.c: without it no Rust program starts).
 #
 #   bash scripts/wine.sh              the engine's tests and the CLI's
-#                                     real-process suites (called by
-#                                     scripts/test.sh)
+#                                     real-process suites
+#   bash scripts/wine.sh --build LIST builds them and lists their executables
+#   bash scripts/wine.sh --run LIST   runs what --build listed (the test
+#                                     command, scripts/test.sh, runs them
+#                                     so, while it builds other things)
 #   bash scripts/wine.sh cargo ARGS   any cargo command, set up for Wine
 #
 # What cannot run under Wine, and why, is listed in docs/platforms.md.
@@ -40,11 +43,26 @@ fi
 export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
 export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER=$wine
 
-if (($#)); then
-  exec "$@"
-fi
+# The engine's tests skip the exhaustive model check (the same pure code
+# on every target; it runs on Linux, and would cost minutes under Wine).
+engine=(--target "$target" -p nip-le --features etcd)
+suites=(--target "$target" -p nip-le-lab --test multiprocess --test pauses --test lock_holds --test mixed --test turns)
+case "${1-}" in
+  "") ;;
+  --build)
+    # --build LIST: builds both, and lists their executables in LIST (for
+    # --run; the test command runs them while it builds other things).
+    { test_executables "${engine[@]}" && test_executables "${suites[@]}"; } >"$2.part"
+    mv "$2.part" "$2"
+    exit ;;
+  --run)
+    # --run LIST: runs the executables --build listed, under Wine.
+    run_test_executables "$2" "$wine" -- --skip model::
+    exit ;;
+  *) exec "$@" ;;
+esac
 
 echo "== Windows under Wine: the engine's unit and integration tests (etcd feature; the exhaustive model check runs on Linux only, for time)"
-cargo test --target "$target" -p nip-le --features etcd -- --skip model::
+cargo test "${engine[@]}" -- --skip model::
 echo "== Windows under Wine: the CLI's real-process suites (nip-le-lab.exe instances, LockFileEx, TerminateProcess, NtSuspendProcess)"
-cargo test --target "$target" -p nip-le-lab --test multiprocess --test pauses --test lock_holds --test mixed --test turns
+cargo test "${suites[@]}"
