@@ -42,6 +42,8 @@ pub struct Summary {
     pub missed: usize,
     /// The unexplained duplicates, described.
     pub unexplained: Vec<String>,
+    /// The same: when each mention was sent, and who answered it when.
+    pub unexplained_replies: Vec<(u64, Vec<(String, u64)>)>,
     /// Time with two or more running instances reporting leadership, ms.
     pub two_leaders_ms: u64,
     /// Of which a spec instance was one of them, ms.
@@ -232,6 +234,8 @@ fn count_replies(out: &Outcome, replies: &[ReplyLine], refresh_ms: u64, s: &mut 
                         .collect();
                     s.unexplained
                         .push(format!("{id} at {at}: {}", who.join(", ")));
+                    s.unexplained_replies
+                        .push((*at, r.iter().map(|(w, t)| ((*w).to_owned(), *t)).collect()));
                 }
             }
         }

@@ -16,6 +16,7 @@ pub mod analysis;
 pub mod disk_full;
 pub mod etcd_faults;
 pub mod harness;
+pub mod instance_logs;
 pub mod outcome;
 pub mod plan;
 pub mod report;
@@ -176,6 +177,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         plan = plan.with_children();
         println!("  every extended window has a harness child carrying its id");
     }
+    let mut logs_dir = None;
     let mut runner = if a.hosts > 1 {
         use etcd_faults::SharedEtcd;
         let members = a.etcd_members as usize;
@@ -222,7 +224,11 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
             })
             .collect();
         let faults = etcd_faults::EtcdFaults::new(etcd);
-        runner::Runner::start_on_hosts(hosts, Some(faults), mentions, a.extended, spec)
+        let logs = instance_logs::InstanceLogs::new(tmp.path().join("instance-logs"))
+            .map_err(io(tmp.path().join("instance-logs")))?;
+        println!("  each window logs its etcd calls (NIP_LE_LOG {:?} unless set): a failing duplicate prints its repliers' lines", instance_logs::FILTER);
+        logs_dir = Some(tmp.path().join("instance-logs"));
+        runner::Runner::start_on_hosts(hosts, Some(faults), Some(logs), mentions, a.extended, spec)
     } else {
         runner::Runner::start(opts.clone(), mentions, a.extended, spec)
     }
@@ -268,6 +274,9 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     outcome.etcd_grace_ms = 2 * a.etcd_ttl_s * 1000 + 1000;
     outcome.etcd_members = a.etcd_members as usize;
     let summary = analysis::analyse(&outcome, &ReplyLine::read_all(&replies), a.refresh_ms);
+    if let Some(dir) = logs_dir {
+        print_repliers_logs(&summary, dir);
+    }
     if a.keep {
         let timeline = tmp.path().join("timeline.txt");
         if let Err(e) = std::fs::write(&timeline, report::timeline(&outcome)) {
@@ -290,4 +299,20 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// For each unexplained duplicate, what each replier logged from 3 s before
+/// the mention to 2 s after its reply.
+fn print_repliers_logs(summary: &analysis::Summary, dir: std::path::PathBuf) {
+    let Ok(logs) = instance_logs::InstanceLogs::new(dir) else {
+        return;
+    };
+    for (at, repliers) in &summary.unexplained_replies {
+        for (id, t) in repliers {
+            println!("  {id}'s log from 3 s before the mention to 2 s after its reply:");
+            for line in logs.excerpt(id, at.saturating_sub(3000), t.saturating_add(2000)) {
+                println!("    {line}");
+            }
+        }
+    }
 }

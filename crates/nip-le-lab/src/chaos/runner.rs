@@ -11,6 +11,7 @@ use nip_le::Mode;
 use super::disk_full::DiskFiller;
 use super::etcd_faults::EtcdFaults;
 use super::harness::Harness;
+use super::instance_logs::InstanceLogs;
 use super::outcome::{Life, Outcome};
 use super::plan::{Fault, Plan, View};
 use nip_le_cli::drive::cluster::{Instance, RunOptions};
@@ -59,6 +60,8 @@ pub struct Runner {
     orphans: Vec<Orphan>,
     /// `--fill-locks-fs`: what fills the lock directories' filesystem.
     filler: Option<DiskFiller>,
+    /// Cross-host runs: each instance's log in a file of its own.
+    logs: Option<InstanceLogs>,
 }
 
 impl Runner {
@@ -70,16 +73,17 @@ impl Runner {
         extended: usize,
         spec: usize,
     ) -> std::io::Result<Self> {
-        Self::start_on_hosts(vec![opts], None, mentions, extended, spec)
+        Self::start_on_hosts(vec![opts], None, None, mentions, extended, spec)
     }
 
     /// [`Runner::start`] over simulated hosts: `hosts[h]` are the options
     /// of host `h` (its lock dir, its `--etcd … --host-id`); instances are
     /// dealt to hosts in turn. `etcd` is what they share, paused by
-    /// [`Fault::EtcdPause`].
+    /// [`Fault::EtcdPause`]; `logs`, where each instance logs.
     pub fn start_on_hosts(
         hosts: Vec<RunOptions>,
         etcd: Option<EtcdFaults>,
+        logs: Option<InstanceLogs>,
         mentions: std::path::PathBuf,
         extended: usize,
         spec: usize,
@@ -105,6 +109,7 @@ impl Runner {
             harness: None,
             orphans: Vec::new(),
             filler: None,
+            logs,
         };
         let modes = std::iter::repeat_n(Mode::Extended, extended)
             .chain(std::iter::repeat_n(Mode::Spec, spec));
@@ -152,9 +157,16 @@ impl Runner {
     }
 
     fn spawn(&self, mode: Mode, host: usize, n: usize) -> std::io::Result<(Instance, Life)> {
+        let mut cmd = self.opts[host][&mode].command(None);
+        if let Some(logs) = &self.logs {
+            // The id given, so the log file is named before it starts.
+            let id = uuid::Uuid::new_v4().to_string();
+            cmd.arg("--instance-id").arg(&id);
+            logs.attach(&mut cmd, &id)?;
+        }
         let inst = Instance::spawn(
             format!("{}{n}", mode.as_str()),
-            self.opts[host][&mode].command(None),
+            cmd,
             Duration::from_secs(10),
         )?;
         let life = Life {

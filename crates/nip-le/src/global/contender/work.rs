@@ -244,8 +244,9 @@ impl Task {
             }
             WorkCall::RenewTakes(lease) => Answer::Renewed(self.gw.keep_alive(*lease)),
         };
-        if let Some(e) = answer.error() {
-            tracing::debug!("etcd: {call:?} waits: {e}");
+        match answer.error() {
+            Some(e) => tracing::debug!("etcd: {call:?} waits: {e}"),
+            None => tracing::debug!("etcd: {call:?} answered"),
         }
         answer
     }
