@@ -20,18 +20,32 @@ ensure_packages() {
 }
 
 # test_executables CARGO-TEST-ARGS...: builds tests as `cargo test` would
-# (`--no-run`) and prints each test executable as its package directory and
-# its path, tab-separated, one per line. The test command runs them with
-# run_test_executables while it builds other things: cargo holds a lock on
-# the target directory for as long as it builds, so a `cargo test` started
-# then would wait for the build to end.
+# (`--no-run`) and lists each test executable as its target's name, its
+# package directory and its path, tab-separated, one per line. The test
+# command runs them with run_test_executables while it builds other things:
+# cargo holds a lock on the target directory for as long as it builds, so a
+# `cargo test` started then would wait for the build to end. Its subsets are
+# picked from one list (pick_tests), not built by another `cargo test --test
+# NAME`: cargo's units depend on the targets selected (a dependency built for
+# build scripts only gets their profile), so another selection builds
+# dependencies again.
 test_executables() {
   cargo test --no-run --message-format=json-render-diagnostics "$@" | python3 -c '
 import json, os, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(os.path.dirname(m["manifest_path"]) + "\t" + m["executable"])'
+        print("\t".join((m["target"]["name"], os.path.dirname(m["manifest_path"]), m["executable"])))'
+}
+
+# pick_tests LIST NAME...: the lines of LIST whose target is one of NAMEs;
+# fails if one is missing.
+pick_tests() {
+  local list=$1 name
+  shift
+  for name in "$@"; do
+    grep -P "^\Q$name\E\t" "$list" || { echo "no test target $name in $list" >&2; return 1; }
+  done
 }
 
 # run_test_executables LIST [RUNNER...] [-- TEST-ARGS...]: runs each
@@ -39,13 +53,13 @@ for line in sys.stdin:
 # as cargo does, through RUNNER if given (wine), with TEST-ARGS; stops at the
 # first that fails.
 run_test_executables() {
-  local list=$1 runner=() args=() dir exe
+  local list=$1 runner=() args=() name dir exe
   shift
   while (($#)) && [ "$1" != -- ]; do runner+=("$1"); shift; done
   (($#)) && { shift; args=("$@"); }
   [ -s "$list" ] || { echo "no test executables in $list" >&2; return 1; }
-  while IFS=$'\t' read -r dir exe; do
-    echo "     Running ${exe#"$PWD"/}"
+  while IFS=$'\t' read -r name dir exe; do
+    echo "     Running $name (${exe#"$PWD"/})"
     (cd "$dir" && "${runner[@]}" "$exe" "${args[@]}") </dev/null || { echo "failed: $exe" >&2; return 1; }
   done <"$list"
 }

@@ -139,11 +139,11 @@ examples=(examples/tauri-app/src-tauri examples/readme-app/src-tauri examples/bu
 if grep -rnE '#\[(tokio::)?test' "${examples[@]}" --include=*.rs; then
   echo "an example app has tests (above): run them in cargo test" >&2; exit 1
 fi
-# Every `cargo test` below selects the workspace too: cargo resolves
-# dependencies' features for the packages selected, so `-p nip-le-lab`
-# alone would build most dependencies again.
 workspace=(--workspace --exclude leader-election-example --exclude readme-app --exclude buzz-shaped-example)
 cargo test "${workspace[@]}"
+# Its executables, for the suites run again below (without cargo: see
+# test_executables in scripts/lib.sh).
+test_executables "${workspace[@]}" >"$logs/tests.list"
 
 step "the teeth: every defect a fix removed, put back alone (nip_le::mutant), fails its guard (the simulator's seeds ran in cargo test, tests/teeth.rs; here the unit tests')"
 bash scripts/teeth.sh
@@ -151,20 +151,18 @@ bash scripts/teeth.sh
 step "the docs name every CLI flag, event field, reason, command and permission that exists, and nothing else"
 node scripts/docs-check.mjs "$target_dir/debug/nip-le"
 
-step "the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
-# The engine's in-process tests of both backends ran above (tests/elector.rs,
-# tests/leaks.rs); here every `nip-le run` the suites spawn inherits it.
-NIP_LE_BACKEND=portable cargo test "${workspace[@]}" --test multiprocess --test pauses --test lock_holds \
-  --test mixed --test turns --test children --test interop --test hostile_fs --test agent
-
-# Built by cargo test above; listed here, run in the background below.
-test_executables "${workspace[@]}" --test etcd_security --test etcd --test etcd_cluster >"$logs/etcd-tests.list"
-
 # The real-time suites, one at a time. Chaos is the real-process smoke of
 # what the simulator's seed budget (cargo test) covers in depth: six runs of
 # 30 to 45 s, a fault or mention every 250 ms on average.
 realtime_suites() {
   set -euo pipefail
+  step "the portable backend (what macOS and Windows run) on this machine: every instance of the multi-process suites runs it"
+  # The engine's in-process tests of both backends ran in cargo test
+  # (tests/elector.rs, tests/leaks.rs); here every `nip-le run` the suites
+  # spawn inherits it.
+  pick_tests "$logs/tests.list" multiprocess pauses lock_holds mixed turns children interop hostile_fs agent \
+    >"$logs/portable-tests.list"
+  NIP_LE_BACKEND=portable run_test_executables "$logs/portable-tests.list"
   # Its own copy: nothing the foreground builds then may change it.
   local lab=$logs/nip-le-lab
   cp "$target_dir/debug/nip-le-lab" "$lab"
@@ -185,12 +183,13 @@ realtime_suites() {
   step "the etcd suites on the newest etcd release too (3.7.2 from crates.io; Debian's 3.4 ran in cargo test): TLS with client certificates and users together, the contender, a 3-member cluster"
   local etcd
   etcd=$(bash scripts/etcd-newest.sh)
+  pick_tests "$logs/tests.list" etcd_security etcd etcd_cluster >"$logs/etcd-tests.list"
   NIP_LE_ETCD=$etcd run_test_executables "$logs/etcd-tests.list"
   step "the plugin with its etcd feature, on a real etcd (Builder::etcd_config, level in status, the gate)"
   await "$logs/plugin-etcd-tests.list"
   run_test_executables "$logs/plugin-etcd-tests.list"
 }
-background realtime "the real-time suites: chaos, Windows under Wine, the newest etcd, the plugin on etcd" realtime_suites
+background realtime "the real-time suites: the portable backend, chaos, Windows under Wine, the newest etcd, the plugin on etcd" realtime_suites
 
 step "the Windows build (x86_64-pc-windows-gnu) of the engine's tests and the CLI's real-process suites, for Wine"
 build bash scripts/wine.sh --build "$logs/wine-tests.list"
