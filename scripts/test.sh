@@ -85,14 +85,23 @@ background() {
   step "in the background from now: $what (its output printed when it ends)"
 }
 # finish NAME: waits for the background job NAME, prints its output, and
-# fails if it failed.
+# fails if it failed (nothing if that was done already).
 finish() {
   local name=$1 rc=0
+  [ -n "${job_pid[$name]-}" ] || return 0 # finished early (fail_early)
   wait "${job_pid[$name]}" || rc=$?
   unset "job_pid[$name]"
   step "the background job $name ended (started at $((job_began[$name] / 60))m$(printf %02d $((job_began[$name] % 60)))s); its output:"
   cat "$logs/$name.log"
   ((rc == 0)) || { echo "the background job $name failed (exit status $rc): its output above" >&2; exit 1; }
+}
+# fail_early: a background job that has failed already fails the run now,
+# not after the builds.
+fail_early() {
+  local name
+  for name in "${!job_pid[@]}"; do
+    kill -0 "${job_pid[$name]}" 2>/dev/null || finish "$name"
+  done
 }
 stop_background() {
   local pid
@@ -112,6 +121,12 @@ await() {
   done
 }
 
+# Its own toolchain and target directory: nothing waits for it, and at the
+# lowest priority it uses what the foreground leaves of the cores.
+command -v rustup >/dev/null 2>&1 || { echo "missing: rustup (the cross-target checks add their targets with it)" >&2; exit 1; }
+background lowest-deps "the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin, the engine and the CLI type-checked, the engine for macOS and Windows" \
+  build bash scripts/lowest-deps.sh
+
 step "cargo fmt --check"
 if cargo fmt --version >/dev/null 2>&1; then
   cargo fmt --all -- --check
@@ -125,12 +140,6 @@ if cargo clippy --version >/dev/null 2>&1; then
 else
   echo "clippy not installed; skipping lints"
 fi
-
-# Its own toolchain and target directory: nothing waits for it, and at the
-# lowest priority it uses what the foreground leaves of the cores.
-command -v rustup >/dev/null 2>&1 || { echo "missing: rustup (the cross-target checks add their targets with it)" >&2; exit 1; }
-background lowest-deps "the declared minimum Rust (rust-version) with the lowest Tauri the plugin claims (Buzz's lock): the plugin, the engine and the CLI type-checked, the engine for macOS and Windows" \
-  build bash scripts/lowest-deps.sh
 
 step "cargo test (engine: state machine, writer, in-process; CLI: multi-process, interop, hostile fs; plugin: IPC, bindings)"
 # The three example apps have no tests (checked): a test build of each
@@ -191,6 +200,7 @@ realtime_suites() {
 }
 background realtime "the real-time suites: the portable backend, chaos, Windows under Wine, the newest etcd, the plugin on etcd" realtime_suites
 
+fail_early
 step "the Windows build (x86_64-pc-windows-gnu) of the engine's tests and the CLI's real-process suites, for Wine"
 build bash scripts/wine.sh --build "$logs/wine-tests.list"
 
@@ -198,6 +208,7 @@ step "the plugin with its etcd feature: its etcd test built"
 build test_executables -p tauri-plugin-leader-election --features etcd --test etcd >"$logs/plugin-etcd-tests.list.part"
 mv "$logs/plugin-etcd-tests.list.part" "$logs/plugin-etcd-tests.list"
 
+fail_early
 step "cross-target checks: macOS (Apple silicon; Intel compiles the same code) and Windows"
 build bash scripts/cross-check.sh
 
@@ -225,6 +236,7 @@ done
 step "etcd's gRPC code in the engine is what scripts/etcd-proto.sh generates from crates/nip-le/proto (no build needs protoc)"
 bash scripts/etcd-proto.sh --check
 
+fail_early
 step "cargo publish --dry-run (engine and plugin)"
 # Cargo extracts the packaged engine into its registry cache, never
 # re-extracts the same version and never rebuilds a registry crate, so a
@@ -247,6 +259,7 @@ done
 cargo package --list --allow-dirty -p tauri-plugin-leader-election | grep -qx CHANGELOG.md \
   || { echo "cargo package of the plugin is missing CHANGELOG.md" >&2; exit 1; }
 
+fail_early
 step "cargo build of the example app"
 build cargo build -p leader-election-example
 step "cargo build of the README's app (examples/readme-app: its Cargo.toml line, capability and Rust block)"

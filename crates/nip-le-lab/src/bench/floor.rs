@@ -108,3 +108,83 @@ pub(super) fn open_close(runs: usize) -> std::io::Result<Vec<f64>> {
     samples.sort_by(f64::total_cmp);
     Ok(samples)
 }
+
+/// What a killed *instance* costs the OS, beside [`lock_release`]'s minimal
+/// holder: a real `run` on the portable backend (its threads, its
+/// directory watch, its files) leads a key and is killed; this process
+/// then probes its presence lock, as a survivor's exit watch does, until it
+/// reads free.
+pub(super) struct InstanceRelease {
+    /// From the kill until the process is reaped (its handle signalled), ms.
+    pub reaped_ms: Vec<f64>,
+    /// From the kill until its presence lock reads free, ms.
+    pub free_ms: Vec<f64>,
+    /// The slowest single probe of each run, µs.
+    pub slowest_probe_us: Vec<f64>,
+}
+
+/// `runs` times: an instance leads, is killed, and its presence lock is
+/// probed until free. Each list sorted.
+pub(super) fn instance_release(runs: usize) -> std::io::Result<InstanceRelease> {
+    use nip_le::presence::{probe_holder, HolderPresence};
+    use nip_le_cli::drive::cluster::{random_pubkey, wait_until, Instance, RunOptions};
+
+    let exe = std::env::current_exe()?;
+    let mut out = InstanceRelease {
+        reaped_ms: Vec::with_capacity(runs),
+        free_ms: Vec::with_capacity(runs),
+        slowest_probe_us: Vec::with_capacity(runs),
+    };
+    for _ in 0..runs {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("locks");
+        let pk = random_pubkey();
+        let mut opts = RunOptions::new(&exe, &dir, pk);
+        opts.extra_args = vec!["--backend".into(), "portable".into()];
+        let mut inst = Instance::spawn("holder", opts.command(None), Duration::from_secs(10))?;
+        if !wait_until(Duration::from_secs(10), || {
+            inst.is_leader_of(pk.as_str()) == Some(true)
+        }) {
+            let _ = inst.kill_and_reap();
+            return Err(std::io::Error::other("the instance did not lead"));
+        }
+        let record = std::fs::read(nip_le::lockfile::lock_path(&dir, &pk))?;
+        let token = serde_json::from_slice::<serde_json::Value>(&record)
+            .ok()
+            .and_then(|v| v.get("live")?.as_str().map(str::to_owned))
+            .ok_or_else(|| std::io::Error::other("the lock record names no presence"))?;
+        if !matches!(probe_holder(&dir, &token), HolderPresence::Alive(_)) {
+            let _ = inst.kill_and_reap();
+            return Err(std::io::Error::other(
+                "the leader's presence does not read held",
+            ));
+        }
+        let t0 = Instant::now();
+        inst.kill_and_reap()?;
+        out.reaped_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        let deadline = t0 + Duration::from_secs(10);
+        let mut slowest = 0f64;
+        loop {
+            let p0 = Instant::now();
+            let gone = probe_holder(&dir, &token) == HolderPresence::Gone;
+            slowest = slowest.max(p0.elapsed().as_secs_f64() * 1e6);
+            if gone {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other("the presence lock stayed held"));
+            }
+            std::thread::yield_now();
+        }
+        out.free_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        out.slowest_probe_us.push(slowest);
+    }
+    for v in [
+        &mut out.reaped_ms,
+        &mut out.free_ms,
+        &mut out.slowest_probe_us,
+    ] {
+        v.sort_by(f64::total_cmp);
+    }
+    Ok(out)
+}

@@ -345,6 +345,19 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             ),
             Err(e) => println!("the OS alone: failed: {e}"),
         }
+        match floor::instance_release(a.runs) {
+            Ok(r) => println!(
+                "the OS and a real instance: a killed portable leader reaped {:.2} ms median, {:.2} ms p99; its presence lock read free {:.2} ms median, {:.2} ms p99; the slowest probe of a run {:.0} µs median, {:.0} µs p99 ({} runs)",
+                pct(&r.reaped_ms, 50.0),
+                pct(&r.reaped_ms, 99.0),
+                pct(&r.free_ms, 50.0),
+                pct(&r.free_ms, 99.0),
+                pct(&r.slowest_probe_us, 50.0),
+                pct(&r.slowest_probe_us, 99.0),
+                r.free_ms.len(),
+            ),
+            Err(e) => println!("the OS and a real instance: failed: {e}"),
+        }
     }
     if wanted("work-across") {
         // The same mentions with the etcd level off and on, one run.

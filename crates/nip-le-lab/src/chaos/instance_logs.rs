@@ -36,7 +36,7 @@ impl InstanceLogs {
     }
 
     /// The lines `id` logged from `from_ms` to `to_ms` (Unix ms), without
-    /// their colours, at most [`MAX_LINES`] (the last ones).
+    /// their colours, at most 60 (the last ones).
     pub fn excerpt(&self, id: &str, from_ms: u64, to_ms: u64) -> Vec<String> {
         let Ok(f) = File::open(self.dir.join(format!("{id}.log"))) else {
             return Vec::new();
