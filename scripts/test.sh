@@ -78,7 +78,7 @@ background() {
   local name=$1 what=$2
   shift 2
   set -m
-  "$@" </dev/null >"$logs/$name.log" 2>&1 &
+  (trap 'step "$name ended (exit status $?)"' EXIT && "$@") </dev/null >"$logs/$name.log" 2>&1 &
   job_pid[$name]=$!
   set +m
   job_began[$name]=$SECONDS
