@@ -112,8 +112,8 @@ pub(super) fn open_close(runs: usize) -> std::io::Result<Vec<f64>> {
 /// What a killed *instance* costs the OS, beside [`lock_release`]'s minimal
 /// holder: a real `run` on the portable backend (its threads, its
 /// directory watch, its files) leads a key and is killed; this process
-/// then probes its presence lock, as a survivor's exit watch does, until it
-/// reads free.
+/// waits for it to exit and then probes its presence lock until it reads
+/// free, as a survivor's exit watch does.
 pub(super) struct InstanceRelease {
     /// From the kill until the process is reaped (its handle signalled), ms.
     pub reaped_ms: Vec<f64>,
@@ -123,8 +123,8 @@ pub(super) struct InstanceRelease {
     pub slowest_probe_us: Vec<f64>,
 }
 
-/// `runs` times: an instance leads, is killed, and its presence lock is
-/// probed until free. Each list sorted.
+/// `runs` times: an instance leads, is killed and reaped, and its presence
+/// lock is probed until free. Each list sorted.
 pub(super) fn instance_release(runs: usize) -> std::io::Result<InstanceRelease> {
     use nip_le::presence::{probe_holder, HolderPresence};
     use nip_le_cli::drive::cluster::{random_pubkey, wait_until, Instance, RunOptions};
@@ -159,6 +159,9 @@ pub(super) fn instance_release(runs: usize) -> std::io::Result<InstanceRelease> 
                 "the leader's presence does not read held",
             ));
         }
+        // As a survivor's exit watch does: wait on the process, then probe.
+        // (Probing while it dies would compete with its teardown for the
+        // wineserver under Wine, and measure that instead.)
         let t0 = Instant::now();
         inst.kill_and_reap()?;
         out.reaped_ms.push(t0.elapsed().as_secs_f64() * 1e3);

@@ -43,8 +43,8 @@ pub struct BenchArgs {
     /// idle, slept, pause, flock,
     /// queued, turn-kill, cross-kill, cross-lost, cross-graceful,
     /// cross-claim, in-process, work-across, floor (what the OS alone
-    /// allows: a killed holder's lock free, a file's open + close). The
-    /// cross-host rows (and
+    /// allows: a killed holder's lock free, a file's open + close, a killed
+    /// instance's exit and lock). The cross-host rows (and
     /// work-across, the work ledger's cost with the etcd level on and off)
     /// start a real etcd (Debian's etcd-server) and run only in the current
     /// extended build.
