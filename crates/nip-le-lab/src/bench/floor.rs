@@ -145,7 +145,7 @@ pub(super) fn instance_release(runs: usize) -> std::io::Result<InstanceRelease> 
         if !wait_until(Duration::from_secs(10), || {
             inst.is_leader_of(pk.as_str()) == Some(true)
         }) {
-            let _ = inst.kill_and_reap();
+            // Dropping an Instance kills and reaps it.
             return Err(std::io::Error::other("the instance did not lead"));
         }
         let record = std::fs::read(nip_le::lockfile::lock_path(&dir, &pk))?;
@@ -154,7 +154,6 @@ pub(super) fn instance_release(runs: usize) -> std::io::Result<InstanceRelease> 
             .and_then(|v| v.get("live")?.as_str().map(str::to_owned))
             .ok_or_else(|| std::io::Error::other("the lock record names no presence"))?;
         if !matches!(probe_holder(&dir, &token), HolderPresence::Alive(_)) {
-            let _ = inst.kill_and_reap();
             return Err(std::io::Error::other(
                 "the leader's presence does not read held",
             ));

@@ -15,6 +15,7 @@ pub const FILTER: &str = "warn,nip_le::global=debug";
 const MAX_LINES: usize = 60;
 
 /// A directory of instance logs, one file per instance id.
+#[derive(Debug, Clone)]
 pub struct InstanceLogs {
     dir: PathBuf,
 }

@@ -177,7 +177,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
         plan = plan.with_children();
         println!("  every extended window has a harness child carrying its id");
     }
-    let mut logs_dir = None;
+    let mut logs = None;
     let mut runner = if a.hosts > 1 {
         use etcd_faults::SharedEtcd;
         let members = a.etcd_members as usize;
@@ -224,11 +224,10 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
             })
             .collect();
         let faults = etcd_faults::EtcdFaults::new(etcd);
-        let logs = instance_logs::InstanceLogs::new(tmp.path().join("instance-logs"))
-            .map_err(io(tmp.path().join("instance-logs")))?;
+        let dir = tmp.path().join("instance-logs");
+        logs = Some(instance_logs::InstanceLogs::new(dir.clone()).map_err(io(dir))?);
         println!("  each window logs its etcd calls (NIP_LE_LOG {:?} unless set): a failing duplicate prints its repliers' lines", instance_logs::FILTER);
-        logs_dir = Some(tmp.path().join("instance-logs"));
-        runner::Runner::start_on_hosts(hosts, Some(faults), Some(logs), mentions, a.extended, spec)
+        runner::Runner::start_on_hosts(hosts, Some(faults), logs.clone(), mentions, a.extended, spec)
     } else {
         runner::Runner::start(opts.clone(), mentions, a.extended, spec)
     }
@@ -274,8 +273,8 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
     outcome.etcd_grace_ms = 2 * a.etcd_ttl_s * 1000 + 1000;
     outcome.etcd_members = a.etcd_members as usize;
     let summary = analysis::analyse(&outcome, &ReplyLine::read_all(&replies), a.refresh_ms);
-    if let Some(dir) = logs_dir {
-        print_repliers_logs(&summary, dir);
+    if let Some(logs) = &logs {
+        print_repliers_logs(&summary, logs);
     }
     if a.keep {
         let timeline = tmp.path().join("timeline.txt");
@@ -303,10 +302,7 @@ pub fn chaos(a: ChaosArgs) -> Result<ExitCode, nip_le::Error> {
 
 /// For each unexplained duplicate, what each replier logged from 3 s before
 /// the mention to 2 s after its reply.
-fn print_repliers_logs(summary: &analysis::Summary, dir: std::path::PathBuf) {
-    let Ok(logs) = instance_logs::InstanceLogs::new(dir) else {
-        return;
-    };
+fn print_repliers_logs(summary: &analysis::Summary, logs: &instance_logs::InstanceLogs) {
     for (at, repliers) in &summary.unexplained_replies {
         for (id, t) in repliers {
             println!("  {id}'s log from 3 s before the mention to 2 s after its reply:");

@@ -157,12 +157,11 @@ impl Runner {
     }
 
     fn spawn(&self, mode: Mode, host: usize, n: usize) -> std::io::Result<(Instance, Life)> {
-        let mut cmd = self.opts[host][&mode].command(None);
-        if let Some(logs) = &self.logs {
-            // The id given, so the log file is named before it starts.
-            let id = uuid::Uuid::new_v4().to_string();
-            cmd.arg("--instance-id").arg(&id);
-            logs.attach(&mut cmd, &id)?;
+        // With logs, the id is given, so its file is named before it starts.
+        let id = self.logs.as_ref().map(|_| uuid::Uuid::new_v4().to_string());
+        let mut cmd = self.opts[host][&mode].command(id.as_deref());
+        if let (Some(logs), Some(id)) = (&self.logs, &id) {
+            logs.attach(&mut cmd, id)?;
         }
         let inst = Instance::spawn(
             format!("{}{n}", mode.as_str()),
