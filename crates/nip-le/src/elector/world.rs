@@ -69,8 +69,14 @@ pub(crate) trait World: Send {
     fn probe_holder(&self, token: &str) -> HolderPresence;
     /// The live participants of `pk`'s election but `except_token`.
     fn live_siblings(&self, pk: &AgentPubkey, except_token: &str) -> Vec<Sibling>;
-    /// Creates our presence lock.
-    fn create_presence(&mut self, instance_id: &str) -> Result<Box<dyn PresenceLock>>;
+    /// Creates our presence lock, listing `keys` if that saves a write
+    /// (the writer lists them with [`PresenceLock::set_keys`] after, which
+    /// writes nothing when they are listed already).
+    fn create_presence(
+        &mut self,
+        instance_id: &str,
+        keys: Vec<AgentPubkey>,
+    ) -> Result<Box<dyn PresenceLock>>;
 
     /// The local lead request on file for `pk`, if a valid one exists.
     fn read_request(&self, pk: &AgentPubkey) -> Option<LeadRequest>;
@@ -164,11 +170,16 @@ impl World for SystemWorld {
     fn live_siblings(&self, pk: &AgentPubkey, except_token: &str) -> Vec<Sibling> {
         presence::live_siblings(&self.dir, pk, except_token)
     }
-    fn create_presence(&mut self, instance_id: &str) -> Result<Box<dyn PresenceLock>> {
-        Ok(Box::new(Presence::create(
+    fn create_presence(
+        &mut self,
+        instance_id: &str,
+        keys: Vec<AgentPubkey>,
+    ) -> Result<Box<dyn PresenceLock>> {
+        Ok(Box::new(Presence::create_listing(
             &self.dir,
             instance_id,
             self.backend,
+            keys,
         )?))
     }
 

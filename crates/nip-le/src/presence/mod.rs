@@ -64,12 +64,28 @@ impl Presence {
     /// Creates our presence in `dir` with `backend`'s code, listing no key
     /// yet.
     pub fn create(dir: &Path, instance_id: &str, backend: Backend) -> Result<Self> {
+        Self::create_listing(dir, instance_id, backend, [])
+    }
+
+    /// [`Presence::create`], listing `keys` from the start where that
+    /// saves a write (a presence file's body; the shared file's slot is
+    /// written by [`Presence::set_keys`] as before).
+    pub fn create_listing(
+        dir: &Path,
+        instance_id: &str,
+        backend: Backend,
+        keys: impl IntoIterator<Item = AgentPubkey>,
+    ) -> Result<Self> {
         #[cfg(target_os = "linux")]
         if backend.linux_fast_paths() {
             return Ok(Presence::Slots(slots::Presence::create(dir, instance_id)?));
         }
         let _ = backend;
-        Ok(Presence::Files(files::Presence::create(dir, instance_id)?))
+        Ok(Presence::Files(files::Presence::create_listing(
+            dir,
+            instance_id,
+            keys,
+        )?))
     }
 
     /// Lists `keys` as the elections we take part in.

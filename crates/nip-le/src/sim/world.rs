@@ -147,7 +147,13 @@ impl World for SimWorld {
             })
             .collect()
     }
-    fn create_presence(&mut self, _instance_id: &str) -> Result<Box<dyn PresenceLock>> {
+    /// Lists nothing at creation: the writer's `set_keys` that follows
+    /// lists the keys, with its own faults, as it always did.
+    fn create_presence(
+        &mut self,
+        _instance_id: &str,
+        _keys: Vec<AgentPubkey>,
+    ) -> Result<Box<dyn PresenceLock>> {
         let rand = self.rng.next_u64() | 1;
         let mut s = lock(&self.m);
         if let Some(e) = write_fault(&s) {

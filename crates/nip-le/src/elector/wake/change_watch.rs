@@ -34,12 +34,13 @@ impl ChangeWatch {
     ) -> std::io::Result<Self> {
         use inotify::{Inotify, WatchMask};
         let mut ino = Inotify::init()?;
-        // notify's mask without OPEN (and without the directory's own
-        // removal, which ends every watch alike).
+        // notify's mask without OPEN and CLOSE_WRITE (and without the
+        // directory's own removal, which ends every watch alike): neither
+        // FSEvents nor `ReadDirectoryChangesW` reports a file opened or
+        // closed, only its changes, and MODIFY reports every write.
         let mask = WatchMask::ATTRIB
             | WatchMask::CREATE
             | WatchMask::DELETE
-            | WatchMask::CLOSE_WRITE
             | WatchMask::MODIFY
             | WatchMask::MOVED_FROM
             | WatchMask::MOVED_TO

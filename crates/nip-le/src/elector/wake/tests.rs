@@ -133,3 +133,31 @@ fn a_holder_gone_before_the_watch_is_looked_at_again_and_a_stopped_watch_ends() 
     live.kill().unwrap();
     live.wait().unwrap();
 }
+
+/// The portable watch reports what FSEvents and `ReadDirectoryChangesW`
+/// report: a lock file written, never one only opened for writing and
+/// closed (every take opens the lock file read-write: with `CLOSE_WRITE`
+/// watched, each woke every elector in the directory).
+#[cfg(target_os = "linux")]
+#[test]
+fn the_portable_watch_wakes_for_a_write_and_not_for_an_open_for_writing() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let key = AgentPubkey::parse(&"ab".repeat(32)).unwrap();
+    let path = lockfile::lock_path(tmp.path(), &key);
+    std::fs::write(&path, b"").unwrap();
+    let mut sources = portable_without_a_poll(tmp.path());
+    assert!(sources.watch_dir());
+    drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
+    assert!(
+        !woken_for(&mut sources, &key, Duration::from_millis(300)),
+        "an open for writing woke the watch"
+    );
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all(b"{}").unwrap();
+    assert!(
+        woken_for(&mut sources, &key, Duration::from_secs(10)),
+        "a write did not wake the watch"
+    );
+    sources.stop_all();
+}

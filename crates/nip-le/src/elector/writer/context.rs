@@ -96,7 +96,8 @@ impl Ctx {
             return;
         }
         if self.presence.is_none() {
-            match self.world.create_presence(&self.our_id) {
+            let keys = self.joined.iter().copied().collect();
+            match self.world.create_presence(&self.our_id, keys) {
                 Ok(p) => self.presence = Some(p),
                 Err(e) => {
                     if !std::mem::replace(&mut self.presence_warned, true) {
