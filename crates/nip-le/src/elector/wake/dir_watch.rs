@@ -1,6 +1,6 @@
 //! The directory watch, per backend: inotify on native Linux, the `notify`
-//! crate on macOS and Windows, and on portable Linux a watch of what those
-//! report ([`ChangeWatch`]).
+//! crate on macOS, `ReadDirectoryChangesW` on Windows, and on portable
+//! Linux a watch of what those report ([`ChangeWatch`]).
 
 use super::*;
 
@@ -12,8 +12,11 @@ pub(super) enum DirWatch {
     /// Portable Linux.
     #[cfg(target_os = "linux")]
     Changes(super::change_watch::ChangeWatch),
-    /// macOS, Windows and the rest.
-    #[cfg(not(target_os = "linux"))]
+    /// Windows.
+    #[cfg(windows)]
+    Windows(super::windows_watch::WindowsWatch),
+    /// macOS and the rest.
+    #[cfg(not(any(target_os = "linux", windows)))]
     Notify(NotifyWatch),
 }
 
@@ -30,7 +33,12 @@ impl DirWatch {
         } else {
             super::change_watch::ChangeWatch::start(dir, mailbox).map(DirWatch::Changes)
         };
-        #[cfg(not(target_os = "linux"))]
+        #[cfg(windows)]
+        {
+            let _ = (poll, backend);
+            super::windows_watch::WindowsWatch::start(dir, mailbox).map(DirWatch::Windows)
+        }
+        #[cfg(not(any(target_os = "linux", windows)))]
         {
             let _ = (poll, backend);
             NotifyWatch::start(dir, mailbox).map(DirWatch::Notify)
@@ -45,7 +53,11 @@ impl DirWatch {
             DirWatch::Inotify(w) => w.watch_file(pubkey, path),
             #[cfg(target_os = "linux")]
             DirWatch::Changes(_) => {}
-            #[cfg(not(target_os = "linux"))]
+            #[cfg(windows)]
+            DirWatch::Windows(_) => {
+                let _ = (pubkey, path);
+            }
+            #[cfg(not(any(target_os = "linux", windows)))]
             DirWatch::Notify(_) => {
                 let _ = (pubkey, path);
             }
@@ -59,7 +71,11 @@ impl DirWatch {
             DirWatch::Inotify(w) => w.unwatch_file(pubkey),
             #[cfg(target_os = "linux")]
             DirWatch::Changes(_) => {}
-            #[cfg(not(target_os = "linux"))]
+            #[cfg(windows)]
+            DirWatch::Windows(_) => {
+                let _ = pubkey;
+            }
+            #[cfg(not(any(target_os = "linux", windows)))]
             DirWatch::Notify(_) => {
                 let _ = pubkey;
             }
@@ -85,7 +101,12 @@ impl DirWatch {
                 let _ = poll;
                 drop(w);
             }
-            #[cfg(not(target_os = "linux"))]
+            #[cfg(windows)]
+            DirWatch::Windows(w) => {
+                let _ = poll;
+                drop(w);
+            }
+            #[cfg(not(any(target_os = "linux", windows)))]
             DirWatch::Notify(w) => {
                 let _ = poll;
                 drop(w);
@@ -214,15 +235,14 @@ impl InotifyWatch {
     }
 }
 
-/// The `notify` crate's watcher of the directory (FSEvents on macOS,
-/// `ReadDirectoryChangesW` on Windows), whose callback posts keys to the
-/// mailbox. Dropping it stops its thread.
-#[cfg(not(target_os = "linux"))]
+/// The `notify` crate's watcher of the directory (FSEvents on macOS),
+/// whose callback posts keys to the mailbox. Dropping it stops its thread.
+#[cfg(not(any(target_os = "linux", windows)))]
 pub(super) struct NotifyWatch {
     _watcher: notify::RecommendedWatcher,
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", windows)))]
 impl NotifyWatch {
     fn start<C: Send + 'static>(dir: &Path, mailbox: Mailbox<C>) -> std::io::Result<Self> {
         use notify::{EventKind, RecursiveMode, Watcher};

@@ -18,9 +18,10 @@
 //!   dropped its locks). It is opened only after the holder's presence lock
 //!   was seen held, so the pid cannot have been recycled.
 //!
-//! On macOS and Windows the directory watch is the `notify` crate's
-//! watcher (FSEvents, `ReadDirectoryChangesW`: run on Windows under Wine by
-//! the test command), owned and dropped by the writer; Linux with
+//! On macOS the directory watch is the `notify` crate's watcher
+//! (FSEvents), on Windows a `ReadDirectoryChangesW` of our own
+//! ([`windows_watch`]: notify's wakes every 100 ms; run under Wine by the
+//! test command), each owned and dropped by the writer; Linux with
 //! [`Backend::Portable`] (the rest of their code, so that it is tested
 //! here) watches what those report, changes and no opens, from a thread of
 //! its own ([`change_watch`]). There a holder's death is a thread blocked on the holder process's exit
@@ -49,6 +50,8 @@ mod dir_watch;
 #[cfg(any(target_os = "linux", target_os = "macos", windows))]
 mod holder_exit;
 mod holder_poll;
+#[cfg(windows)]
+mod windows_watch;
 
 use dir_watch::DirWatch;
 #[cfg(any(target_os = "linux", target_os = "macos", windows))]
@@ -70,11 +73,11 @@ pub(crate) enum Msg<C> {
     /// Look at this key again (a file event or a holder's death reported by
     /// a helper thread).
     Key(AgentPubkey),
-    /// Events were lost (the `notify` watcher failed or asks for a
+    /// Events were lost (the directory watch failed or asks for a
     /// rescan): look at every key.
     All,
     /// A holder is gone: its presence file was removed (reported by the
-    /// `notify` watcher) or its holder poll found it gone.
+    /// directory watch) or its holder poll found it gone.
     PresenceGone(String),
 }
 

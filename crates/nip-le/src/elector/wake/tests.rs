@@ -137,8 +137,8 @@ fn a_holder_gone_before_the_watch_is_looked_at_again_and_a_stopped_watch_ends() 
 /// The portable watch reports what FSEvents and `ReadDirectoryChangesW`
 /// report: a lock file written, never one only opened for writing and
 /// closed (every take opens the lock file read-write: with `CLOSE_WRITE`
-/// watched, each woke every elector in the directory).
-#[cfg(target_os = "linux")]
+/// watched, each woke every elector in the directory). On Windows it is
+/// that watch itself.
 #[test]
 fn the_portable_watch_wakes_for_a_write_and_not_for_an_open_for_writing() {
     use std::io::Write;
