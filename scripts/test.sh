@@ -219,7 +219,9 @@ step "the engine links no CLI dependency, and no etcd client unless asked"
 if cargo tree -p tauri-plugin-leader-election -e normal --prefix none | grep -E '^(clap|ctrlc|tracing-subscriber|tempfile|tonic|prost) '; then
   echo "the plugin pulls a CLI-only or etcd-only crate (above)" >&2; exit 1
 fi
-cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd | grep -q '^tonic ' \
+# Read whole, never piped into `grep -q` under pipefail: grep leaves at its
+# first match and the writer then fails on the closed pipe (scripts/etcd-newest.sh).
+grep -q '^tonic ' <<<"$(cargo tree -p tauri-plugin-leader-election -e normal --prefix none --features etcd)" \
   || { echo "the plugin's etcd feature does not reach the engine" >&2; exit 1; }
 build cargo clippy -p tauri-plugin-leader-election --features etcd --all-targets -- -D warnings
 # The defects of the teeth are compiled into test builds only.
@@ -256,7 +258,7 @@ for pkg in nip-le tauri-plugin-leader-election; do
     grep -qx "$f" <<<"$list" || { echo "cargo package -p $pkg is missing $f" >&2; exit 1; }
   done
 done
-cargo package --list --allow-dirty -p tauri-plugin-leader-election | grep -qx CHANGELOG.md \
+grep -qx CHANGELOG.md <<<"$(cargo package --list --allow-dirty -p tauri-plugin-leader-election)" \
   || { echo "cargo package of the plugin is missing CHANGELOG.md" >&2; exit 1; }
 
 fail_early
