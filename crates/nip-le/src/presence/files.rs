@@ -40,8 +40,8 @@ fn newborn_path(dir: &Path, token: &str) -> PathBuf {
     dir.join(format!(".{token}.new"))
 }
 
-/// How old an unheld newborn or orphaned body must be before a sweep
-/// removes it: far longer than a creator takes between its steps.
+/// How old a file must be before a sweep looks at it: far longer than a
+/// creator takes between its steps.
 const SWEEP_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The token of a presence file name, if it is one.
@@ -167,17 +167,19 @@ fn listed(keys: impl IntoIterator<Item = AgentPubkey>) -> Vec<AgentPubkey> {
     keys
 }
 
-/// Removes what electors that died left in `dir`: `.live` files nobody
-/// holds (and their bodies), and newborns or bodies without a lock file
-/// that are older than ten seconds (`SWEEP_AFTER`). A `.live` file is locked from
-/// birth, so one that can be locked is a dead elector's, and it is removed
-/// while we hold its lock: never a live or starting elector's.
+/// Removes what electors that died left in `dir`, once it is older than
+/// ten seconds (`SWEEP_AFTER`): `.live` files nobody holds (and their
+/// bodies), and newborns or bodies without a lock file. A `.live` file is
+/// locked from birth, so one that can be locked is a dead elector's, and it
+/// is removed while we hold its lock: never a live or starting elector's.
 pub fn sweep(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let old = |p: &Path| {
-        std::fs::symlink_metadata(p)
+    // From the listing (free on Windows, where listing a directory returns
+    // each file's times; one `statx` on Linux).
+    let old = |e: &std::fs::DirEntry| {
+        e.metadata()
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
@@ -187,6 +189,14 @@ pub fn sweep(dir: &Path) {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
         if let Some(token) = token_of_name(name) {
+            // A young lock file is left: when electors start in a crowd,
+            // each is a newborn's, and trying every one of their locks made
+            // each start cost a file call per elector running (under Wine
+            // each is a round trip to the wineserver). A young one whose
+            // elector died goes at a later sweep, or when a probe finds it.
+            if !old(&e) {
+                continue;
+            }
             let path = presence_path(dir, token);
             let Ok(f) = open_existing(&path) else {
                 continue;
@@ -196,14 +206,14 @@ pub fn sweep(dir: &Path) {
                 let _ = std::fs::remove_file(&path);
             }
         } else if let Some(token) = name.strip_suffix(".info").filter(|t| valid_token(t)) {
-            if !presence_path(dir, token).exists() && old(&e.path()) {
+            if old(&e) && !presence_path(dir, token).exists() {
                 let _ = std::fs::remove_file(e.path());
             }
         } else if let Some(hidden) = name.strip_prefix('.') {
             let path = e.path();
             if let Some(t) = hidden.strip_suffix(".info.new") {
                 // A body being written: never locked.
-                if valid_token(t) && old(&path) {
+                if valid_token(t) && old(&e) {
                     let _ = std::fs::remove_file(&path);
                 }
             } else if let Some(t) = hidden.strip_suffix(".new") {
@@ -211,7 +221,7 @@ pub fn sweep(dir: &Path) {
                 // age first, so we never take the lock of a young one (its
                 // creator's own attempt would then fail).
                 if valid_token(t)
-                    && old(&path)
+                    && old(&e)
                     && open_existing(&path).is_ok_and(|f| fs4::FileExt::try_lock(&f).is_ok())
                 {
                     let _ = std::fs::remove_file(&path);
@@ -432,6 +442,7 @@ mod tests {
         // died, a body whose lock file is gone, a body being written.
         let dead = "7-00000000000000aa";
         std::fs::write(presence_path(dir, dead), b"").unwrap();
+        age(&presence_path(dir, dead), 60);
         std::fs::write(
             info_path(dir, dead),
             br#"{"token":"7-00000000000000aa","instance_id":"d","pid":7,"keys":[]}"#,
@@ -449,7 +460,13 @@ mod tests {
         // A young newborn may belong to a creator about to lock it: kept.
         let young = newborn_path(dir, "5-00000000000000ee");
         std::fs::write(&young, b"").unwrap();
+        // A young lock file is not even tried (in a crowd start each is a
+        // newborn's); this one's elector died, and a probe removes it.
+        let young_dead = "4-00000000000000ff";
+        std::fs::write(presence_path(dir, young_dead), b"").unwrap();
         let next = Presence::create(dir, "next").unwrap();
+        assert!(presence_path(dir, young_dead).exists());
+        assert_eq!(probe(dir, young_dead, &pk('e')), PeerPresence::Gone);
         let mut names: Vec<_> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
