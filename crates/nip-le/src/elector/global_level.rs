@@ -1,5 +1,5 @@
 //! The seam for the global level above the host's file election (the
-//! etcd contender of [`crate::global`], behind the `etcd` feature). The
+//! etcd contender of `crate::global`, behind the `etcd` feature). The
 //! writer tells it when this instance starts or stops leading its host for
 //! a key and when the user claims; the global level answers with news
 //! through the writer's mailbox, each carrying the permit it grants now.

@@ -12,7 +12,7 @@
 //! still excludes every other locker of the file: a whole-file lock covers
 //! it.
 //!
-//! In tests, [`mandatory`] emulates Windows' rule on any platform (Wine
+//! In tests, `mandatory` emulates Windows' rule on any platform (Wine
 //! does not enforce it), so a test can show that our own lock never reaches
 //! a reader.
 

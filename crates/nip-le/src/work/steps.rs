@@ -34,7 +34,7 @@ pub(crate) enum Lead {
     /// Nothing changes.
     Keep,
     /// We hold at `epoch` now, a new one: forget the ledger we kept, open
-    /// this epoch's and tell [`WorkMachine::opened`].
+    /// this epoch's and tell [`WorkMachine::opened`](super::WorkMachine::opened).
     Open { epoch: u64 },
     /// We lead by the NIP's fail-safe now (no lock at an epoch): forget the
     /// ledger we kept and open it again, for the fail-safe's takes.
@@ -47,7 +47,7 @@ pub(crate) enum TakeStep {
     Answer(TakeOutcome),
     /// Append these lines now, in one synced write (a give-back on behalf
     /// of a gone taker whose take ours would not supersede, then ours);
-    /// tell [`WorkMachine::take_written`].
+    /// tell [`WorkMachine::take_written`](super::WorkMachine::take_written).
     Record(Vec<Op>),
 }
 
@@ -60,7 +60,7 @@ pub(crate) enum SettleStep {
     Record(Op),
     /// We do not hold at an epoch with a readable ledger: the line goes
     /// through the refused-lines store, which finds the take's epoch
-    /// ([`settle_line`], with `done_anyway`); answer what it recorded, or
+    /// ([`settle_line`](super::ledger_lines::settle_line), with `done_anyway`); answer what it recorded, or
     /// `anyway`.
     Outside {
         anyway: bool,

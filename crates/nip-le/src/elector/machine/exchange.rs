@@ -17,7 +17,7 @@ pub(crate) struct StepDown {
     pub nonce: Option<String>,
 }
 
-/// The outcome of [`KeyMachine::begin`].
+/// The outcome of [`KeyMachine::begin`](super::KeyMachine::begin).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Begin {
     /// A fresh local lead request names another instance.
@@ -50,7 +50,7 @@ pub(crate) enum Write {
     Put(Vec<u8>, LockRecord),
     /// Truncate to zero bytes (the NIP's release), first raising the
     /// epoch mark to this (extension: it tells observers that the holder
-    /// released, not its child; see [`same_id`]).
+    /// released, not its child; see [`same_id`](super::same_id)).
     Clear(Option<u64>),
 }
 
@@ -77,7 +77,7 @@ pub(crate) enum Validity {
     Keep,
     /// Never fenced (spec mode, or a fail-safe leader holding no lock).
     Always,
-    /// Valid for [`Rules::validity`] from the moment of our write.
+    /// Valid for [`Rules::validity`](super::rules::Rules::validity) from the moment of our write.
     Renew,
     /// Fenced until our next write: we hold a record we did not write
     /// ourselves (handed to us) and could not confirm it.

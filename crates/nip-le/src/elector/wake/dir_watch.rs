@@ -1,6 +1,6 @@
 //! The directory watch, per backend: inotify on native Linux, the `notify`
 //! crate on macOS, `ReadDirectoryChangesW` on Windows, and on portable
-//! Linux a watch of what those report ([`ChangeWatch`]).
+//! Linux a watch of what those report (`change_watch`).
 
 use super::*;
 

@@ -20,7 +20,7 @@
 //!
 //! On macOS the directory watch is the `notify` crate's watcher
 //! (FSEvents), on Windows a `ReadDirectoryChangesW` of our own
-//! ([`windows_watch`]: notify's wakes every 100 ms; run under Wine by the
+//! (`windows_watch`: notify's wakes every 100 ms; run under Wine by the
 //! test command), each owned and dropped by the writer; Linux with
 //! [`Backend::Portable`] (the rest of their code, so that it is tested
 //! here) watches what those report, changes and no opens, from a thread of

@@ -79,7 +79,7 @@ pub(super) struct Key {
 }
 
 impl Key {
-    /// When this key needs the loop next (see [`Writer::next_tick`]).
+    /// When this key needs the loop next (see [`Writer::next_tick`](super::Writer::next_tick)).
     pub(super) fn next_wake(&self, ctx: &Ctx, now: Instant) -> Instant {
         // The coarse clock may lag the loop's by a tick of its own.
         let fenced_at = self

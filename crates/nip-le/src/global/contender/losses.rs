@@ -78,7 +78,7 @@ impl Task {
     /// etcd lost data: what we knew of its revisions means nothing now,
     /// every key is looked at again, and nobody takes one for a TTL. A
     /// lease etcd forgot was renewed last before the loss, so any permit it
-    /// backed ends within 0.9 TTL of now (see [`Task::deadline`]).
+    /// backed ends within 0.9 TTL of now (see [`deadline`](super::renewer::deadline)).
     pub(super) fn rewound(&mut self, revision: u64) {
         tracing::warn!(
             known = self.known_revision,

@@ -167,7 +167,7 @@ impl Task {
         }
     }
 
-    /// The shell of [`WorkOutbox`]: makes its calls within `scope`, one at
+    /// The shell of [`WorkOutbox`](super::outbox::WorkOutbox): makes its calls within `scope`, one at
     /// a time, and applies what each answer teaches the task.
     fn send_work(&mut self, scope: Scope) {
         self.list_leases();
