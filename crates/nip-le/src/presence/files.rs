@@ -16,7 +16,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::{fresh_token, valid_token, Body, HolderPresence, Sibling};
+use super::{fresh_token, listed, valid_token, Body, HolderPresence, Sibling};
 use crate::error::{Error, Result};
 use crate::lockfile::{open_regular_file, Create};
 use crate::pubkey::AgentPubkey;
@@ -157,14 +157,6 @@ impl Drop for Presence {
         let _ = std::fs::remove_file(info_path(&self.dir, &self.token));
         let _ = std::fs::remove_file(&self.path);
     }
-}
-
-/// `keys` as a body lists them: sorted, each once.
-fn listed(keys: impl IntoIterator<Item = AgentPubkey>) -> Vec<AgentPubkey> {
-    let mut keys: Vec<AgentPubkey> = keys.into_iter().collect();
-    keys.sort();
-    keys.dedup();
-    keys
 }
 
 /// Removes what electors that died left in `dir`, once it is older than

@@ -193,6 +193,14 @@ pub struct Sibling {
     pub pid: u32,
 }
 
+/// `keys` as a body lists them (either backend's): sorted, each once.
+fn listed(keys: impl IntoIterator<Item = AgentPubkey>) -> Vec<AgentPubkey> {
+    let mut keys: Vec<AgentPubkey> = keys.into_iter().collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
 /// A fresh random part for a token.
 pub(crate) fn fresh_token(pid: u32) -> String {
     let rand = (uuid::Uuid::new_v4().as_u128() as u64) | 1;

@@ -14,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::{fresh_token, Body, HolderPresence, Sibling};
+use super::{fresh_token, listed, Body, HolderPresence, Sibling};
 use crate::error::{Error, Result};
 use crate::lockfile::{open_regular_file, Create};
 use crate::pubkey::AgentPubkey;
@@ -175,9 +175,7 @@ impl Presence {
     /// Lists `keys` as the elections we take part in (rewritten only when
     /// they changed).
     pub fn set_keys(&mut self, keys: impl IntoIterator<Item = AgentPubkey>) -> Result<()> {
-        let mut keys: Vec<AgentPubkey> = keys.into_iter().collect();
-        keys.sort();
-        keys.dedup();
+        let keys = listed(keys);
         if keys == self.keys {
             return Ok(());
         }
