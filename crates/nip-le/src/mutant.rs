@@ -166,6 +166,9 @@ mutants! {
     /// A hand-over whose swap failed after we stepped back from our host
     /// takes the lease back: held without leading.
     HeldAfterStepBack = "held_after_step_back",
+    /// A hand-over owed through a fall-back whose swap then failed holds
+    /// the key again with the fall-back's permit still open.
+    FallbackPermitHeldAgain = "fallback_permit_held_again",
 }
 
 /// Whether `m` is the defect put back in this process.

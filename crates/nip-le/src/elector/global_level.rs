@@ -16,17 +16,40 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::pubkey::AgentPubkey;
 
-use super::cache::global_state::HELD;
+use super::cache::global_state;
 use super::types::{ChangeReason, GlobalStatus};
 
-/// What the global level lets this window do for a key: one of
-/// [`super::cache::global_state`] and, for `HELD`, the
-/// [`super::cache::boot_nanos`] deadline of the lease.
+/// What a permit lets the window do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PermitState {
+    /// Nothing: another host holds the key, or nobody does yet.
+    NotHeld,
+    /// Act until the permit's deadline: we hold the key's lease.
+    Held,
+    /// Act for this host alone, with no deadline: etcd is out of reach and
+    /// the policy is to fall back.
+    FallBack,
+}
+
+impl PermitState {
+    /// Its value in the key cell ([`global_state`]), which readers load
+    /// without a lock.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Self::NotHeld => global_state::NOT_HELD,
+            Self::Held => global_state::HELD,
+            Self::FallBack => global_state::FALLBACK,
+        }
+    }
+}
+
+/// What the global level lets this window do for a key, and for a held
+/// one the [`super::cache::boot_nanos`] deadline of the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Permit {
-    pub state: u8,
+    pub state: PermitState,
     pub until: u64,
-    /// The lease a `HELD` permit stands on (0: none): a [`Renewed`] of
+    /// The lease a held permit stands on (0: none): a [`Renewed`] of
     /// another lease raises nothing.
     pub lease: i64,
 }
@@ -34,7 +57,7 @@ pub(crate) struct Permit {
 impl Permit {
     /// No permit: another host holds the key, or nobody does yet.
     pub(crate) const NOT_HELD: Self = Self {
-        state: super::cache::global_state::NOT_HELD,
+        state: PermitState::NotHeld,
         until: 0,
         lease: 0,
     };
@@ -43,7 +66,9 @@ impl Permit {
     /// renewal beside the task may have raised the same lease's deadline
     /// past what the task knows yet, and the later deadline stands.
     pub(crate) fn over(self, now: Self) -> Self {
-        let same = self.state == HELD && now.state == HELD && self.lease == now.lease;
+        let same = self.state == PermitState::Held
+            && now.state == PermitState::Held
+            && self.lease == now.lease;
         Self {
             until: if same {
                 self.until.max(now.until)
@@ -59,7 +84,7 @@ impl Permit {
     /// unchanged (a lapsed permit is reopened by the task, which says so).
     /// The caller checks that `r` belongs to the current host leadership.
     pub(crate) fn renewed(self, r: &Renewed, now_nanos: u64) -> Self {
-        let open = self.state == HELD && now_nanos < self.until;
+        let open = self.state == PermitState::Held && now_nanos < self.until;
         Self {
             until: if open && r.lease == self.lease {
                 self.until.max(r.until)
@@ -186,7 +211,7 @@ mod tests {
 
     const fn held(lease: i64, until: u64) -> Permit {
         Permit {
-            state: HELD,
+            state: PermitState::Held,
             until,
             lease,
         }

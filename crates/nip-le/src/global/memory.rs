@@ -147,7 +147,7 @@ impl MemoryEtcd {
 
     /// A restart that took `d`: nobody expired leases meanwhile, so every
     /// lease has `d` more (the simulator's etcd restarts).
-    #[cfg(feature = "sim")]
+    #[cfg(any(test, feature = "sim"))]
     pub(crate) fn extend_leases(&self, d: Duration) {
         let mut s = self.lock();
         for (_, until) in s.leases.values_mut() {

@@ -105,6 +105,6 @@ impl Key {
     /// Sets the global level's permit in the cell, and keeps it.
     fn set_permit(&mut self, p: Permit) {
         self.permit = p;
-        self.cell.set_global(p.state, p.until);
+        self.cell.set_global(p.state.code(), p.until);
     }
 }

@@ -8,7 +8,7 @@ use crate::pubkey::AgentPubkey;
 use super::super::etcd::{Kv, Txn};
 use super::entry::Holding;
 use super::holder_of;
-use super::task::{Task, NOT_HELD};
+use super::task::{PermitState, Task};
 
 impl Task {
     /// A claim the watch cannot bring: posted before we took the key, or
@@ -87,9 +87,9 @@ impl Task {
     pub(super) fn hand_over(&mut self, pk: AgentPubkey, claim: &Kv) {
         let claimant = holder_of(claim);
         let e = self.entries.get_mut(&pk).expect("caller checked");
-        let Some(h) = e.held() else {
+        if e.held().is_none() {
             return;
-        };
+        }
         // A claim from our own host is the host's file election's to serve
         // (the claimant takes the host lock and continues our lease).
         if claimant.instance_id.is_empty()
@@ -99,8 +99,8 @@ impl Task {
         {
             return;
         }
-        e.grant(NOT_HELD, 0);
-        e.holding = Holding::HandingOver(h, claim.clone());
+        e.grant(PermitState::NotHeld, 0);
+        e.begin_hand_over(claim.clone());
         tracing::info!(pubkey = %pk, to = %claimant.instance_id, "standing down for a cross-host claim");
         if mutated!(EarlyHandover) {
             self.hand_over_confirmed(pk);
@@ -128,9 +128,14 @@ impl Task {
             return;
         }
         e.swap_at = None;
-        let Some((h, claim)) = e.take_hand_over() else {
+        let Some((h, claim, falling_back)) = e.take_hand_over() else {
             return;
         };
+        // Whatever the swap's answer, the host acts alone until etcd's
+        // answers end the fall-back.
+        if falling_back {
+            e.holding = Holding::FallingBack;
+        }
         let key = self.cfg.leader_key(&pk);
         let claim_key = self.cfg.claim_key(&pk);
         let r = self.gw.swap(
@@ -165,6 +170,12 @@ impl Task {
                     return;
                 }
                 e.holding = Holding::Key(h);
+                // Held again, the host no longer acts alone: its writer
+                // waits for a renewal to open the permit (it had kept the
+                // fall-back's open beside our hold).
+                if falling_back && !mutated!(FallbackPermitHeldAgain) {
+                    e.grant(PermitState::NotHeld, 0);
+                }
                 // Only a claim other than the one that just failed: the
                 // same one again (a forged revision) would loop forever
                 // (found by the simulator with forged answers:
@@ -184,7 +195,11 @@ impl Task {
             None if mutated!(DropUnansweredHandOver) => {}
             None => {
                 if let Some(e) = self.entries.get_mut(&pk) {
-                    e.holding = Holding::HandingOver(h, claim);
+                    e.holding = Holding::HandingOver {
+                        held: h,
+                        claim,
+                        falling_back,
+                    };
                     e.swap_at = Some(retry);
                 }
             }

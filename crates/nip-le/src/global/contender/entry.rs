@@ -5,8 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::elector::cache::global_state::HELD;
-use crate::elector::global_level::{Permit, SharedWork};
+use crate::elector::global_level::{Permit, PermitState, SharedWork};
 use crate::elector::GlobalHolder;
 
 /// Our hold on a key.
@@ -20,19 +19,29 @@ pub(super) struct Held {
     pub until: u64,
 }
 
-/// What we hold of a key in etcd: nothing, the key on our lease, or the
-/// key we stood down from for a claim (our lease and the revision we
-/// wrote, kept to swap the key to the claimant once our writer confirms).
-/// One value, so a key is never held and handed over at once.
+/// What this window holds or does of a key in etcd, one value, so that
+/// no two exclude each other only by convention: nothing, acting for this
+/// host alone, the key on our lease, or the key we stood down from for a
+/// claim. With [`Entry::leads`] it is the key's phase (see `phase.rs`).
 #[derive(Debug, Clone, Default)]
 pub(super) enum Holding {
-    /// Idle, contending or falling back (the phases of `phase.rs`).
+    /// Idle or contending: nothing held, nothing done alone.
     #[default]
     Nothing,
+    /// etcd was silent for a whole TTL and the policy is to act for this
+    /// host alone: no lease of ours can have survived that.
+    FallingBack,
     /// The key, on our lease.
     Key(Held),
-    /// Standing down for the claim: the hold we give up, and the claim.
-    HandingOver(Held, super::Kv),
+    /// Standing down for the claim: our lease and the revision we wrote
+    /// (kept to swap the key to the claimant once our writer confirms),
+    /// and the claim. A hand-over is still owed when etcd falls silent:
+    /// `falling_back` says the host acts alone meanwhile.
+    HandingOver {
+        held: Held,
+        claim: super::Kv,
+        falling_back: bool,
+    },
 }
 
 pub(super) struct Entry {
@@ -45,7 +54,6 @@ pub(super) struct Entry {
     /// What we hold of the key.
     pub holding: Holding,
     pub holder: Option<GlobalHolder>,
-    pub fallback: bool,
     /// A claim of ours, until it expires.
     pub claim_until: Option<Instant>,
     /// The lease our posted claim is bound to.
@@ -84,9 +92,9 @@ pub(super) struct Entry {
 
 impl Entry {
     /// Sets the permit the writer is to apply (told with the next news).
-    pub(super) fn grant(&mut self, state: u8, until: u64) {
+    pub(super) fn grant(&mut self, state: PermitState, until: u64) {
         let lease = match (state, self.held()) {
-            (HELD, Some(h)) => h.lease,
+            (PermitState::Held, Some(h)) => h.lease,
             _ => 0,
         };
         self.permit = Permit {
@@ -121,13 +129,62 @@ impl Entry {
 
     /// Whether we are standing down for a claim.
     pub(super) fn handing_over(&self) -> bool {
-        matches!(self.holding, Holding::HandingOver(..))
+        matches!(self.holding, Holding::HandingOver { .. })
     }
 
-    /// Ends the hand-over, if one is waiting: the hold and the claim.
-    pub(super) fn take_hand_over(&mut self) -> Option<(Held, super::Kv)> {
+    /// Whether this host acts alone on the key (etcd silent, policy
+    /// fall-back), whether or not a hand-over is still owed.
+    pub(super) fn falling_back(&self) -> bool {
+        matches!(
+            self.holding,
+            Holding::FallingBack
+                | Holding::HandingOver {
+                    falling_back: true,
+                    ..
+                }
+        )
+    }
+
+    /// Starts or ends acting alone; a hand-over still owed stays owed. A
+    /// key held is given up before etcd's silence can start a fall-back.
+    pub(super) fn set_falling_back(&mut self, on: bool) {
+        match &mut self.holding {
+            Holding::HandingOver { falling_back, .. } => *falling_back = on,
+            Holding::Nothing if on => self.holding = Holding::FallingBack,
+            Holding::FallingBack if !on => self.holding = Holding::Nothing,
+            _ => {}
+        }
+    }
+
+    /// Stands down for `claim` from the key we hold (nothing if we hold
+    /// none).
+    pub(super) fn begin_hand_over(&mut self, claim: super::Kv) {
+        if let Some(held) = self.held() {
+            self.holding = Holding::HandingOver {
+                held,
+                claim,
+                falling_back: false,
+            };
+        }
+    }
+
+    /// Drops a hand-over that is moot (the key is gone): nothing is held
+    /// then, and a fall-back goes on.
+    pub(super) fn drop_hand_over(&mut self) {
+        if let Some((_, _, true)) = self.take_hand_over() {
+            self.holding = Holding::FallingBack;
+        }
+    }
+
+    /// Ends the hand-over, if one is waiting: the hold, the claim, and
+    /// whether the host was acting alone meanwhile.
+    pub(super) fn take_hand_over(&mut self) -> Option<(Held, super::Kv, bool)> {
         match std::mem::take(&mut self.holding) {
-            Holding::HandingOver(h, claim) => Some((h, claim)),
+            Holding::HandingOver {
+                held,
+                claim,
+                falling_back,
+            } => Some((held, claim, falling_back)),
             other => {
                 self.holding = other;
                 None
@@ -151,7 +208,6 @@ impl Entry {
             tenure: 0,
             holding: Holding::Nothing,
             holder: None,
-            fallback: false,
             claim_until: None,
             claim_lease: None,
             retry_at: None,

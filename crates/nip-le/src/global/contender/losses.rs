@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::entry::Holding;
-use super::task::{Task, KEEP_EVERY, NOT_HELD};
+use super::task::{PermitState, Task, KEEP_EVERY};
 use crate::elector::ChangeReason;
 use crate::global::seen::Seen;
 
@@ -97,11 +97,18 @@ impl Task {
             // Our lease is gone with the data: stop acting now, not at the
             // permit's deadline (a renewal that just failed would leave it
             // open until then, while a window that first reached etcd after
-            // the loss takes the key).
-            if !matches!(std::mem::take(&mut e.holding), Holding::Nothing) {
-                e.swap_at = None;
-                e.grant(NOT_HELD, 0);
-                held.push(*pk);
+            // the loss takes the key). A hand-over goes with it, and with
+            // that a fall-back beside it: etcd answers again. A fall-back
+            // alone holds nothing etcd lost, and ends when etcd's answers
+            // are seen (`Task::check_unreachable`).
+            match std::mem::take(&mut e.holding) {
+                Holding::Nothing => {}
+                Holding::FallingBack => e.holding = Holding::FallingBack,
+                Holding::Key(_) | Holding::HandingOver { .. } => {
+                    e.swap_at = None;
+                    e.grant(PermitState::NotHeld, 0);
+                    held.push(*pk);
+                }
             }
         }
         for pk in held {

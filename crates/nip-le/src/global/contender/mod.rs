@@ -36,7 +36,8 @@ mod entry;
 mod losses;
 mod moves;
 mod outbox;
-// Read by the simulator's phase check (H3) until the phases are the state.
+// The phases named, with what each allows: read by the simulator's phase
+// check (H3) and the unit tests.
 #[cfg(any(test, feature = "sim"))]
 mod phase;
 pub(crate) mod renewer;

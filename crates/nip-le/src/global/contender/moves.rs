@@ -12,7 +12,7 @@ use super::super::WhenUnreachable;
 use super::entry::{Entry, Held, Holding};
 use super::holder_of;
 use super::renewer::deadline;
-use super::task::{Task, FALLBACK, HELD, NOT_HELD};
+use super::task::{PermitState, Task};
 
 impl Task {
     /// Everything a key needs now, in one place and in this order (as
@@ -98,7 +98,7 @@ impl Task {
         let e = self.entries.get_mut(&pk).expect("noted checked");
         if ttl.is_zero() {
             e.holding = Holding::Nothing;
-            e.grant(NOT_HELD, 0);
+            e.grant(PermitState::NotHeld, 0);
             tracing::warn!(pubkey = %pk, "etcd lease expired");
             self.tell(pk, Some(ChangeReason::Lost));
             return;
@@ -127,9 +127,9 @@ impl Task {
         };
         let e = self.entries.get_mut(&pk).expect("noted checked");
         // Valid all along, and the writer was told so: nothing to say.
-        let was_valid = self.clock.boot_nanos() < h.until && e.told.state == HELD;
+        let was_valid = self.clock.boot_nanos() < h.until && e.told.state == PermitState::Held;
         let until = deadline(sent, ttl);
-        e.grant(HELD, until);
+        e.grant(PermitState::Held, until);
         // A later write of ours that the watch has not brought (it was on
         // a member cut from the majority): the revision a hand-over must
         // compare is that one.
@@ -330,11 +330,10 @@ impl Task {
             instance_id: our_id,
             revision,
         }));
-        e.fallback = false;
         e.claim_until = None;
         e.claim_lease = None;
         e.seen = e.seen.max(revision);
-        e.grant(HELD, until);
+        e.grant(PermitState::Held, until);
         tracing::info!(pubkey = %pk, revision, ?reason, instance = %self.our_id, "holds the etcd lease");
         // What every host recorded of the agent's work comes with the gain,
         // or with the stand-down for a claim found now: a hand-over that
@@ -368,7 +367,7 @@ impl Task {
         let e = self.entries.get_mut(&pk).expect("caller checked");
         e.retry_at = Some(self.clock.now() + self.cfg.ttl / 4);
         if e.take_held().is_some() {
-            e.grant(NOT_HELD, 0);
+            e.grant(PermitState::NotHeld, 0);
             tracing::warn!(pubkey = %pk, instance = %self.our_id, "lost the etcd key");
             self.tell(pk, Some(ChangeReason::Lost));
         }
@@ -392,8 +391,8 @@ impl Task {
     ) {
         self.hand_over_confirmed(pk);
         let e = self.entries.get_mut(&pk).expect("caller inserted");
-        e.grant(NOT_HELD, 0);
-        e.fallback = false;
+        e.grant(PermitState::NotHeld, 0);
+        e.set_falling_back(false);
         if let Some(h) = e.take_held() {
             if revoke {
                 self.give_up_lease(pk, h.lease);
@@ -451,9 +450,7 @@ impl Task {
                 // A hand-over still waiting when our lease ran out is moot:
                 // the key is free (a claim still posted is honoured again
                 // by whoever takes it).
-                if e.handing_over() {
-                    e.holding = Holding::Nothing;
-                }
+                e.drop_hand_over();
                 e.swap_at = None;
                 if e.held().is_some() {
                     // Revoked or expired under us.
@@ -509,16 +506,16 @@ impl Task {
         // Whether we held the key when etcd went quiet: if not, another
         // host did (or nobody), and what it answered is in no ledger of
         // ours.
-        let held = e.held().is_some() || e.permit.state == HELD;
+        let held = e.held().is_some() || e.permit.state == PermitState::Held;
         if silent && e.held().is_some() {
             e.holding = Holding::Nothing;
-            e.grant(NOT_HELD, 0);
+            e.grant(PermitState::NotHeld, 0);
         }
         let fall_back =
             silent && e.leads && (policy == WhenUnreachable::FallBack || mutated!(FallbackAlways));
-        if fall_back && !e.fallback {
-            e.fallback = true;
-            e.grant(FALLBACK, 0);
+        if fall_back && !e.falling_back() {
+            e.set_falling_back(true);
+            e.grant(PermitState::FallBack, 0);
             tracing::warn!(pubkey = %pk, "etcd unreachable for a whole TTL: acting for this host only");
             // Another host held the key (or nobody): what it answered is in
             // no ledger of ours, so not the whole backlog is owed (every
@@ -530,10 +527,10 @@ impl Task {
             // fall-back was owed).
             let unknown_before = (!held).then(|| self.quiet_since_ms(ttl));
             self.tell_with(pk, Some(ChangeReason::FailSafe), unknown_before, false);
-        } else if !silent && e.fallback {
-            e.fallback = false;
+        } else if !silent && e.falling_back() {
+            e.set_falling_back(false);
             if e.held().is_none() {
-                e.grant(NOT_HELD, 0);
+                e.grant(PermitState::NotHeld, 0);
                 self.tell(pk, Some(ChangeReason::Lost));
             }
         }

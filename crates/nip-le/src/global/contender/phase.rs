@@ -1,16 +1,15 @@
-//! A key's phase at the etcd level: the states the contender's per-key
-//! [`Entry`] means, named, with what each allows written beside it and
-//! checked. What we hold of the key is one value ([`super::entry::Holding`]:
-//! nothing, the key, or a hand-over), so a key is never held and handed
-//! over at once; the rest are still fields (`leads`, `locked`, `fallback`,
-//! the permit). [`Entry::phase`] reads which phase holds and
-//! [`Entry::broken_invariant`] says what a combination no move may leave
-//! behind. The simulator checks every key of every contender
+//! A key's phase at the etcd level, with what each allows written beside
+//! it and checked. The phase is the entry's state: what we hold or do of
+//! the key is one value ([`super::entry::Holding`]: nothing, acting alone,
+//! the key, or a hand-over, which may go on while the host acts alone),
+//! and with whether we lead our host it names the phase; the permit and
+//! the lock are still fields. [`Entry::phase`] reads which phase holds and
+//! [`Entry::broken_invariant`] says what no move may leave beside it. The simulator checks every key of every contender
 //! after each of its steps (invariant H3), so a move that leaves a
 //! combination outside these phases fails a seed.
 
-use super::entry::Entry;
-use super::task::{FALLBACK, HELD, NOT_HELD};
+use super::entry::{Entry, Holding};
+use super::task::PermitState;
 
 /// What a key is at the etcd level, for one window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,19 +37,15 @@ pub(crate) enum Phase {
 }
 
 impl Entry {
-    /// The phase the entry's fields describe. A hand-over outranks a
-    /// fall-back: one may still be owed when etcd falls silent.
+    /// The entry's phase. A hand-over outranks a fall-back: one may still
+    /// be owed when etcd falls silent.
     pub(crate) fn phase(&self) -> Phase {
-        if self.handing_over() {
-            Phase::HandingOver
-        } else if self.fallback {
-            Phase::FallingBack
-        } else if self.held().is_some() {
-            Phase::Held
-        } else if self.leads {
-            Phase::Contending
-        } else {
-            Phase::Idle
+        match self.holding {
+            Holding::HandingOver { .. } => Phase::HandingOver,
+            Holding::FallingBack => Phase::FallingBack,
+            Holding::Key(_) => Phase::Held,
+            Holding::Nothing if self.leads => Phase::Contending,
+            Holding::Nothing => Phase::Idle,
         }
     }
 
@@ -61,29 +56,39 @@ impl Entry {
         // Each phase's own fields are its definition (`phase`); what is
         // checked is the rest.
         match self.phase() {
-            Phase::Idle => breaks(permit != NOT_HELD, "idle, yet grants a permit"),
-            Phase::Contending => breaks(permit != NOT_HELD, "contending, yet grants a permit"),
+            Phase::Idle => breaks(permit != PermitState::NotHeld, "idle, yet grants a permit"),
+            Phase::Contending => breaks(
+                permit != PermitState::NotHeld,
+                "contending, yet grants a permit",
+            ),
             Phase::Held => breaks(!self.leads, "holds a lease without leading its host")
                 .or(breaks(
                     !self.locked,
                     "holds a lease without its host's lock file",
                 ))
-                .or(breaks(permit == FALLBACK, "holds a lease, yet falls back"))
                 .or(breaks(
-                    permit == HELD && self.held().is_some_and(|h| h.lease != self.permit.lease),
+                    permit == PermitState::FallBack,
+                    "holds a lease, yet falls back",
+                ))
+                .or(breaks(
+                    permit == PermitState::Held
+                        && self.held().is_some_and(|h| h.lease != self.permit.lease),
                     "grants a permit on a lease it does not hold",
                 )),
-            Phase::HandingOver => breaks(permit == HELD, "hands over, yet grants a held permit")
-                .or(breaks(
-                    (permit == FALLBACK) != self.fallback,
-                    "hands over with a fall-back permit and flag that disagree",
-                )),
-            Phase::FallingBack => breaks(self.held().is_some(), "falls back, yet holds a lease")
-                .or(breaks(!self.leads, "falls back without leading its host"))
-                .or(breaks(
-                    permit != FALLBACK,
+            Phase::HandingOver => breaks(
+                permit == PermitState::Held,
+                "hands over, yet grants a held permit",
+            )
+            .or(breaks(
+                (permit == PermitState::FallBack) != self.falling_back(),
+                "hands over with a fall-back permit while not acting alone, or the reverse",
+            )),
+            Phase::FallingBack => {
+                breaks(!self.leads, "falls back without leading its host").or(breaks(
+                    permit != PermitState::FallBack,
                     "falls back without a fall-back permit",
-                )),
+                ))
+            }
         }
     }
 }

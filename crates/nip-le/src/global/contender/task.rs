@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::elector::cache::{self, global_state};
+use crate::elector::cache;
 use crate::elector::global_level::{GlobalNews, Tell};
 use crate::elector::{ChangeReason, GlobalStatus};
 use crate::pubkey::AgentPubkey;
@@ -170,9 +170,8 @@ impl Task {
         for pk in keys {
             if let Some(e) = self.entries.get_mut(&pk) {
                 e.holding = Holding::Nothing;
-                e.fallback = false;
                 e.verify = true;
-                e.grant(NOT_HELD, 0);
+                e.grant(PermitState::NotHeld, 0);
             }
             self.tell(pk, Some(ChangeReason::Lost));
         }
@@ -219,7 +218,7 @@ impl Task {
                 e.held().map(|h| h.renew_at),
                 e.retry_at,
                 e.claim_until,
-                (!e.fallback && e.held().is_none()).then(|| self.last_contact + self.cfg.ttl),
+                (!e.falling_back() && e.held().is_none()).then(|| self.last_contact + self.cfg.ttl),
                 e.work_again_at.filter(|_| e.held().is_some()),
             ];
             for t in times.into_iter().flatten().filter(|t| *t > now) {
@@ -317,7 +316,7 @@ impl Task {
         GlobalStatus {
             host_id: self.cfg.host_id.clone(),
             holder: e.holder.clone(),
-            fallback: e.fallback,
+            fallback: e.falling_back(),
             last_error: e.last_error.clone(),
         }
     }
@@ -464,5 +463,5 @@ impl Task {
     }
 }
 
-/// The permit states, for the moves.
-pub(super) use global_state::{FALLBACK, HELD, NOT_HELD};
+/// What a permit lets the writer do, for the moves.
+pub(super) use crate::elector::global_level::PermitState;

@@ -320,11 +320,11 @@ fn fence(entries: &BTreeMap<AgentPubkey, Entry>, pk: &AgentPubkey) -> Option<Fen
             revision: h.revision,
             held_lease: Some(h.lease),
         }),
-        Holding::HandingOver(h, _) => Some(Fence {
+        Holding::HandingOver { held: h, .. } => Some(Fence {
             revision: h.revision,
             held_lease: None,
         }),
-        Holding::Nothing => None,
+        Holding::Nothing | Holding::FallingBack => None,
     }
 }
 

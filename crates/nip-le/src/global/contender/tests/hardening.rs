@@ -167,7 +167,7 @@ fn a_panic_in_the_machine_closes_every_permit_and_the_task_goes_on() {
     let news = std::mem::take(&mut *a.news.lock().unwrap());
     let closed = news
         .iter()
-        .any(|n| n.permit.state == global_state::NOT_HELD && n.reason == Some(ChangeReason::Lost));
+        .any(|n| n.permit.state == PermitState::NotHeld && n.reason == Some(ChangeReason::Lost));
     assert!(closed, "the permit stayed open: {news:?}");
     // The next steps look again and take the key back (ours, our lease).
     for _ in 0..4 {

@@ -11,7 +11,7 @@ use super::task::Clock;
 use super::watch::Cursor;
 use super::*;
 use crate::elector::cache::{global_state, Clocks, KeyCell, Published};
-use crate::elector::global_level::GlobalNews;
+use crate::elector::global_level::{GlobalNews, PermitState};
 use crate::elector::{ChangeReason, Level};
 use crate::global::memory::MemoryEtcd;
 use crate::global::WhenUnreachable;
@@ -84,6 +84,8 @@ struct Cut {
     watches: Mutex<Vec<String>>,
     /// How long a range read takes (a slow link, many records).
     range_delay: Arc<Mutex<Duration>>,
+    /// While set, renewals go unanswered (the rest answers).
+    lose_renewals: Arc<AtomicBool>,
 }
 
 impl Cut {
@@ -153,6 +155,9 @@ impl Etcd for Cut {
     }
     fn keep_alive(&self, lease: i64) -> EtcdResult<Duration> {
         self.check()?;
+        if self.lose_renewals.load(Ordering::SeqCst) {
+            return Err(EtcdError::unreachable("the renewal's answer was lost"));
+        }
         self.etcd.keep_alive(lease)
     }
     fn revoke(&self, lease: i64) -> EtcdResult<()> {
@@ -268,7 +273,7 @@ impl Host {
             }
             let news: Vec<GlobalNews> = std::mem::take(&mut *self.news.lock().unwrap());
             for n in &news {
-                self.cell.set_global(n.permit.state, n.permit.until);
+                self.cell.set_global(n.permit.state.code(), n.permit.until);
                 if n.work.is_some() {
                     self.work.clone_from(&n.work);
                 }
@@ -383,10 +388,11 @@ fn a_cross_host_claim_moves_the_key_only_after_the_holders_writer_closed_its_per
     }
     let news = std::mem::take(&mut *a.news.lock().unwrap());
     let asked = news.iter().find(|n| n.confirm).expect("asked to confirm");
-    assert_eq!(asked.permit.state, global_state::NOT_HELD);
+    assert_eq!(asked.permit.state, PermitState::NotHeld);
     assert_eq!(asked.reason, Some(ChangeReason::StoodDown));
     assert!(holder_of(&etcd.get(&key).unwrap().unwrap()).host_id == "a");
-    a.cell.set_global(asked.permit.state, asked.permit.until);
+    a.cell
+        .set_global(asked.permit.state.code(), asked.permit.until);
     a.task.step(Some(Inbox::Withdrawn(pk())));
     assert!(holder_of(&etcd.get(&key).unwrap().unwrap()).host_id == "b");
     pump_all(&mut [&mut a, &mut b]);
@@ -432,13 +438,13 @@ fn shell_holding_on(clients: Clients) -> (Contender, Arc<KeyCell>) {
     let tell: Tell = Box::new(move |_, n| {
         let mut p = set.lock().unwrap();
         *p = n.permit.over(*p);
-        apply.set_global(p.state, p.until);
+        apply.set_global(p.state.code(), p.until);
     });
     let apply = Arc::clone(&cell);
     let renewed: TellRenewed = Arc::new(move |_, r| {
         let mut p = permit.lock().unwrap();
         *p = p.renewed(&r, crate::elector::cache::boot_nanos());
-        apply.set_global(p.state, p.until);
+        apply.set_global(p.state.code(), p.until);
     });
     let mut c = Contender::start_on(
         cfg,
@@ -557,5 +563,6 @@ mod fail_safe;
 mod hardening;
 mod refusals;
 mod renewals;
+mod silence;
 mod watching;
 mod work;

@@ -108,7 +108,7 @@ fn three_hosts_that_etcd_refuses_never_act_at_once_and_say_why() {
             for h in &t.hosts {
                 let last = h.task.entries[&pk()].last_error.clone().unwrap_or_default();
                 assert_eq!(last, e.message, "the status says why");
-                assert!(!h.task.entries[&pk()].fallback, "{e}: fell back");
+                assert!(!h.task.entries[&pk()].falling_back(), "{e}: fell back");
             }
             // Retried with backoff: a call per refusal, the waits doubling
             // from a twentieth of the TTL to 10 s, not one every 100 ms.
