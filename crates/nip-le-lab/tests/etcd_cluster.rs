@@ -106,9 +106,13 @@ fn one_global_leader(insts: &[&Instance], within: Duration) -> String {
             .count();
         last.len() == 1 && leading == 1
     });
+    let views: Vec<_> = insts
+        .iter()
+        .map(|i| (i.instance_id.clone(), i.views().last().cloned()))
+        .collect();
     assert!(
         ok,
-        "not exactly one global leader within {within:?}: {last:?}"
+        "not exactly one global leader within {within:?}: {last:?}; last views {views:?}"
     );
     last.remove(0)
 }
