@@ -356,15 +356,8 @@ fn a_newer_claim_is_never_deleted_by_the_hand_over_of_an_older_one() {
     let mut c = Host::new(&etcd, &_clock, "c", WhenUnreachable::FallBack);
     c.lead(true, false);
     assert!(a.acts());
-    b.task.step(Some(Inbox::Claim(pk())));
-    b.pump();
     // a sees b's claim and asks its writer to stop acting.
-    let changes = etcd.changes_since("/nip-le/", a.cursor.start()).unwrap();
-    for i in a.cursor.message(changes) {
-        a.task.step(Some(i));
-    }
-    let news = std::mem::take(&mut *a.news.lock().unwrap());
-    assert!(news.iter().any(|n| n.confirm), "asked to confirm");
+    claim_seen(&etcd, &mut a, &mut b);
     // Meanwhile c claims: its claim replaces b's.
     c.task.step(Some(Inbox::Claim(pk())));
     c.pump();

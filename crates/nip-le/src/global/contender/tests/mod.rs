@@ -316,6 +316,26 @@ fn leader_key() -> String {
     format!("/nip-le/{}/leader", pk())
 }
 
+/// `claimant` claims the key `holder` holds; the holder's task sees the
+/// claim and stands down, asking its writer to confirm (not confirmed
+/// here). Returns the holder's news.
+fn claim_seen(etcd: &MemoryEtcd, holder: &mut Host, claimant: &mut Host) -> Vec<GlobalNews> {
+    claimant.task.step(Some(Inbox::Claim(pk())));
+    claimant.pump();
+    let changes = etcd
+        .changes_since("/nip-le/", holder.cursor.start())
+        .unwrap();
+    for i in holder.cursor.message(changes) {
+        holder.task.step(Some(i));
+    }
+    let news = std::mem::take(&mut *holder.news.lock().unwrap());
+    assert!(
+        news.iter().any(|n| n.confirm),
+        "the holder asks its writer to stop"
+    );
+    news
+}
+
 fn pump_all(hosts: &mut [&mut Host]) {
     for _ in 0..3 {
         for h in hosts.iter_mut() {
@@ -377,16 +397,10 @@ fn a_cut_off_holder_stops_acting_before_its_lease_ends_and_only_then_another_hos
 fn a_cross_host_claim_moves_the_key_only_after_the_holders_writer_closed_its_permit() {
     let (_clock, etcd, mut a, mut b) = two_hosts(WhenUnreachable::FallBack);
     assert!(a.acts());
-    b.task.step(Some(Inbox::Claim(pk())));
-    b.pump();
     // The holder sees the claim and asks its writer to stop acting; it
     // does not move the key before the confirmation.
     let key = leader_key();
-    let changes = etcd.changes_since("/nip-le/", a.cursor.start()).unwrap();
-    for i in a.cursor.message(changes) {
-        a.task.step(Some(i));
-    }
-    let news = std::mem::take(&mut *a.news.lock().unwrap());
+    let news = claim_seen(&etcd, &mut a, &mut b);
     let asked = news.iter().find(|n| n.confirm).expect("asked to confirm");
     assert_eq!(asked.permit.state, PermitState::NotHeld);
     assert_eq!(asked.reason, Some(ChangeReason::StoodDown));

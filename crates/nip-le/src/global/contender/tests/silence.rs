@@ -25,14 +25,7 @@ fn standing_down() -> (ManualClock, MemoryEtcd, Host, Host, Arc<Cut>) {
     b.lead(true, false);
     pump_all(&mut [&mut a, &mut b]);
     assert!(a.acts() && !b.acts());
-    b.task.step(Some(Inbox::Claim(pk())));
-    b.pump();
-    let changes = etcd.changes_since("/nip-le/", a.cursor.start()).unwrap();
-    for i in a.cursor.message(changes) {
-        a.task.step(Some(i));
-    }
-    let news = std::mem::take(&mut *a.news.lock().unwrap());
-    assert!(news.iter().any(|n| n.confirm), "a asks its writer to stop");
+    claim_seen(&etcd, &mut a, &mut b);
     assert_eq!(a.task.entries[&pk()].phase(), Phase::HandingOver);
     (clock, etcd, a, b, gw)
 }
