@@ -113,3 +113,31 @@ fn a_peer_hanging_on_the_file_lock_moves_no_leadership_and_loses_no_mention() {
     );
     assert_eq!(insts[leader].is_leader(), Some(true));
 }
+
+/// The first record of a crowd start: its writer holds the lock of a file
+/// still empty while it makes the epoch mark durable (long on a loaded
+/// disk). A window that joins meanwhile waits for the record instead of
+/// fail-safe-leading beside the writer (a clean-clone run saw a second of
+/// sixteen windows started together lead for a moment); one that hangs
+/// there for the stale bound never silences the agent.
+#[test]
+fn a_window_joining_while_a_peer_holds_the_lock_of_an_empty_file_waits_then_fails_safe() {
+    let s = Scratch::new();
+    let path = s.lock_path();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let held = nip_le::lockfile::LockedFile::open_and_lock(&path, Duration::from_secs(5))
+        .expect("the peer takes the lock of an empty file");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+    let w = s.spawn("w");
+    assert!(wait_until(Duration::from_secs(5), || w
+        .is_leader()
+        .is_some()));
+    assert_eq!(w.is_leader(), Some(false), "led beside the writer");
+    // The hold outlasts the stale bound: the NIP's fail-safe, once.
+    let led = w.wait_after(0, ms(STALE_MS) + MARGIN + MARGIN, |r| {
+        r.is_leader() == Some(true)
+    });
+    let led = led.expect("a writer hung on an empty file silenced the agent");
+    assert_eq!(led.reason(), Some(nip_le::ChangeReason::FailSafe));
+    drop(held);
+}

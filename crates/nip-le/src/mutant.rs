@@ -169,6 +169,10 @@ mutants! {
     /// A hand-over owed through a fall-back whose swap then failed holds
     /// the key again with the fall-back's permit still open.
     FallbackPermitHeldAgain = "fallback_permit_held_again",
+    /// An empty lock file whose exclusion a peer holds (its first record
+    /// being written) read as no coordination: a fail-safe lead beside
+    /// the first writer.
+    EmptyHeldLeads = "empty_held_leads",
 }
 
 /// Whether `m` is the defect put back in this process.

@@ -105,18 +105,18 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
     (Mutant::UnsettledLost, Extended(NoClocks), 91),
     // answered twice at 106.037 s: mention 16 by w0 at 47784 ms and by w1rr
     (Mutant::FailsafeDone, Extended(NoClocks), 29),
-    // answered twice at 108.375 s: mention 50 by w1rr at 107462 ms and by w0
-    (Mutant::FailsafeTake, Extended(NoFilesClocks), 31),
+    // answered twice at 133.929 s: mention 19 by w1rr at 133216 ms and by w0r
+    (Mutant::FailsafeTake, Extended(NoClocks), 51),
     // never answered at 302.674 s: mention 25 published at 47762 ms
     (Mutant::GluedLine, Extended(NoClocks), 61),
-    // two acting windows at 61.423 s: ["w0", "w2r"] act while the record names w0
-    (Mutant::UnseenEpoch, Extended(NoFilesClocks), 263),
+    // two acting windows at 26.295 s: ["w1", "w0"] act while the record names w0
+    (Mutant::UnseenEpoch, Extended(All), 236),
     // answered twice at 91.090 s: mention 38 by w2rr at 82344 ms and by w0rrr
     (Mutant::DoneNotSynced, Extended(NoClocks), 5),
     // never answered at 283.917 s: mention 51 published at 100533 ms
     (Mutant::LateByPublished, Extended(All), 504),
-    // answered twice at 129.028 s: mention 32 by w1rr at 128464 ms and by w1rr
-    (Mutant::HiddenTake, Extended(NoFilesClocks), 31),
+    // answered twice at 138.066 s: mention 9 by w0r at 137815 ms and by w2rrr
+    (Mutant::HiddenTake, Extended(All), 76),
     // never answered at 310.847 s: mention 21 published at 41713 ms
     (Mutant::RegainDropsLines, Extended(NoClocks), 49),
     // two acting windows at 84.322 s: ["w1", "w0"] act while the record names w1

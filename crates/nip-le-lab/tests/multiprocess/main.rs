@@ -72,10 +72,19 @@ fn sixteen_at_once(
         assert_eq!(l.len(), 1, "round {round}: leaders {l:?}");
         assert_eq!(s.holder().as_deref(), Some(l[0].as_str()), "round {round}");
         // Nobody else ever reported leading, not even for a moment.
+        // (Each with why it first led: a fail-safe lead beside the first
+        // writer was how a loaded disk once broke this.)
         let ever: Vec<_> = insts
             .iter()
             .filter(|i| ever_led_after(i, 0))
-            .map(|i| i.name.clone())
+            .map(|i| {
+                let why = i
+                    .reports()
+                    .iter()
+                    .find(|r| r.event() == "leadership" && r.is_leader() == Some(true))
+                    .and_then(|r| r.reason());
+                format!("{} ({why:?})", i.name)
+            })
             .collect();
         assert_eq!(ever.len(), 1, "round {round}: ever led {ever:?}");
     }

@@ -117,6 +117,30 @@ impl KeyMachine {
                 .and_then(|r| r.live.clone()),
             _ => None,
         };
+        // Extension: an empty file whose exclusion a peer holds is being
+        // written, not "no coordination": the first record of a crowd
+        // start, whose writer makes the epoch mark durable under the
+        // exclusion first (a loaded disk made that longer than our lock
+        // wait, and a second window fail-safe-led beside the first). No
+        // fail-safe lead until the hold has lasted the stale bound: a
+        // writer that hangs there never silences the agent. (A file our
+        // harness child is rewriting stays ours: see `vacated_ours`.)
+        let held_empty = self.rules.profile.monotonic_hang
+            && busy
+            && !vacated_ours
+            && matches!(&content, Ok(LockContent::Empty))
+            && !mutated!(EmptyHeldLeads);
+        let being_written = match (held_empty, &mut self.held_empty) {
+            (false, h) => {
+                *h = None;
+                false
+            }
+            (true, h) => {
+                let (since, judged) = h.get_or_insert((now, false));
+                *judged = now.saturating_duration_since(*since) >= self.rules.stale;
+                !*judged
+            }
+        };
         // While another instance's claim is pending and we do not hold the
         // lock, an emptied file means a handoff in progress, not "no
         // coordination": the fail-safe does not make us a leader then.
@@ -126,6 +150,7 @@ impl KeyMachine {
             && (self.holds_lock || !begin.other_wants_it)
             && !self.same_id.vacated
             && !childs_take
+            && !being_written
             && (vacated_ours || election::reads_as_leader(content.as_ref(), &self.our_id));
         self.observed = match content {
             Ok(c) => Observed::Content(c),

@@ -146,6 +146,11 @@ pub(crate) struct KeyMachine {
     /// Extension: the record whose hang timer a peer's hold on the
     /// exclusion restarted, until a locked look finds the exclusion free.
     held_over: Option<LockRecord>,
+    /// Extension: since when the lock file has been empty while a peer
+    /// held its exclusion (a record being written; see `conclude`), and
+    /// whether that hold outlasted the stale bound already (judged: no
+    /// more wake-ups for it).
+    held_empty: Option<(Instant, bool)>,
     /// Highest fencing epoch seen for this key.
     epoch: u64,
     observed: Observed,
@@ -177,6 +182,7 @@ impl KeyMachine {
             hang_judged: None,
             pause_restarted: None,
             held_over: None,
+            held_empty: None,
             epoch: 0,
             observed: Observed::Nothing,
             last_error: None,
@@ -471,6 +477,13 @@ impl KeyMachine {
         }
         if self.same_id.vacated {
             return self.vacated_deadline();
+        }
+        match self.held_empty {
+            Some((since, false)) => {
+                return Some(since + self.rules.stale + Duration::from_millis(1))
+            }
+            Some((_, true)) => return None,
+            None => {}
         }
         let (r, since) = self.seen.as_ref()?;
         (r.instance_id != *self.our_id && r.live.is_some() && !self.record_judged())

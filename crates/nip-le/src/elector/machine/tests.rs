@@ -274,6 +274,34 @@ fn a_holder_whose_record_stands_is_not_renewed_while_a_peer_holds_the_exclusion(
 }
 
 #[test]
+fn an_empty_file_whose_exclusion_a_peer_holds_is_being_written_until_the_stale_bound() {
+    let mut c = Clock::new();
+    let mut m = machine(true, "me");
+    let empty = LockContent::Empty;
+    assert!(
+        !busy_look(&mut m, &empty, c.now()).leader,
+        "led beside the first writer"
+    );
+    let due = c.now().mono + STALE + Duration::from_millis(1);
+    assert_eq!(m.hang_deadline(), Some(due));
+    c.advance(STALE - Duration::from_millis(100));
+    assert!(!busy_look(&mut m, &empty, c.now()).leader);
+    c.advance(Duration::from_millis(200));
+    assert!(
+        busy_look(&mut m, &empty, c.now()).leader,
+        "a writer hung on an empty file silences the agent"
+    );
+    assert_eq!(
+        m.hang_deadline(),
+        None,
+        "judged: the writer would wake at once, forever"
+    );
+    // Spec mode: the NIP's fail-safe at once.
+    let mut spec = machine(false, "me");
+    assert!(busy_look(&mut spec, &empty, c.now()).leader);
+}
+
+#[test]
 fn an_observer_that_finds_the_exclusion_held_gives_the_holder_a_fresh_window() {
     let mut c = Clock::new();
     let mut m = machine(true, "me");
