@@ -130,16 +130,13 @@ impl KeyMachine {
             && !vacated_ours
             && matches!(&content, Ok(LockContent::Empty))
             && !mutated!(EmptyHeldLeads);
-        let being_written = match (held_empty, &mut self.held_empty) {
-            (false, h) => {
-                *h = None;
-                false
-            }
-            (true, h) => {
-                let (since, judged) = h.get_or_insert((now, false));
-                *judged = now.saturating_duration_since(*since) >= self.rules.stale;
-                !*judged
-            }
+        if !held_empty {
+            self.held_empty = None;
+        }
+        let being_written = held_empty && {
+            let (since, judged) = self.held_empty.get_or_insert((now, false));
+            *judged = now.saturating_duration_since(*since) >= self.rules.stale;
+            !*judged
         };
         // While another instance's claim is pending and we do not hold the
         // lock, an emptied file means a handoff in progress, not "no

@@ -470,7 +470,9 @@ impl KeyMachine {
     /// Extension: when the holder's record, unchanged since we saw it
     /// written, will have outlived the stale bound: the writer looks again
     /// at that moment, not at its next tick, so a hung holder is judged on
-    /// time. `None` unless we watch another live participant's record.
+    /// time. Likewise when an empty file's hold (a record being written)
+    /// will have lasted the stale bound. `None` unless we watch another
+    /// live participant's record or such a hold.
     pub(crate) fn hang_deadline(&self) -> Option<Instant> {
         if !self.rules.profile.monotonic_hang || self.holds_lock || mutated!(Hang) {
             return None;

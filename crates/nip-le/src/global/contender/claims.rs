@@ -131,11 +131,6 @@ impl Task {
         let Some((h, claim, falling_back)) = e.take_hand_over() else {
             return;
         };
-        // Whatever the swap's answer, the host acts alone until etcd's
-        // answers end the fall-back.
-        if falling_back {
-            e.holding = Holding::FallingBack;
-        }
         let key = self.cfg.leader_key(&pk);
         let claim_key = self.cfg.claim_key(&pk);
         let r = self.gw.swap(

@@ -168,23 +168,21 @@ impl Entry {
         }
     }
 
-    /// Drops a hand-over that is moot (the key is gone): nothing is held
-    /// then, and a fall-back goes on.
-    pub(super) fn drop_hand_over(&mut self) {
-        if let Some((_, _, true)) = self.take_hand_over() {
-            self.holding = Holding::FallingBack;
-        }
-    }
-
     /// Ends the hand-over, if one is waiting: the hold, the claim, and
-    /// whether the host was acting alone meanwhile.
+    /// whether the host was acting alone meanwhile. Nothing is held then,
+    /// and a fall-back goes on until etcd's answers end it.
     pub(super) fn take_hand_over(&mut self) -> Option<(Held, super::Kv, bool)> {
         match std::mem::take(&mut self.holding) {
             Holding::HandingOver {
                 held,
                 claim,
                 falling_back,
-            } => Some((held, claim, falling_back)),
+            } => {
+                if falling_back {
+                    self.holding = Holding::FallingBack;
+                }
+                Some((held, claim, falling_back))
+            }
             other => {
                 self.holding = other;
                 None

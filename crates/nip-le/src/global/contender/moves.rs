@@ -450,7 +450,7 @@ impl Task {
                 // A hand-over still waiting when our lease ran out is moot:
                 // the key is free (a claim still posted is honoured again
                 // by whoever takes it).
-                e.drop_hand_over();
+                let _ = e.take_hand_over();
                 e.swap_at = None;
                 if e.held().is_some() {
                     // Revoked or expired under us.

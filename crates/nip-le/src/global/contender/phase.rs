@@ -4,9 +4,10 @@
 //! the key, or a hand-over, which may go on while the host acts alone),
 //! and with whether we lead our host it names the phase; the permit and
 //! the lock are still fields. [`Entry::phase`] reads which phase holds and
-//! [`Entry::broken_invariant`] says what no move may leave beside it. The simulator checks every key of every contender
-//! after each of its steps (invariant H3), so a move that leaves a
-//! combination outside these phases fails a seed.
+//! [`Entry::broken_invariant`] says what no move may leave beside it. The
+//! simulator checks every key of every contender after each of its steps
+//! (invariant H3), so a move that leaves a combination outside these
+//! phases fails a seed.
 
 use super::entry::{Entry, Holding};
 use super::task::PermitState;
