@@ -1,47 +1,78 @@
 //! The contender's moves for claims across hosts: post one, withdraw it,
 //! find one the watch could not bring, stand down for one (the writer
-//! confirms first) and hand the key over, and take a granted one.
+//! confirms first) and hand the key over, and take a granted one. Like the
+//! other moves, each is a chain of decisions whose calls `calls` makes.
+
+use std::time::Duration;
 
 use crate::elector::ChangeReason;
 use crate::pubkey::AgentPubkey;
 
-use super::super::etcd::{Kv, Txn};
-use super::entry::Holding;
+use super::super::etcd::{Kv, Result, Txn};
+use super::calls::{ClaimFrom, KeyCall, Next, Then};
+use super::entry::{Held, Holding};
 use super::holder_of;
 use super::task::{PermitState, Task};
 
 impl Task {
     /// A claim the watch cannot bring: posted before we took the key, or
-    /// while our watch had lost its place. Looked for when we take a key
-    /// on a lease of our own and after every resync.
+    /// while our watch had lost its place. Looked for after every resync
+    /// (and by a hold on a lease of our own, `Task::hold_read`).
     pub(super) fn find_claim(&mut self, pk: AgentPubkey) {
         if self.entries.get(&pk).is_none_or(|e| e.held().is_none()) {
             return;
         }
-        let r = self.gw.get(&self.cfg.claim_key(&pk));
-        if let Some(Some(claim)) = self.noted(pk, r) {
-            self.hand_over(pk, &claim);
-        }
+        self.run(pk, Next::Call(KeyCall::ReadClaim, Then::FoundClaim));
     }
 
-    /// Posts our claim when another host holds the key.
-    pub(super) fn post_claim(&mut self, pk: AgentPubkey) {
+    /// Posts our claim when another host holds the key; `tell`: the writer
+    /// hears of the holder when the posting ends.
+    pub(super) fn post_claim(&mut self, pk: AgentPubkey, tell: bool) -> Next {
         let e = &self.entries[&pk];
         if e.claim_until.is_none() || e.claim_lease.is_some() {
-            return;
+            return self.tell_if(pk, tell);
         }
-        let r = self.gw.grant(self.cfg.ttl);
-        let Some((lease, _)) = self.noted(pk, r) else {
-            return;
+        Next::Call(KeyCall::Grant, Then::ClaimLease { tell })
+    }
+
+    /// Post our claim, the lease's answer.
+    pub(super) fn claim_leased(
+        &mut self,
+        pk: AgentPubkey,
+        lease: Option<(i64, Duration)>,
+        tell: bool,
+    ) -> Next {
+        let Some((lease, _)) = lease else {
+            return self.tell_if(pk, tell);
         };
-        let (key, value) = (self.cfg.claim_key(&pk), self.value());
-        let r = self.gw.put(&key, &value, lease);
-        if self.noted(pk, r).is_some() {
-            self.entries.get_mut(&pk).expect("noted").claim_lease = Some(lease);
-            tracing::info!(pubkey = %pk, "posted a cross-host claim");
-        } else {
-            let _ = self.gw.revoke(lease);
+        let posted = Then::ClaimPosted { lease, tell };
+        Next::Call(KeyCall::PostClaim { lease }, posted)
+    }
+
+    /// Post our claim, the put's answer: posted, or its lease goes.
+    pub(super) fn claim_posted(
+        &mut self,
+        pk: AgentPubkey,
+        posted: bool,
+        lease: i64,
+        tell: bool,
+    ) -> Next {
+        if !posted {
+            return Next::Call(KeyCall::Revoke(lease), Then::ClaimDropped { tell });
         }
+        if let Some(e) = self.entries.get_mut(&pk) {
+            e.claim_lease = Some(lease);
+            tracing::info!(pubkey = %pk, "posted a cross-host claim");
+        }
+        self.tell_if(pk, tell)
+    }
+
+    /// Tells the writer what it may not know yet, if `tell`; ends a chain.
+    pub(super) fn tell_if(&mut self, pk: AgentPubkey, tell: bool) -> Next {
+        if tell {
+            self.tell(pk, None);
+        }
+        Next::End
     }
 
     pub(super) fn claim_expired(&mut self, pk: AgentPubkey) {
@@ -59,14 +90,17 @@ impl Task {
     /// under a window that still acts (found by the simulator; the teeth's
     /// `revoke_claim`).
     pub(super) fn withdraw_claim(&mut self, pk: AgentPubkey, lease: i64) {
-        let key = self.cfg.leader_key(&pk);
-        match self.gw.get(&key) {
-            Ok(Some(kv)) if kv.lease == lease && !mutated!(RevokeClaim) => {}
-            Ok(_) => {
-                let _ = self.gw.revoke(lease);
-            }
-            // Unknown: let the lease run out on its own (one TTL).
-            Err(_) => {}
+        let read = Then::WithdrawRead { lease };
+        self.run(pk, Next::Call(KeyCall::GetLeader, read));
+    }
+
+    /// Withdraw our claim, the leader key read. Unknown: the lease runs
+    /// out on its own (one TTL).
+    pub(super) fn withdraw_read(kv: Result<Option<Kv>>, lease: i64) -> Next {
+        match kv {
+            Ok(Some(kv)) if kv.lease == lease && !mutated!(RevokeClaim) => Next::End,
+            Ok(_) => Next::Call(KeyCall::Revoke(lease), Then::Ignored),
+            Err(_) => Next::End,
         }
     }
 
@@ -86,7 +120,9 @@ impl Task {
     /// transaction ([`Task::hand_over_confirmed`]).
     pub(super) fn hand_over(&mut self, pk: AgentPubkey, claim: &Kv) {
         let claimant = holder_of(claim);
-        let e = self.entries.get_mut(&pk).expect("caller checked");
+        let Some(e) = self.entries.get_mut(&pk) else {
+            return;
+        };
         if e.held().is_none() {
             return;
         }
@@ -103,6 +139,8 @@ impl Task {
         e.begin_hand_over(claim.clone());
         tracing::info!(pubkey = %pk, to = %claimant.instance_id, "standing down for a cross-host claim");
         if mutated!(EarlyHandover) {
+            // The defect put back: the key goes before the writer stopped.
+            // (A chain run inside a decision: only this mutation does it.)
             self.hand_over_confirmed(pk);
             self.tell_with(pk, Some(ChangeReason::StoodDown), None, false);
             return;
@@ -128,32 +166,45 @@ impl Task {
             return;
         }
         e.swap_at = None;
-        let Some((h, claim, falling_back)) = e.take_hand_over() else {
+        let Some((held, claim, falling_back)) = e.take_hand_over() else {
             return;
         };
-        let key = self.cfg.leader_key(&pk);
-        let claim_key = self.cfg.claim_key(&pk);
-        let r = self.gw.swap(
-            &key,
-            h.revision,
-            &claim.value,
-            claim.lease,
-            Some((&claim_key, claim.mod_revision)),
-        );
-        match self.noted(pk, r) {
+        let swap = KeyCall::HandOver {
+            revision: held.revision,
+            claim: claim.clone(),
+        };
+        let then = Then::Swapped {
+            held,
+            claim,
+            falling_back,
+        };
+        self.run(pk, Next::Call(swap, then));
+    }
+
+    /// Hand over, the swap's answer.
+    pub(super) fn swapped(
+        &mut self,
+        pk: AgentPubkey,
+        txn: Option<Txn>,
+        h: Held,
+        claim: Kv,
+        falling_back: bool,
+    ) -> Next {
+        match txn {
             // Our old lease, unless the claimant's key is bound to it now
             // (we had continued a lease of the claimant's host).
             Some(Txn::Done(_)) if h.lease != claim.lease || mutated!(RevokeSibling) => {
-                self.give_up_lease(pk, h.lease)
+                let read = Then::GiveUpRead { lease: h.lease };
+                Next::Call(KeyCall::GetLeader, read)
             }
-            Some(Txn::Done(_)) => {}
+            Some(Txn::Done(_)) => Next::End,
             // The key is still ours as we left it: the claim changed (a
             // newer one replaced it, or it was withdrawn). We still hold
             // (our writer stays stopped until a renewal opens the permit
             // again) and honour whatever claim is there now.
             Some(Txn::Failed(Some(kv))) if kv.lease == h.lease && kv.mod_revision == h.revision => {
                 let Some(e) = self.entries.get_mut(&pk) else {
-                    return;
+                    return Next::End;
                 };
                 // We stepped back from our host while the swap waited (for
                 // our work records): the lease is a sibling's to continue,
@@ -162,7 +213,7 @@ impl Task {
                 // who acts, the claim unanswered until the lease ran out).
                 // Shutting down, it is held once more to be revoked.
                 if !e.leads && !self.shutting_down && !mutated!(HeldAfterStepBack) {
-                    return;
+                    return Next::End;
                 }
                 e.holding = Holding::Key(h);
                 // Held again, the host no longer acts alone: its writer
@@ -175,20 +226,19 @@ impl Task {
                 // same one again (a forged revision) would loop forever
                 // (found by the simulator with forged answers:
                 // `forged_ttls_and_revisions_never_make_two_holders_across_200_seeds`).
-                let r = self.gw.get(&self.cfg.claim_key(&pk));
-                if let Some(Some(newer)) = self.noted(pk, r) {
-                    if newer.mod_revision != claim.mod_revision {
-                        self.hand_over(pk, &newer);
-                    }
-                }
+                let newer = Then::NewerClaim {
+                    claim_revision: claim.mod_revision,
+                };
+                Next::Call(KeyCall::ReadClaim, newer)
             }
             // No answer (it may have been applied): still standing down,
             // tried again (the compare tells). Dropping the hand-over here
             // left a key naming us that we did not hold, which the next
             // look continued as a sibling's (found by the simulator across
             // hosts; the teeth's `drop_unanswered_hand_over`).
-            None if mutated!(DropUnansweredHandOver) => {}
+            None if mutated!(DropUnansweredHandOver) => Next::End,
             None => {
+                let retry = self.clock.now() + self.retry_delay();
                 if let Some(e) = self.entries.get_mut(&pk) {
                     e.holding = Holding::HandingOver {
                         held: h,
@@ -197,42 +247,54 @@ impl Task {
                     };
                     e.swap_at = Some(retry);
                 }
+                Next::End
             }
-            _ => {}
+            _ => Next::End,
         }
     }
 
     /// Whether `kv` is our claim granted (the holder rewrote the key for
-    /// us, bound to our claim's lease); if so, we hold it now.
-    pub(super) fn claim_granted(&mut self, pk: AgentPubkey, kv: &Kv) -> bool {
-        let e = &self.entries[&pk];
+    /// us, bound to our claim's lease) and we may take it: then we renew
+    /// its lease and hold the key ([`Task::claim_kept`]).
+    pub(super) fn claim_grantable(&self, pk: AgentPubkey, kv: &Kv) -> bool {
+        let Some(e) = self.entries.get(&pk) else {
+            return false;
+        };
         let ours = holder_of(kv).instance_id == self.our_id;
         // Granted to a fail-safe host leader (no lock file): the sibling
         // that holds the lock continues it (found by the simulator across
         // hosts; the teeth's `granted_unlocked`).
         let locked = e.locked || mutated!(GrantedUnlocked);
-        if !(ours && e.leads && locked && e.held().is_none() && e.claim_lease == Some(kv.lease)) {
-            return false;
-        }
-        if !self.may_take() {
-            // Right after etcd lost data (see `Task::rewound`).
-            return false;
-        }
-        let sent = self.clock.boot_nanos();
-        let r = self.gw.keep_alive(kv.lease);
-        match self.noted(pk, r).map(|t| self.bounded(t)) {
+        let granted =
+            ours && e.leads && locked && e.held().is_none() && e.claim_lease == Some(kv.lease);
+        // Not right after etcd lost data (see `Task::rewound`).
+        granted && self.may_take()
+    }
+
+    /// Take a granted claim, its lease renewed (`None`: no answer): we
+    /// hold the key, or the move that found it goes on.
+    pub(super) fn claim_kept(
+        &mut self,
+        pk: AgentPubkey,
+        ttl: Option<Duration>,
+        kv: Kv,
+        sent: u64,
+        from: ClaimFrom,
+    ) -> Next {
+        match ttl.map(|t| self.bounded(t)) {
             Some(ttl) if !ttl.is_zero() => {
-                self.hold(
-                    pk,
-                    kv.lease,
-                    kv.mod_revision,
-                    ttl,
-                    sent,
-                    ChangeReason::Claimed,
-                );
-                true
+                let tail = matches!(from, ClaimFrom::Watch).then(|| kv.clone());
+                let held = (kv.lease, kv.mod_revision, ttl, sent);
+                self.hold(pk, held, ChangeReason::Claimed, tail)
             }
-            _ => false,
+            _ => match from {
+                ClaimFrom::Look { was } => self.look_on(pk, &kv, was),
+                ClaimFrom::Watch => {
+                    self.claim_lease_taken(pk, &kv);
+                    self.written(pk, &kv);
+                    Next::End
+                }
+            },
         }
     }
 }

@@ -61,8 +61,7 @@ impl Task {
     /// Whether etcd still answers as the cluster it did: a new cluster id
     /// is a data loss even when the new store's revisions have already
     /// climbed past what we saw (the work records write two per mention).
-    pub(super) fn same_cluster(&mut self) -> bool {
-        let id = self.gw.cluster_id();
+    pub(super) fn same_cluster(&mut self, id: u64) -> bool {
         if id == 0 || id == self.known_cluster {
             return true;
         }

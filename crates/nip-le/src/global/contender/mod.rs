@@ -3,9 +3,12 @@
 //! docs of [`crate::global`]).
 //!
 //! One concept per file: [`task`] is the machine (its state, what it does
-//! on each input, on an injected clock and an [`Etcd`] behind a trait, no
-//! thread), `moves` and `claims` its moves on etcd, [`watch`] how a watch stream
-//! becomes inputs; this file is the shell an app runs: one thread for the
+//! on each input, on an injected clock, no thread), `moves` (take and keep
+//! a key), `claims` (across hosts), `leaving` (give a key up), `changes`
+//! (what the watch brings) and `fallback` (etcd's silence) its decisions,
+//! `calls` the one place their calls on an [`Etcd`] behind a trait are
+//! made, [`watch`] how a watch stream becomes inputs; this file is the
+//! shell an app runs: one thread for the
 //! task, one watch per agent the writer told of (its keys only: no
 //! window reads another agent's work records), all fed through one
 //! channel, the watches' share of it bounded, and a [`renewer`] that
@@ -31,8 +34,12 @@ use super::etcd::{Change, Etcd, Kv};
 use super::grpc::Grpc;
 use super::EtcdConfig;
 
+mod calls;
+mod changes;
 mod claims;
 mod entry;
+mod fallback;
+mod leaving;
 mod losses;
 mod moves;
 mod outbox;

@@ -359,11 +359,17 @@ impl Task {
     }
 
     /// Records a call's outcome for `pk`: contact on success, a retry
-    /// delay and the error on failure.
-    pub(super) fn noted<T>(&mut self, pk: AgentPubkey, r: Result<T, EtcdError>) -> Option<T> {
+    /// delay and the error on failure. `cluster`: the cluster id etcd
+    /// answered as.
+    pub(super) fn noted<T>(
+        &mut self,
+        pk: AgentPubkey,
+        cluster: u64,
+        r: Result<T, EtcdError>,
+    ) -> Option<T> {
         // An answer from a new cluster is not acted on: the caller checked
         // `may_take` before it knew.
-        let r = if self.same_cluster() {
+        let r = if self.same_cluster(cluster) {
             r
         } else {
             Err(EtcdError::refused("etcd answered as a new cluster"))

@@ -43,6 +43,7 @@ use crate::work::{gives_up_on_records, RecordView, SharedWork};
 
 use super::super::etcd::{Etcd, Kv, Result, Txn};
 use super::super::{EtcdConfig, WorkRecord};
+use super::calls::{KeyCall, Next, Then};
 use super::entry::{Entry, Holding};
 use super::outbox::{Answer, Fence, Learnt, ReadBack, Scope, Times, WorkCall};
 use super::task::Task;
@@ -104,6 +105,11 @@ impl Task {
     /// `<prefix>/<pubkey>/work/`.
     fn work_prefix(&self, pk: &AgentPubkey) -> String {
         work_prefix(&self.cfg, pk)
+    }
+
+    /// Reads every work record of `pk` (for [`KeyCall::ReadWork`]).
+    pub(super) fn read_records(&self, pk: &AgentPubkey) -> Result<Vec<Kv>> {
+        self.gw.range(&self.work_prefix(pk), MAX_RECORDS)
     }
 
     fn record(&self, op: &str) -> Vec<u8> {
@@ -251,15 +257,17 @@ impl Task {
         answer
     }
 
-    /// Reads what every host recorded of `pk`'s work (`None`: it could not
-    /// be read). While another window's take is open, it is read again
-    /// every TTL/3.
+    /// What every host recorded of `pk`'s work, from a read of the records
+    /// (`None`: it failed). While another window's take is open, they are
+    /// read again every TTL/3.
     /// A failed read is tried again soon, and the writer owes nothing
     /// meanwhile ([`crate::elector::global_level::GlobalNews::work_unread`]).
-    pub(super) fn read_work(&mut self, pk: AgentPubkey) -> Option<Arc<SharedWork>> {
+    pub(super) fn work_read(
+        &mut self,
+        pk: AgentPubkey,
+        read: Result<Vec<Kv>>,
+    ) -> Option<Arc<SharedWork>> {
         let prefix = self.work_prefix(&pk);
-        self.list_leases();
-        let read = self.gw.range(&prefix, MAX_RECORDS);
         let now = self.clock.now();
         let retry = now + self.retry_delay();
         let e = self.entries.get_mut(&pk)?;
@@ -298,16 +306,32 @@ impl Task {
         if e.held().is_none() || e.work_again_at.is_none_or(|t| now < t) {
             return;
         }
-        let was_unread = self.entries[&pk].work_unread;
-        if let Some(w) = self.read_work(pk) {
-            self.entries.get_mut(&pk).expect("checked").work_news = Some(w);
+        let was_unread = e.work_unread;
+        self.run(
+            pk,
+            Next::Call(KeyCall::ReadWork, Then::Reread { was_unread }),
+        );
+    }
+
+    /// Read again, the records' answer.
+    pub(super) fn reread(
+        &mut self,
+        pk: AgentPubkey,
+        read: Result<Vec<Kv>>,
+        was_unread: bool,
+    ) -> Next {
+        if let Some(w) = self.work_read(pk, read) {
+            if let Some(e) = self.entries.get_mut(&pk) {
+                e.work_news = Some(w);
+            }
             self.tell(pk, None);
-        } else if was_unread && !self.entries[&pk].work_unread {
+        } else if was_unread && self.entries.get(&pk).is_some_and(|e| !e.work_unread) {
             // Given up on the records: a gain from a host unknown here.
             tracing::warn!(pubkey = %pk, "acting without the agent's work records: only what is published from now on is owed");
             let now_ms = self.clock.unix_ms();
             self.tell_with(pk, None, Some(now_ms), false);
         }
+        Next::End
     }
 }
 

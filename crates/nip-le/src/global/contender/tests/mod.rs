@@ -573,6 +573,7 @@ fn stepping_back_never_revokes_a_lease_a_sibling_now_holds_the_key_with() {
     assert!(a1.acts() && !a0.acts());
 }
 
+mod calls;
 mod fail_safe;
 mod hardening;
 mod refusals;

@@ -1,6 +1,7 @@
 //! The agent's work records in etcd (see `contender::work`): what one host
 //! did reaches the host that gains the agent next.
 
+use super::super::calls::KeyCall;
 use super::*;
 
 fn took(h: &mut Host, id: &str) {
@@ -96,7 +97,8 @@ fn a_holder_whose_records_cannot_be_read_owes_nothing_until_they_are() {
     assert!(news.iter().all(|n| !n.work_unread), "read at the gain");
     a.cut.store(true, Ordering::SeqCst);
     assert!(a.task.entries[&pk()].held().is_some());
-    assert!(a.task.read_work(pk()).is_none());
+    let read = a.task.ask_key(pk(), &KeyCall::ReadWork).answer.records();
+    assert!(a.task.work_read(pk(), read).is_none());
     assert!(a.task.entries[&pk()].work_unread);
     a.cut.store(false, Ordering::SeqCst);
     clock.advance(TTL / 10);
