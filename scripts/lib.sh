@@ -51,15 +51,21 @@ pick_tests() {
 # run_test_executables LIST [RUNNER...] [-- TEST-ARGS...]: runs each
 # executable of LIST (made by test_executables) from its package directory,
 # as cargo does, through RUNNER if given (wine), with TEST-ARGS; stops at the
-# first that fails.
+# first that fails, saying its exit status (one that printed nothing is
+# told from a failed test by it).
 run_test_executables() {
-  local list=$1 runner=() args=() name dir exe
+  local list=$1 runner=() args=() name dir exe rc
   shift
   while (($#)) && [ "$1" != -- ]; do runner+=("$1"); shift; done
   (($#)) && { shift; args=("$@"); }
   [ -s "$list" ] || { echo "no test executables in $list" >&2; return 1; }
   while IFS=$'\t' read -r name dir exe; do
     echo "     Running $name (${exe#"$PWD"/})"
-    (cd "$dir" && "${runner[@]}" "$exe" "${args[@]}") </dev/null || { echo "failed: $exe" >&2; return 1; }
+    rc=0
+    (cd "$dir" && "${runner[@]}" "$exe" "${args[@]}") </dev/null || rc=$?
+    if ((rc)); then
+      echo "failed: $exe (exit status $rc)" >&2
+      return 1
+    fi
   done <"$list"
 }

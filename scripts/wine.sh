@@ -25,7 +25,11 @@ wine=$(command -v wine64 || echo /usr/lib/wine/wine64)
 [ -x "$wine" ] || { echo "wine64 not found" >&2; exit 1; }
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 export WINEPREFIX=${NIP_LE_WINEPREFIX:-$target_dir/wine}
-export WINEDEBUG=-all
+# Wine's own errors are shown (a process that cannot start, an exception),
+# its diagnostics of the missing display are not: a test executable that
+# ended printing nothing says why (with the exit status,
+# run_test_executables).
+export WINEDEBUG=${WINEDEBUG:--all,err+all,-winediag,-systray}
 if [ ! -f "$WINEPREFIX/system.reg" ]; then
   echo "== a Wine prefix in $WINEPREFIX"
   # It also reports that it has no 32-bit rundll32: nothing here is 32-bit.

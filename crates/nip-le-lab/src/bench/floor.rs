@@ -11,16 +11,30 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
+/// Idle threads of the floor's app-sized holder.
+pub(super) const APP_THREADS: usize = 32;
+
 /// Options of the hidden `hold-lock` command.
 #[derive(Args, Debug)]
 pub struct HoldLockArgs {
     /// The file to lock.
     path: PathBuf,
+    /// Idle threads to start first (a process the size of an app's).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
 }
 
 /// Takes an exclusive lock on the file (as a presence lock is taken: `flock`,
 /// `LockFileEx` on Windows), says `locked`, and holds it until killed.
 pub fn hold_lock(a: HoldLockArgs) -> std::process::ExitCode {
+    for _ in 0..a.threads {
+        if let Err(e) =
+            std::thread::Builder::new().spawn(|| std::thread::sleep(Duration::from_secs(86_400)))
+        {
+            eprintln!("hold-lock: no thread: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
     let locked = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -42,10 +56,11 @@ pub fn hold_lock(a: HoldLockArgs) -> std::process::ExitCode {
     }
 }
 
-/// `runs` times: a child holds the lock, is killed, and this process spins
-/// on a non-blocking attempt until it has the lock. Milliseconds from the
-/// kill, sorted.
-pub(super) fn lock_release(runs: usize) -> std::io::Result<Vec<f64>> {
+/// `runs` times: a child (with `threads` idle threads beside its main
+/// one) holds the lock, is killed, and this process spins on a
+/// non-blocking attempt until it has the lock. Milliseconds from the kill,
+/// sorted.
+pub(super) fn lock_release(runs: usize, threads: usize) -> std::io::Result<Vec<f64>> {
     let exe = std::env::current_exe()?;
     let tmp = tempfile::tempdir()?;
     let path = tmp.path().join("floor.lock");
@@ -54,6 +69,7 @@ pub(super) fn lock_release(runs: usize) -> std::io::Result<Vec<f64>> {
         let mut child = Command::new(&exe)
             .arg("hold-lock")
             .arg(&path)
+            .arg(format!("--threads={threads}"))
             .stdout(Stdio::piped())
             .spawn()?;
         let mut line = String::new();

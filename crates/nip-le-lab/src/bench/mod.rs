@@ -46,8 +46,9 @@ pub struct BenchArgs {
     /// allows: a killed holder's lock free, a file's open + close, a killed
     /// instance's exit and lock). The cross-host rows (and
     /// work-across, the work ledger's cost with the etcd level on and off)
-    /// start a real etcd (Debian's etcd-server) and run only in the current
-    /// extended build.
+    /// start a real etcd (Debian's etcd-server); the cross-host rows run in
+    /// the extended variants (this build's, and `--before`'s), work-across
+    /// in this build only.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(flatten)]
@@ -334,7 +335,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
         }
     }
     if wanted("floor") {
-        match floor::lock_release(a.runs).and_then(|s| Ok((s, floor::open_close(a.runs)?))) {
+        match floor::lock_release(a.runs, 0).and_then(|s| Ok((s, floor::open_close(a.runs)?))) {
             Ok((s, u)) => println!(
                 "the OS alone: a killed holder's exclusive file lock → another process has it {:.2} ms median, {:.2} ms p99 ({} runs; the floor under the SIGKILL row); a file's open + close {:.0} µs median, {:.0} µs p99",
                 pct(&s, 50.0),
@@ -344,6 +345,19 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
                 pct(&u, 99.0),
             ),
             Err(e) => println!("the OS alone: failed: {e}"),
+        }
+        // A holder with as many threads as an app has (a Tauri app runs
+        // dozens): under Wine a killed process's threads are torn down one
+        // by one before its handles close.
+        match floor::lock_release(a.runs, floor::APP_THREADS) {
+            Ok(s) => println!(
+                "the OS alone, a holder with {} idle threads: its lock → another process has it {:.2} ms median, {:.2} ms p99 ({} runs)",
+                floor::APP_THREADS,
+                pct(&s, 50.0),
+                pct(&s, 99.0),
+                s.len(),
+            ),
+            Err(e) => println!("the OS alone, a holder with threads: failed: {e}"),
         }
         match floor::instance_release(a.runs) {
             Ok(r) => println!(
