@@ -48,34 +48,35 @@ fn kv_of(host: &str, lease: i64, revision: u64) -> Kv {
     }
 }
 
+/// Hands `answer` to the decision `then`.
+fn next(h: &mut Host, then: Then, answer: KeyAnswer) -> Next {
+    h.task.resume(pk(), then, answered(answer))
+}
+
+/// Acquires the free key by hand, checking each call asked for: a lease
+/// (7), the key created on it (at revision 42), the work records read,
+/// then a claim waiting for whoever took the key looked for, before the
+/// writer hears of the gain.
+fn acquire_by_hand(h: &mut Host) {
+    let (c, then) = call(h.task.acquire(pk(), false));
+    assert_eq!(c, KeyCall::Grant);
+    let (c, then) = call(next(h, then, KeyAnswer::Lease(Ok((7, TTL)))));
+    assert_eq!(c, KeyCall::Create { lease: 7 });
+    let (c, then) = call(next(h, then, KeyAnswer::Txn(Ok(Txn::Done(42)))));
+    assert_eq!(c, KeyCall::ReadWork);
+    assert!(h.news.lock().unwrap().is_empty(), "told before its records");
+    let (c, then) = call(next(h, then, KeyAnswer::Records(Ok(vec![]))));
+    assert_eq!(c, KeyCall::ReadClaim);
+    assert!(matches!(next(h, then, KeyAnswer::Kv(Ok(None))), Next::End));
+}
+
 #[test]
 fn a_free_key_is_acquired_call_by_call_from_the_answers_alone() {
     let (clock, etcd) = rig();
     let (mut h, calls) = by_hand(&etcd, &clock);
-    let (c, then) = call(h.task.acquire(pk(), false));
-    assert_eq!(c, KeyCall::Grant);
-    let next = h
-        .task
-        .resume(pk(), then, answered(KeyAnswer::Lease(Ok((7, TTL)))));
-    let (c, then) = call(next);
-    assert_eq!(c, KeyCall::Create { lease: 7 });
-    let next = h
-        .task
-        .resume(pk(), then, answered(KeyAnswer::Txn(Ok(Txn::Done(42)))));
-    // Held now: the records are read, then a claim waiting for whoever
-    // took the key is looked for, before the writer hears of the gain.
+    acquire_by_hand(&mut h);
     let held = h.task.entries[&pk()].held().expect("held");
     assert_eq!((held.lease, held.revision), (7, 42));
-    let (c, then) = call(next);
-    assert_eq!(c, KeyCall::ReadWork);
-    assert!(h.news.lock().unwrap().is_empty(), "told before its records");
-    let next = h
-        .task
-        .resume(pk(), then, answered(KeyAnswer::Records(Ok(vec![]))));
-    let (c, then) = call(next);
-    assert_eq!(c, KeyCall::ReadClaim);
-    let next = h.task.resume(pk(), then, answered(KeyAnswer::Kv(Ok(None))));
-    assert!(matches!(next, Next::End));
     let news = std::mem::take(&mut *h.news.lock().unwrap());
     let gain = news.last().expect("told of the gain");
     assert_eq!(gain.reason, Some(ChangeReason::Acquired));
@@ -92,20 +93,14 @@ fn a_create_another_host_won_revokes_its_lease_and_holds_nothing() {
     let (clock, etcd) = rig();
     let (mut h, calls) = by_hand(&etcd, &clock);
     let (_, then) = call(h.task.acquire(pk(), false));
-    let (_, then) = call(
-        h.task
-            .resume(pk(), then, answered(KeyAnswer::Lease(Ok((7, TTL))))),
-    );
+    let (_, then) = call(next(&mut h, then, KeyAnswer::Lease(Ok((7, TTL)))));
     let theirs = kv_of("b", 9, 40);
     let failed = KeyAnswer::Txn(Ok(Txn::Failed(Some(theirs))));
-    let (c, then) = call(h.task.resume(pk(), then, answered(failed)));
+    let (c, then) = call(next(&mut h, then, failed));
     assert_eq!(c, KeyCall::Revoke(7));
     // Whatever the revoke answers, the writer hears of the holder.
     let lost = KeyAnswer::Done(Err(EtcdError::unreachable("lost")));
-    assert!(matches!(
-        h.task.resume(pk(), then, answered(lost)),
-        Next::End
-    ));
+    assert!(matches!(next(&mut h, then, lost), Next::End));
     let e = &h.task.entries[&pk()];
     assert!(e.held().is_none());
     assert_eq!(e.holder.as_ref().map(|h| h.host_id.as_str()), Some("b"));
@@ -123,8 +118,10 @@ fn an_answer_of_the_wrong_kind_is_a_failed_call_not_a_panic() {
     let (mut h, _) = by_hand(&etcd, &clock);
     let (_, then) = call(h.task.acquire(pk(), false));
     // A lease was due; a TTL came.
-    let wrong = answered(KeyAnswer::Ttl(Ok(TTL)));
-    assert!(matches!(h.task.resume(pk(), then, wrong), Next::End));
+    assert!(matches!(
+        next(&mut h, then, KeyAnswer::Ttl(Ok(TTL))),
+        Next::End
+    ));
     let e = &h.task.entries[&pk()];
     assert!(e.held().is_none());
     let error = e.last_error.as_deref().unwrap_or_default();
@@ -139,30 +136,15 @@ fn an_answer_of_the_wrong_kind_is_a_failed_call_not_a_panic() {
 fn a_renewal_etcd_says_expired_loses_the_key_without_reading_it() {
     let (clock, etcd) = rig();
     let (mut h, calls) = by_hand(&etcd, &clock);
-    let (_, then) = call(h.task.acquire(pk(), false));
-    let (_, then) = call(
-        h.task
-            .resume(pk(), then, answered(KeyAnswer::Lease(Ok((7, TTL))))),
-    );
-    let (_, then) = call(
-        h.task
-            .resume(pk(), then, answered(KeyAnswer::Txn(Ok(Txn::Done(42))))),
-    );
-    let (_, then) = call(
-        h.task
-            .resume(pk(), then, answered(KeyAnswer::Records(Ok(vec![])))),
-    );
-    let _ = h.task.resume(pk(), then, answered(KeyAnswer::Kv(Ok(None))));
+    acquire_by_hand(&mut h);
     let held = h.task.entries[&pk()].held().expect("held");
     let renewed = Then::Renewed {
         held,
         sent: clock.nanos(),
     };
-    let next = h
-        .task
-        .resume(pk(), renewed, answered(KeyAnswer::Ttl(Ok(Duration::ZERO))));
+    let expired = KeyAnswer::Ttl(Ok(Duration::ZERO));
     assert!(
-        matches!(next, Next::End),
+        matches!(next(&mut h, renewed, expired), Next::End),
         "read the key of an expired lease"
     );
     assert!(h.task.entries[&pk()].held().is_none());
