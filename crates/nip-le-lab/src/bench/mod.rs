@@ -346,9 +346,9 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
             ),
             Err(e) => println!("the OS alone: failed: {e}"),
         }
-        // A holder with as many threads as an app has (a Tauri app runs
-        // dozens): under Wine a killed process's threads are torn down one
-        // by one before its handles close.
+        // A holder the size of an app process, in threads: how much of a
+        // killed process's teardown its threads cost (under Wine, see
+        // docs/platforms.md).
         match floor::lock_release(a.runs, floor::APP_THREADS) {
             Ok(s) => println!(
                 "the OS alone, a holder with {} idle threads: its lock → another process has it {:.2} ms median, {:.2} ms p99 ({} runs)",

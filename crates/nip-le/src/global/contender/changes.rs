@@ -69,6 +69,13 @@ impl Task {
             self.run(pk, Next::Call(KeyCall::KeepAlive(lease), kept));
             return;
         }
+        self.written_not_taken(pk, kv);
+    }
+
+    /// A written leader key that we did not take as our granted claim: a
+    /// claim lease it is bound to is no longer ours, and the change
+    /// applies.
+    pub(super) fn written_not_taken(&mut self, pk: AgentPubkey, kv: &Kv) {
         self.claim_lease_taken(pk, kv);
         self.written(pk, kv);
     }

@@ -290,8 +290,7 @@ impl Task {
             _ => match from {
                 ClaimFrom::Look { was } => self.look_on(pk, &kv, was),
                 ClaimFrom::Watch => {
-                    self.claim_lease_taken(pk, &kv);
-                    self.written(pk, &kv);
+                    self.written_not_taken(pk, &kv);
                     Next::End
                 }
             },

@@ -68,6 +68,11 @@ fn work_prefix(cfg: &EtcdConfig, pk: &AgentPubkey) -> String {
     format!("{}/{pk}/work/", cfg.prefix)
 }
 
+/// The raw keys under `pk`'s work prefix, at most [`MAX_RECORDS`].
+fn read_range(cfg: &EtcdConfig, gw: &dyn Etcd, pk: &AgentPubkey) -> Result<Vec<Kv>> {
+    gw.range(&work_prefix(cfg, pk), MAX_RECORDS)
+}
+
 /// Every record of `pk` (see [`crate::global::work_records`]).
 pub(crate) fn records(
     cfg: &EtcdConfig,
@@ -75,7 +80,7 @@ pub(crate) fn records(
     pk: &AgentPubkey,
 ) -> Result<Vec<WorkRecord>> {
     let prefix = work_prefix(cfg, pk);
-    let kvs = gw.range(&prefix, MAX_RECORDS)?;
+    let kvs = read_range(cfg, gw, pk)?;
     Ok(kvs
         .iter()
         .filter_map(|kv| {
@@ -109,7 +114,7 @@ impl Task {
 
     /// Reads every work record of `pk` (for [`KeyCall::ReadWork`]).
     pub(super) fn read_records(&self, pk: &AgentPubkey) -> Result<Vec<Kv>> {
-        self.gw.range(&self.work_prefix(pk), MAX_RECORDS)
+        read_range(&self.cfg, &*self.gw, pk)
     }
 
     fn record(&self, op: &str) -> Vec<u8> {
