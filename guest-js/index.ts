@@ -153,7 +153,10 @@ export async function take(pubkey: string, eventId: string): Promise<TakeOutcome
  * Resolves to `false` when this window neither took it nor leads. Rejects
  * with kind `not_taken` when no page of this app process holds a take of it
  * (never taken here, already settled, or given back when its page went):
- * a page settles only its own process's takes.
+ * a page settles only its own process's takes. Rejects with kind
+ * `not_durable` when the `done` took effect but the disk has not made it
+ * durable yet (refused the write: it is written as soon as the disk takes
+ * one; or failed to sync it): never send the reply again because of it.
  */
 export async function done(pubkey: string, eventId: string): Promise<boolean> {
   if (solo()) return true

@@ -39,6 +39,12 @@ pub enum ErrorKind {
     /// A page settled (`done`, `give_back`) an event no page of this
     /// process holds a take of.
     NotTaken,
+    /// A `done` or `give_back` took effect, but the disk has not made its
+    /// line durable yet (it refused the write: kept and written as soon as
+    /// it takes one; or the sync failed). Never send the reply again
+    /// because of it; the status's `workDegraded` says why until a later
+    /// line is synced.
+    NotDurable,
 }
 
 /// The wire form of an error: its kind and message.
@@ -98,6 +104,7 @@ impl Error {
                 | E::UnsafeLockDir { .. },
             ) => ErrorKind::UnsafeLockPath,
             Error::Engine(E::ShutDown) => ErrorKind::ShutDown,
+            Error::Engine(E::NotDurable { .. }) => ErrorKind::NotDurable,
             Error::Engine(E::Io { .. }) | Error::Task(_) => ErrorKind::Io,
             // An engine error newer than this mapping: an I/O failure is
             // the kind a caller already retries or reports.

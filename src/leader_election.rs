@@ -200,8 +200,9 @@ impl LeaderElection {
 
     /// A page settles `event_id` (the `done` or `give_back` command) with
     /// `settle`: only a take a page of this process holds, which ends once
-    /// `settle` succeeds. A take that `settle` failed on stays, so the page
-    /// may retry and a page that goes gives it back.
+    /// `settle` took effect (it succeeded, or its line is applied but not
+    /// durable yet: `NotDurable`). A take that `settle` failed on stays, so
+    /// the page may retry and a page that goes gives it back.
     pub(crate) fn page_settles<T>(
         &self,
         pubkey: &str,
@@ -215,9 +216,14 @@ impl LeaderElection {
                 event_id: event_id.to_owned(),
             });
         }
-        let out = settle()?;
-        self.turns.ended(k.as_str(), event_id);
-        Ok(out)
+        let out = settle();
+        if matches!(
+            out,
+            Ok(_) | Err(crate::Error::Engine(nip_le::Error::NotDurable { .. }))
+        ) {
+            self.turns.ended(k.as_str(), event_id);
+        }
+        out
     }
 
     /// The page in webview `label` is gone (reloaded, navigated away or

@@ -80,6 +80,17 @@ pub enum Error {
     /// The elector has been shut down.
     #[error("the elector has been shut down")]
     ShutDown,
+    /// A work-ledger line (a `done`, a give-back, or a line written with a
+    /// take) is applied, but the disk has not made it durable: it refused
+    /// the write (the line is kept and written as soon as it takes one) or
+    /// failed to sync it (the line is in the file, where every process
+    /// reads it, but a power cut may lose it). The settle itself took
+    /// effect: never send its reply again because of this error.
+    #[error("the work ledger's line is applied but not durable yet: {why}")]
+    NotDurable {
+        /// What the disk said.
+        why: String,
+    },
     /// A supervised agent command is unusable (see [`crate::agent`]).
     #[error("invalid agent command: {0}")]
     AgentCommand(String),

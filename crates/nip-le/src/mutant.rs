@@ -173,6 +173,8 @@ mutants! {
     /// being written) read as no coordination: a fail-safe lead beside
     /// the first writer.
     EmptyHeldLeads = "empty_held_leads",
+    /// A `done` or give-back whose sync failed reported as durable.
+    SyncFailureHidden = "sync_failure_hidden",
 }
 
 /// Whether `m` is the defect put back in this process.

@@ -131,6 +131,7 @@ impl Published {
                 level: Level::None,
                 global: None,
                 work: None,
+                work_degraded: None,
             },
             claimed_at: None,
             standing_down_until: None,

@@ -330,3 +330,43 @@ fn a_host_leader_that_fenced_itself_no_longer_leads_for_the_global_level() {
     );
     e.shutdown();
 }
+
+/// A `done` whose sync fails reaches its caller as an error (the line is
+/// in the file all the same), and the status says the ledger is degraded
+/// until a later line is synced.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_done_whose_sync_fails_is_an_error_and_the_status_says_the_ledger_is_degraded() {
+    use crate::ledger::tests::sync_fault::fail_syncs_under;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Config::new(tmp.path());
+    c.mode = crate::Mode::Extended;
+    let e = Elector::start(c, InstanceId::new("me").unwrap()).unwrap();
+    let k = AgentPubkey::parse(&"cd".repeat(32)).unwrap();
+    assert!(e.join(&k).unwrap());
+    let w = e.work(&k).unwrap();
+    assert!(w.take("m1").unwrap().granted());
+    let degraded = || e.status().into_iter().find_map(|s| s.work_degraded);
+    let failing = fail_syncs_under(&tmp.path().join(crate::ledger::WORK_DIR));
+    let err = w.done("m1").unwrap_err();
+    assert!(matches!(err, Error::NotDurable { .. }), "{err}");
+    assert!(
+        wait_for(Duration::from_secs(5), || degraded().is_some()),
+        "the status never said the ledger is degraded"
+    );
+    let err = w.give_back("m1").map(|()| "given back");
+    assert!(
+        err.is_ok(),
+        "a give-back after the done is refused, not failed"
+    );
+    drop(failing);
+    assert!(w.take("m2").unwrap().granted());
+    assert!(w.done("m2").unwrap());
+    assert!(
+        wait_for(Duration::from_secs(5), || degraded().is_none()),
+        "a synced line did not end it: {:?}",
+        degraded()
+    );
+    let file = std::fs::read_to_string(crate::ledger::ledger_path(tmp.path(), &k)).unwrap();
+    assert!(file.contains(r#""op":"done","id":"m1""#), "{file}");
+}

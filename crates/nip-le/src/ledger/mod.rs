@@ -225,6 +225,9 @@ pub struct Ledger {
     expired_at: u64,
     /// We hold the append hold exclusively (see [`Ledger::take_held`]).
     held_writes: bool,
+    /// Why the last durable write is not durable (refused, or written and
+    /// not synced), until a later one is: what the status shows.
+    degraded: Option<String>,
 }
 
 impl Ledger {
@@ -256,6 +259,7 @@ impl Ledger {
             torn: false,
             expired_at: now_ms,
             held_writes: false,
+            degraded: None,
         })
     }
 
@@ -290,6 +294,7 @@ impl Ledger {
             torn: false,
             expired_at: now_ms,
             held_writes: false,
+            degraded: None,
         })
     }
 
@@ -363,9 +368,11 @@ impl Ledger {
     /// refused line is neither applied nor kept.
     pub fn append_now(&mut self, op: &Op) -> Result<()> {
         let durable = self.durable(op);
-        self.write_out(&op.to_line(), durable)?;
-        self.index.apply(op);
-        Ok(())
+        let written = self.write_out(&op.to_line(), durable);
+        if matches!(written, Ok(()) | Err(Error::NotDurable { .. })) {
+            self.index.apply(op);
+        }
+        written
     }
 
     /// A take decided on what every process appended, and appended, under
@@ -395,7 +402,18 @@ impl Ledger {
         let written = self.write_out(&bytes, durable);
         self.held_writes = false;
         drop(hold);
-        written?;
+        match written {
+            // In the file, where every process reads it: a take is granted
+            // (its own line needs no sync: a power cut ends its taker), and
+            // the lines that went with it unsynced are what the status
+            // says ([`Ledger::degraded`]).
+            Ok(()) | Err(Error::NotDurable { .. }) => {
+                if let Err(e) = written {
+                    tracing::warn!("{e}");
+                }
+            }
+            Err(e) => return Err(e),
+        }
         for op in &ops {
             self.index.apply(op);
         }
@@ -442,13 +460,33 @@ impl Ledger {
             Ok(()) => {
                 self.pending.clear();
                 self.torn = false;
+                if durable {
+                    self.degraded = None;
+                }
                 Ok(())
+            }
+            // Written whole: every process reads the lines, so they are
+            // neither pending nor torn; only their durability is in doubt
+            // (a sync that failed once may never report the lost pages
+            // again), which the caller and the status say.
+            Err(Error::NotDurable { why }) => {
+                self.pending.clear();
+                self.torn = false;
+                self.degraded = Some(why.clone());
+                Err(Error::NotDurable { why })
             }
             Err(e) => {
                 self.torn = true;
+                self.degraded = Some(e.to_string());
                 Err(e)
             }
         }
+    }
+
+    /// Why a line of ours is not durable yet (refused by the disk, or
+    /// written and not synced), until a later synced write succeeds.
+    pub fn degraded(&self) -> Option<&str> {
+        self.degraded.as_deref()
     }
 
     /// Takes over the lines an earlier ledger of the same storage could not
@@ -513,4 +551,4 @@ impl Ledger {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -52,8 +52,10 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
     /// Appends lines (one write on a descriptor opened for appending),
     /// synced before it returns when `durable` (a done or give-back: one
     /// lost to a power cut would be answered again or never; see
-    /// [`super::Ledger::append`]). Lines written whole count as written even if
-    /// the sync fails: every process reads them.
+    /// [`super::Ledger::append`]). Lines written whole whose sync fails are
+    /// written (every process reads them) but not durable: the answer is
+    /// [`Error::NotDurable`], so that the caller says so instead of
+    /// promising what a power cut may undo.
     fn append(&mut self, line: &[u8], durable: bool) -> Result<()>;
     /// Replaces the whole ledger with `body` (compaction).
     fn replace(&mut self, body: &[u8]) -> Result<()>;
@@ -178,12 +180,18 @@ impl LedgerStorage for FileLedger {
             ));
         }
         f.write_all(line).map_err(|e| Error::io(&self.path, e))?;
-        // Written whole, the lines are what every process reads: failing
-        // them now would leave a take that nobody, ourselves included, may
-        // grant again. Only a power cut can still lose them.
+        // Written whole, the lines are what every process reads (a take
+        // among them is granted: nobody, ourselves included, may grant it
+        // again); only a power cut can still lose them, which the caller
+        // hears of.
         if durable {
             if let Err(e) = f.sync_data() {
-                tracing::warn!(path = %self.path.display(), "the work ledger's lines are written but not synced: {e}");
+                if mutated!(SyncFailureHidden) {
+                    return Ok(());
+                }
+                return Err(Error::NotDurable {
+                    why: format!("{}: written, not synced: {e}", self.path.display()),
+                });
             }
         }
         Ok(())

@@ -76,6 +76,8 @@ pub(super) struct Key {
     pub(super) withdraw_at: Option<Instant>,
     /// Extension: the ledger's counts as last published.
     pub(super) work_counts: Option<StateCounts>,
+    /// Extension: why our ledger lines are not durable, as last published.
+    pub(super) work_degraded: Option<String>,
 }
 
 impl Key {
@@ -510,6 +512,7 @@ impl Key {
                 level: super::super::types::Level::None,
                 global: self.global.clone(),
                 work: self.work_counts,
+                work_degraded: self.work_degraded.clone(),
             },
             claimed_at: record.and_then(|r| r.claimed_at.instant()),
             standing_down_until: self.m.stand_down_until(),

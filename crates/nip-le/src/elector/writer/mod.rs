@@ -389,6 +389,7 @@ impl Writer {
             drain_replies: Vec::new(),
             withdraw_at: None,
             work_counts: None,
+            work_degraded: None,
         };
         key.note_member(&self.ctx);
         if let Some(u) = &self.ctx.global_level {

@@ -6,15 +6,28 @@
 //! event again (the simulator, with file faults). Only the process's end
 //! loses it.
 
+use crate::error::Error;
 use crate::ledger::{Ledger, LedgerError, Op};
 use crate::pubkey::AgentPubkey;
 use crate::work::{settle_line, Settle};
 
 /// Applies and appends `op`. A line the disk refuses is still applied, and
-/// kept to be written as soon as the disk takes it (a warning says so).
-pub(super) fn append(l: &mut Ledger, pubkey: &AgentPubkey, op: Op) {
-    if let Err(e) = l.append(&op) {
-        tracing::warn!(%pubkey, "the work ledger keeps a line the disk refused, to write it later: {e}");
+/// kept to be written as soon as the disk takes it (a warning says so);
+/// the answer is then [`Error::NotDurable`], as for a line written and not
+/// synced: the caller of a settle hears that its line is not durable yet.
+pub(super) fn append(l: &mut Ledger, pubkey: &AgentPubkey, op: Op) -> Result<(), Error> {
+    match l.append(&op) {
+        Ok(()) => Ok(()),
+        Err(e @ Error::NotDurable { .. }) => {
+            tracing::warn!(%pubkey, "{e}");
+            Err(e)
+        }
+        Err(e) => {
+            tracing::warn!(%pubkey, "the work ledger keeps a line the disk refused, to write it later: {e}");
+            Err(Error::NotDurable {
+                why: format!("refused by the disk, kept to be written: {e}"),
+            })
+        }
     }
 }
 
@@ -88,14 +101,15 @@ impl Unwritten {
 
     /// A `done` or give-back of ours while we do not hold the key: recorded
     /// at the epoch of our take, if the ledger shows one (`false` if not);
-    /// kept, and `true`, while the disk refuses it.
+    /// kept while the disk refuses it or the ledger cannot be read, and
+    /// then [`Error::NotDurable`].
     pub(super) fn settle(
         &mut self,
         open: &mut dyn FnMut() -> Result<Ledger, LedgerError>,
         token: Option<&str>,
         pubkey: &AgentPubkey,
         line: (Settle, &str, u64, bool),
-    ) -> bool {
+    ) -> Result<bool, Error> {
         let (what, id, at_ms, done_anyway) = line;
         let mut l = match self.ledger(open, at_ms) {
             Ok(l) => l,
@@ -109,18 +123,28 @@ impl Unwritten {
                     self.unsettled
                         .push((what, id.to_owned(), at_ms, done_anyway));
                 }
-                return true;
+                return Err(Error::NotDurable {
+                    why: format!("the work ledger cannot be read, kept to be written: {e}"),
+                });
             }
         };
         let recorded = match settle_line(&l.index, id, token, what, at_ms, done_anyway) {
-            Some(op) => {
-                append(&mut l, pubkey, op);
-                true
-            }
-            None => false,
+            Some(op) => append(&mut l, pubkey, op).map(|()| true),
+            None => Ok(false),
         };
         self.keep(l);
         recorded
+    }
+
+    /// Why a line kept here is not durable yet, if one is.
+    pub(super) fn degraded(&self) -> Option<String> {
+        match (&self.ledger, self.unsettled.len()) {
+            (Some(l), _) if l.degraded().is_some() => l.degraded().map(str::to_owned),
+            (_, 0) => None,
+            (_, n) => Some(format!(
+                "the work ledger cannot be read: {n} turns' ends wait to be written"
+            )),
+        }
     }
 
     /// Writes what the disk takes now.
@@ -136,7 +160,7 @@ impl Unwritten {
             if let Ok(mut l) = self.ledger(open, now_ms) {
                 for (what, id, at_ms, done_anyway) in std::mem::take(&mut self.unsettled) {
                     if let Some(op) = settle_line(&l.index, &id, token, what, at_ms, done_anyway) {
-                        append(&mut l, pubkey, op);
+                        let _ = append(&mut l, pubkey, op);
                     }
                 }
                 self.keep(l);

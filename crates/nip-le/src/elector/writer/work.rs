@@ -65,7 +65,7 @@ impl Key {
                 self.ledger = ledger;
                 if let Some(l) = self.ledger.as_mut() {
                     for op in given {
-                        append(l, &self.pubkey, op);
+                        let _ = append(l, &self.pubkey, op);
                     }
                     held(l, &self.pubkey, epoch, &ctx.our_id, now_ms);
                 }
@@ -96,7 +96,7 @@ impl Key {
             // Unread when our first look left out what a writer without a
             // ledger may have answered: its floor goes in now.
             if let Some(op) = self.work.floor_line(&l.index, &ctx.our_id, now_ms) {
-                append(&mut l, &self.pubkey, op);
+                let _ = append(&mut l, &self.pubkey, op);
             }
             self.ledger = Some(l);
             tracing::info!(pubkey = %self.pubkey, "the work ledger can be read again");
@@ -225,8 +225,12 @@ impl Key {
     /// that we keep no ledger now.
     fn count_work(&mut self) {
         let counts = self.ledger.as_ref().map(|l| l.index.counts());
-        if counts != self.work_counts {
+        let degraded = (self.ledger.as_ref())
+            .and_then(|l| l.degraded().map(str::to_owned))
+            .or_else(|| self.unwritten.degraded());
+        if counts != self.work_counts || degraded != self.work_degraded {
             self.work_counts = counts;
+            self.work_degraded = degraded;
             self.publish();
         }
     }
@@ -295,13 +299,11 @@ impl Key {
             // ledger made of it: a reply sent is done for every host, and a
             // take record of ours must not outlive its turn.
             (WorkOp::Done(id), WorkReply::Flag(r)) => {
-                let ok = self.settle(ctx, &id, leads, now_ms, Settle::Done);
-                let _ = r.send(Ok(ok));
+                let _ = r.send(self.settle(ctx, &id, leads, now_ms, Settle::Done));
                 Some((id, Some(true)))
             }
             (WorkOp::GiveBack(id), WorkReply::Flag(r)) => {
-                let ok = self.settle(ctx, &id, leads, now_ms, Settle::GiveBack);
-                let _ = r.send(Ok(ok));
+                let _ = r.send(self.settle(ctx, &id, leads, now_ms, Settle::GiveBack));
                 Some((id, Some(false)))
             }
             (WorkOp::Owed(queue), WorkReply::Owed(r)) => {
@@ -309,7 +311,7 @@ impl Key {
                 let _ = r.send(Ok(self.work.owed(&queue, leads, index, &alive)));
                 if let Some(l) = self.ledger.as_mut() {
                     if let Some(op) = self.work.floor_line(&l.index, &ctx.our_id, now_ms) {
-                        append(l, &self.pubkey, op);
+                        let _ = append(l, &self.pubkey, op);
                     }
                 }
                 None
@@ -375,22 +377,28 @@ impl Key {
     }
 
     /// A `done` or a `giveBack` (the rule: [`crate::work::WorkMachine::settle`]).
-    /// `true` when recorded (or kept while the disk refuses it), or when no
-    /// ledger applies.
-    fn settle(&mut self, ctx: &Ctx, id: &str, leads: bool, now_ms: u64, what: Settle) -> bool {
+    /// `true` when recorded, or when no ledger applies; `false` when
+    /// refused; [`Error::NotDurable`] when applied but not durable yet
+    /// (kept while the disk refuses it, or written and not synced).
+    fn settle(
+        &mut self,
+        ctx: &Ctx,
+        id: &str,
+        leads: bool,
+        now_ms: u64,
+        what: Settle,
+    ) -> Result<bool, Error> {
         let token = ctx.token();
         if ctx.rules.profile.ledger {
             self.reopen_ledger(ctx, now_ms);
         }
         let index = self.ledger.as_ref().map(|l| &l.index);
         match self.work.settle(id, token, leads, what, now_ms, index) {
-            SettleStep::Answer(ok) => ok,
-            SettleStep::Record(op) => {
-                if let Some(l) = self.ledger.as_mut() {
-                    append(l, &self.pubkey, op);
-                }
-                true
-            }
+            SettleStep::Answer(ok) => Ok(ok),
+            SettleStep::Record(op) => match self.ledger.as_mut() {
+                Some(l) => append(l, &self.pubkey, op).map(|()| true),
+                None => Ok(true),
+            },
             SettleStep::Outside {
                 anyway,
                 done_anyway,
@@ -398,7 +406,7 @@ impl Key {
                 let mut open = opener(ctx, &self.pubkey, now_ms);
                 let line = (what, id, now_ms, done_anyway);
                 let recorded = (self.unwritten).settle(&mut open, token, &self.pubkey, line);
-                recorded || anyway
+                recorded.map(|r| r || anyway)
             }
         }
     }

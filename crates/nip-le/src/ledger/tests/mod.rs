@@ -7,6 +7,8 @@ use super::*;
 
 mod floor;
 mod rewrite;
+#[cfg(target_os = "linux")]
+pub(crate) mod sync_fault;
 mod work_dir;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -156,6 +158,7 @@ fn file_round_trip_compaction_and_caps() {
             torn: false,
             expired_at: 0,
             held_writes: false,
+            degraded: None,
         };
         assert!(
             l.append(&take("a", 1, 1)).is_err(),
@@ -587,4 +590,34 @@ fn a_kept_ledger_forgets_what_is_past_the_retention_window() {
     assert_eq!(l.index.verdict("old", 1), Verdict::Done, "not due yet");
     l.expire_if_due(3_600_001 + 60_000);
     assert_eq!(l.index.state("old"), None);
+}
+
+/// A `done` or give-back whose sync fails is in the file (every process
+/// reads it, and it stays applied here) but its caller hears that it is
+/// not durable, and the ledger says so until a later line is synced.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_settle_whose_sync_fails_is_written_applied_and_reported_not_durable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    let mut l = Ledger::load(path.clone(), 0, HOUR).unwrap();
+    l.append_now(&take_by("a", 1, "7-aaaa")).unwrap();
+    l.append_now(&take_by("b", 1, "7-aaaa")).unwrap();
+    let failing = sync_fault::fail_syncs_under(tmp.path());
+    let e = l.append(&done("a", 1, 2)).unwrap_err();
+    assert!(matches!(e, Error::NotDurable { .. }), "{e}");
+    assert!(l.degraded().is_some());
+    let e = l.append(&give_back("b", 1, 3)).unwrap_err();
+    assert!(matches!(e, Error::NotDurable { .. }), "{e}");
+    // Written and applied, nothing kept to be written again.
+    assert!(!l.has_pending());
+    let reread = Index::parse(&std::fs::read(&path).unwrap(), 0, HOUR);
+    assert_eq!(reread.verdict("a", 1), Verdict::Done);
+    assert_eq!(reread.verdict("b", 1), Verdict::Owed);
+    // A take needs no sync of its own: granted, the ledger still degraded.
+    l.append_now(&take_by("c", 1, "7-aaaa")).unwrap();
+    assert!(l.degraded().is_some());
+    drop(failing);
+    l.append(&done("c", 1, 4)).unwrap();
+    assert_eq!(l.degraded(), None, "a synced line ends it");
 }

@@ -1,0 +1,54 @@
+//! A failing `fdatasync`, injected for the files under the directories a
+//! test names: the unit-test binary defines the symbol itself, so the
+//! standard library's `File::sync_data` calls this one (the linker takes
+//! a definition in the executable over the C library's). Every other file
+//! is synced as usual, so tests running beside it see no fault.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The directories whose files fail to sync.
+static FAILING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// While the returned guard lives, syncing a file under `dir` fails (EIO).
+pub(crate) fn fail_syncs_under(dir: &Path) -> impl Drop {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    FAILING.lock().unwrap().push(dir.clone());
+    Unfail(dir)
+}
+
+struct Unfail(PathBuf);
+
+impl Drop for Unfail {
+    fn drop(&mut self) {
+        FAILING.lock().unwrap().retain(|d| d != &self.0);
+    }
+}
+
+/// `fdatasync(2)`, failing with EIO for a file under a failing directory.
+#[no_mangle]
+pub extern "C" fn fdatasync(fd: libc::c_int) -> libc::c_int {
+    let fails = std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|p| {
+        let failing = FAILING.lock().unwrap_or_else(|e| e.into_inner());
+        failing.iter().any(|d| p.starts_with(d))
+    });
+    if fails {
+        // SAFETY: errno is this thread's.
+        unsafe { *libc::__errno_location() = libc::EIO };
+        return -1;
+    }
+    // SAFETY: the system call with the caller's descriptor, as libc's own.
+    unsafe { libc::syscall(libc::SYS_fdatasync, fd) as libc::c_int }
+}
+
+/// The interposer is the one the standard library calls.
+#[test]
+fn a_sync_under_a_failing_directory_fails_and_elsewhere_succeeds() {
+    let (bad, good) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let _fail = fail_syncs_under(bad.path());
+    let f = std::fs::File::create(bad.path().join("f")).unwrap();
+    let e = f.sync_data().unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    let g = std::fs::File::create(good.path().join("g")).unwrap();
+    g.sync_data().unwrap();
+}
