@@ -71,7 +71,7 @@ impl Secure {
             &[ExtendedKeyUsagePurpose::ClientAuth],
         )?;
         let password_file = dir.join("etcd-password");
-        std::fs::write(&password_file, USER.1)?;
+        write_secret(&password_file, USER.1.as_bytes())?;
         Ok(Self {
             ca,
             server,
@@ -181,8 +181,19 @@ fn issue(
         dir.join(format!("{file}-key.pem")),
     );
     std::fs::write(&c, cert.pem())?;
-    std::fs::write(&k, key.serialize_pem())?;
+    write_secret(&k, key.serialize_pem().as_bytes())?;
     Ok((c, k))
+}
+
+/// Writes a password or private key readable by its owner alone, as the
+/// engine requires of the files it reads them from (ssh's rule).
+pub fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    o.open(path)?.write_all(bytes)
 }
 
 fn other(e: impl std::fmt::Display) -> std::io::Error {

@@ -91,7 +91,7 @@ impl Pki {
             self.dir.join(format!("{file}-key.pem")),
         );
         std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
+        nip_le_lab::etcd_secure::write_secret(&k, key.serialize_pem().as_bytes()).unwrap();
         (c, k)
     }
 }
@@ -142,7 +142,7 @@ impl Setup {
 
     fn file(&self, name: &str, text: &str) -> String {
         let p = self.tmp.path().join(name);
-        std::fs::write(&p, text).unwrap();
+        nip_le_lab::etcd_secure::write_secret(&p, text.as_bytes()).unwrap();
         p.to_string_lossy().into_owned()
     }
 }

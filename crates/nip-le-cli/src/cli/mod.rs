@@ -82,9 +82,13 @@ pub struct EtcdArgs {
     #[arg(long, value_name = "NAME", requires_all = ["etcd", "etcd_password_file"])]
     pub etcd_user: Option<String>,
     /// File holding the etcd user's password (one trailing newline is
-    /// ignored); never printed.
+    /// ignored; readable by its owner alone, chmod 600); never printed.
     #[arg(long, value_name = "FILE", requires = "etcd_user")]
     pub etcd_password_file: Option<PathBuf>,
+    /// Send the etcd user's password over plain http:// to an endpoint on
+    /// another machine (refused without it: it travels in clear).
+    #[arg(long, requires = "etcd_user")]
+    pub etcd_allow_plain_auth: bool,
 }
 
 impl EtcdArgs {
@@ -117,6 +121,7 @@ impl EtcdArgs {
                 .map_err(|e| nip_le::Error::Config(nip_le::config::ConfigError::Etcd(e)))?;
             c.auth = Some(auth);
         }
+        c.allow_plain_http_auth = self.etcd_allow_plain_auth;
         Ok(Some(c))
     }
 }

@@ -65,6 +65,11 @@ pub struct EtcdConfig {
     /// etcd user authentication; `None` (the default): none. Over plain
     /// HTTP the password travels in clear: use it with [`EtcdTls`].
     pub auth: Option<EtcdAuth>,
+    /// Send [`EtcdConfig::auth`]'s password over plain `http://` to an
+    /// endpoint that is not this machine (`false`, the default: refused by
+    /// [`EtcdConfig::validate`], since anyone on the path reads it; a
+    /// loopback endpoint is always allowed).
+    pub allow_plain_http_auth: bool,
 }
 
 /// TLS to etcd (cargo feature `etcd-tls`; see docs/cross-host.md,
@@ -149,7 +154,7 @@ impl EtcdTls {
             (None, None) => Ok(config),
             (Some(cert), Some(key)) => {
                 let (cert_pem, chain) = certs(cert)?;
-                let key_pem = read_file(key, "etcd TLS key")?;
+                let key_pem = read_secret(key, "etcd TLS key")?;
                 let key_der = PrivateKeyDer::from_pem_slice(&key_pem)
                     .map_err(|e| format!("etcd TLS key {}: {e}", key.display()))?;
                 builder
@@ -191,9 +196,11 @@ impl EtcdAuth {
     }
 
     /// Credentials of `user` whose password is the content of the file
-    /// `path`, less one trailing newline (`\n` or `\r\n`).
+    /// `path`, less one trailing newline (`\n` or `\r\n`). On Unix the
+    /// file must be readable by its owner alone (`chmod 600`), as ssh asks
+    /// of a private key: one that group or others may read is refused.
     pub fn from_password_file(user: impl Into<String>, path: &Path) -> Result<Self, String> {
-        let bytes = read_file(path, "etcd password file")?;
+        let bytes = read_secret(path, "etcd password file")?;
         let mut text = String::from_utf8(bytes)
             .map_err(|_| format!("etcd password file {}: not UTF-8", path.display()))?;
         if text.ends_with('\n') {
@@ -233,9 +240,38 @@ impl std::fmt::Debug for EtcdAuth {
 }
 
 fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    read_bounded(f, path, what)
+}
+
+/// [`read_file`] for a secret (a password, a private key), refused as ssh
+/// refuses a private key when group or others may read it: whoever can
+/// read it is this host to etcd. Checked on the file opened, not on the
+/// path, so a swap between the check and the read cannot slip one in.
+/// Windows has no such bits (its ACLs are the user profile's).
+fn read_secret(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = f
+            .metadata()
+            .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "{what} {}: permissions {mode:04o} are too open: group or others may read it \
+                 (chmod 600 it)",
+                path.display()
+            ));
+        }
+    }
+    read_bounded(f, path, what)
+}
+
+fn read_bounded(f: std::fs::File, path: &Path, what: &str) -> Result<Vec<u8>, String> {
     // Bounded: a PEM file or a password is a few kilobytes.
     use std::io::Read as _;
-    let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
     let mut bytes = Vec::new();
     f.take(1 << 20)
         .read_to_end(&mut bytes)
@@ -256,6 +292,7 @@ impl EtcdConfig {
             when_unreachable: WhenUnreachable::default(),
             tls: None,
             auth: None,
+            allow_plain_http_auth: false,
         }
     }
 
@@ -288,6 +325,16 @@ impl EtcdConfig {
         }
         if let Some(auth) = &self.auth {
             auth.validate()?;
+            let remote =
+                (self.endpoints.iter()).find(|e| !e.starts_with("https://") && !loopback(e));
+            if let (Some(e), false) = (remote, self.allow_plain_http_auth) {
+                return Err(format!(
+                    "etcd endpoint {e:?}: user {:?}'s password would travel in clear over plain \
+                     http:// to another machine: use TLS (EtcdTls, --etcd-ca), or opt in \
+                     (EtcdConfig::allow_plain_http_auth, --etcd-allow-plain-auth)",
+                    auth.user
+                ));
+            }
         }
         if !self.host_id.is_empty() && !crate::host::valid_field(&self.host_id) {
             return Err(format!(
@@ -317,6 +364,21 @@ impl EtcdConfig {
     pub(crate) fn claim_key(&self, pk: &AgentPubkey) -> String {
         format!("{}/{pk}/claim", self.prefix)
     }
+}
+
+/// Whether the endpoint `url` (`scheme://host:port[/…]`) names this
+/// machine: `localhost`, or a loopback address.
+fn loopback(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -398,11 +460,107 @@ mod tests {
             ("a b\n\n", "a b\n"),
         ] {
             std::fs::write(&p, text).unwrap();
+            owner_only(&p);
             let a = EtcdAuth::from_password_file("u", &p).unwrap();
             assert_eq!(a.password(), want);
             assert!(!format!("{a:?}").contains("s3cret"), "{a:?}");
         }
         let gone = EtcdAuth::from_password_file("u", &dir.path().join("none")).unwrap_err();
         assert!(gone.contains("etcd password file"), "{gone}");
+    }
+
+    /// `chmod 600`.
+    fn owner_only(p: &Path) {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let _ = p;
+    }
+
+    /// A password file or private key that group or others may read is
+    /// refused, naming its mode; the owner's alone is read.
+    #[cfg(unix)]
+    #[test]
+    fn a_secret_readable_by_group_or_others_is_refused_like_ssh_refuses_a_key() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pw");
+        std::fs::write(&p, "s3cret\n").unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o660, 0o606] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = EtcdAuth::from_password_file("u", &p).unwrap_err();
+            assert!(
+                e.contains(&format!("permissions {mode:04o} are too open")),
+                "{e}"
+            );
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+        for mode in [0o600, 0o400] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(
+                EtcdAuth::from_password_file("u", &p).unwrap().password(),
+                "s3cret"
+            );
+        }
+        // The private key of a client certificate: the same rule (checked
+        // before anything parses it).
+        std::fs::write(dir.path().join("k.pem"), "junk").unwrap();
+        let key = dir.path().join("k.pem");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_secret(&key, "etcd TLS key").unwrap_err();
+        assert!(e.contains("etcd TLS key") && e.contains("too open"), "{e}");
+    }
+
+    /// A user's password over plain `http://` to another machine is
+    /// refused unless the app opts in; to this machine, or over TLS, it
+    /// is not.
+    #[test]
+    fn a_password_over_plain_http_to_another_machine_needs_an_opt_in() {
+        let with = |endpoint: &str| EtcdConfig {
+            auth: Some(EtcdAuth::new("u", "p")),
+            ..EtcdConfig::new(vec![endpoint.into()], "h")
+        };
+        for local in [
+            "http://127.0.0.1:2379",
+            "http://127.8.9.1:2379",
+            "http://localhost:2379",
+            "http://LOCALHOST:2379/",
+            "http://[::1]:2379",
+        ] {
+            with(local)
+                .validate()
+                .unwrap_or_else(|e| panic!("{local}: {e}"));
+        }
+        for remote in [
+            "http://10.0.0.1:2379",
+            "http://etcd.example:2379",
+            "http://[fe80::1]:2379",
+            "http://localhost.example:2379",
+            "http://127.0.0.1.example:2379",
+        ] {
+            let e = with(remote).validate().unwrap_err();
+            assert!(
+                e.contains("in clear") && e.contains("allow_plain_http_auth"),
+                "{remote}: {e}"
+            );
+            assert!(!e.contains("\"p\""), "{e}");
+            let opted = EtcdConfig {
+                allow_plain_http_auth: true,
+                ..with(remote)
+            };
+            opted
+                .validate()
+                .unwrap_or_else(|e| panic!("{remote} opted in: {e}"));
+        }
+        // A loopback endpoint beside a remote one is still refused.
+        let mut both = with("http://127.0.0.1:2379");
+        both.endpoints.push("http://10.0.0.2:2379".into());
+        assert!(both.validate().is_err());
+        // Without a user nothing secret travels.
+        EtcdConfig::new(vec!["http://10.0.0.1:2379".into()], "h")
+            .validate()
+            .unwrap();
     }
 }
