@@ -51,4 +51,11 @@ global: GlobalStatus | null,
  * this window keeps the ledger (it leads, in extended mode); `null`
  * otherwise.
  */
-work: StateCounts | null, };
+work: StateCounts | null, 
+/**
+ * Extension: why a line this window wrote to the work ledger (a
+ * `done`, a give-back, a line written with a take) is not durable yet:
+ * the disk refused it (kept, and written as soon as it takes one) or
+ * did not sync it; `null` once a later line is synced.
+ */
+workDegraded: string | null, };

@@ -3,4 +3,4 @@
 /**
  * What went wrong, as the frontend sees it.
  */
-export type ErrorKind = "invalid_pubkey" | "invalid_instance_id" | "invalid_config" | "not_joined" | "invalid_control_frame" | "invalid_event_id" | "lock_timeout" | "unsafe_lock_path" | "io" | "shut_down" | "not_allowed" | "not_taken";
+export type ErrorKind = "invalid_pubkey" | "invalid_instance_id" | "invalid_config" | "not_joined" | "invalid_control_frame" | "invalid_event_id" | "lock_timeout" | "unsafe_lock_path" | "io" | "shut_down" | "not_allowed" | "not_taken" | "not_durable";

@@ -74,9 +74,19 @@ pub fn mark_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
 }
 
 /// Writes the mark whole and durably (beside it, synced, renamed over it,
-/// the rename synced).
+/// the rename synced). The temporary files earlier writers of this key's
+/// mark left when they crashed before their rename go first (see
+/// [`crate::lockfile::leftovers`]).
 pub fn write_mark(dir: &Path, pubkey: &AgentPubkey, mark: &AgentMark) -> std::io::Result<()> {
+    use crate::lockfile::leftovers::{is_random_part, remove_leftovers, LEFTOVER_AGE};
     let path = mark_path(dir, pubkey);
+    let prefix = format!(".{pubkey}.agent.");
+    let left = |n: &str| {
+        (n.strip_prefix(&prefix))
+            .and_then(|r| r.strip_suffix(".new"))
+            .is_some_and(is_random_part)
+    };
+    remove_leftovers(dir, &left, LEFTOVER_AGE, std::time::SystemTime::now());
     // A name of our own: two writers never touch each other's.
     let rand = uuid::Uuid::new_v4().simple();
     let next = dir.join(format!(".{pubkey}.agent.{rand}.new"));
@@ -300,6 +310,40 @@ mod tests {
     #[cfg_attr(not(unix), allow(dead_code))]
     fn pk() -> AgentPubkey {
         AgentPubkey::parse(&"d".repeat(64)).unwrap()
+    }
+
+    /// A mark's temporary file a crashed writer left (older than a live
+    /// write could be) goes when the next mark of the key is written; a
+    /// young one, another key's, and the mark itself stay.
+    #[test]
+    fn a_marks_leftover_goes_with_the_next_mark_of_its_key() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let other = AgentPubkey::parse(&"e".repeat(64)).unwrap();
+        let name = |k: &AgentPubkey| format!(".{k}.agent.{}.new", uuid::Uuid::new_v4().simple());
+        let (old, young, others) = (
+            dir.join(name(&pk())),
+            dir.join(name(&pk())),
+            dir.join(name(&other)),
+        );
+        let long_ago = std::time::SystemTime::now() - 2 * crate::lockfile::leftovers::LEFTOVER_AGE;
+        for (p, at) in [
+            (&old, long_ago),
+            (&young, std::time::SystemTime::now()),
+            (&others, long_ago),
+        ] {
+            std::fs::File::create(p).unwrap().set_modified(at).unwrap();
+        }
+        let mark = AgentMark {
+            instance_id: "w".into(),
+            pid: 7,
+            start: 1,
+            boot: None,
+        };
+        write_mark(dir, &pk(), &mark).unwrap();
+        assert!(!old.exists(), "the crashed writer's file stays");
+        assert!(young.exists() && others.exists());
+        assert!(mark_path(dir, &pk()).exists());
     }
 
     #[cfg(unix)]

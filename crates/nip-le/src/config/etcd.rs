@@ -239,6 +239,7 @@ impl std::fmt::Debug for EtcdAuth {
     }
 }
 
+#[cfg(feature = "etcd-tls")]
 fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
     read_bounded(f, path, what)

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use super::hold::{self, AppendHold};
 use super::MAX_LEDGER_BYTES;
 use crate::error::{Error, Result};
+use crate::lockfile::leftovers::{is_random_part, leftovers, remove_leftovers, LEFTOVER_AGE};
 use crate::lockfile::{open_options, open_regular_file, Create};
 
 /// Why a ledger could not be read.
@@ -65,6 +66,12 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
     /// cannot interleave.
     fn hold_appends(&mut self) -> Result<AppendHold> {
         Ok(AppendHold::none())
+    }
+    /// Removes the temporary files crashed rewrites of this ledger left,
+    /// never one a live rewrite is writing; returns how many. None by
+    /// default.
+    fn remove_leftovers(&mut self) -> usize {
+        0
     }
     /// [`LedgerStorage::append`] while the caller holds the append hold
     /// exclusively ([`LedgerStorage::hold_appends`]).
@@ -215,6 +222,29 @@ impl LedgerStorage for FileLedger {
 
     fn hold_appends(&mut self) -> Result<AppendHold> {
         AppendHold::take(&self.path, true, hold::HOLD_WAIT)
+    }
+
+    /// `<pubkey>.work.<random>` beside the ledger, unmodified for
+    /// [`LEFTOVER_AGE`], removed under the exclusive append hold: a
+    /// rewrite holds it from its read to its rename, so none is being
+    /// written (one stopped mid-rewrite keeps the hold, and its file).
+    fn remove_leftovers(&mut self) -> usize {
+        let (Some(dir), Some(name)) = (
+            self.path.parent(),
+            self.path.file_name().and_then(|n| n.to_str()),
+        ) else {
+            return 0;
+        };
+        let prefix = format!("{name}.");
+        let left = |n: &str| n.strip_prefix(&prefix).is_some_and(is_random_part);
+        let now = std::time::SystemTime::now();
+        if leftovers(dir, &left, LEFTOVER_AGE, now).is_empty() {
+            return 0;
+        }
+        match AppendHold::take(&self.path, true, hold::HOLD_WAIT) {
+            Ok(_hold) => remove_leftovers(dir, &left, LEFTOVER_AGE, now),
+            Err(_) => 0,
+        }
     }
 }
 

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::pubkey::AgentPubkey;
 use crate::record::{LockContent, MAX_RECORD_BYTES};
 
+pub(crate) mod leftovers;
 pub(crate) mod os_lock;
 mod ownership;
 

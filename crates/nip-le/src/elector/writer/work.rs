@@ -133,6 +133,9 @@ impl Key {
             return;
         }
         let now_ms = unix_ms(ctx.world.now().wall);
+        // A window that starts to take part removes what crashed rewrites
+        // of this ledger left.
+        ctx.world.ledger(&self.pubkey).remove_leftovers();
         let op = Op::Held {
             epoch: 0,
             by: ctx.our_id.to_string(),

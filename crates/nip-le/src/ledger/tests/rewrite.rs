@@ -77,3 +77,76 @@ fn an_oversized_ledger_is_rewritten_from_its_newest_lines() {
     assert_eq!(again.index.verdict(&newest, 2), Verdict::Done);
     assert_eq!(again.index.verdict("in-flight", 2), Verdict::TakenNow);
 }
+
+/// A process killed in the middle of a rewrite (after its temporary file
+/// is written, before the rename) leaves the ledger whole and that file
+/// behind; the next owner removes it once it is older than a live
+/// rewrite could be, and never while a rewrite holds the append hold.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_rewrite_killed_midway_leaves_a_file_the_next_owner_removes() {
+    use std::os::unix::process::ExitStatusExt;
+    const CHILD: &str = "NIP_LE_TEST_REWRITE_CRASH_DIR";
+    const NAME: &str =
+        "ledger::tests::rewrite::a_rewrite_killed_midway_leaves_a_file_the_next_owner_removes";
+    if let Some(dir) = std::env::var_os(CHILD) {
+        // The child: a ledger worth rewriting, rewritten; the process dies
+        // at the sync of the temporary file.
+        let path = std::path::Path::new(&dir).join("k.work");
+        let mut l = Ledger::load(path, 0, HOUR).unwrap();
+        for i in 0..10 {
+            l.append_now(&take(&format!("e{i}"), 1, 1)).unwrap();
+        }
+        super::sync_fault::crash_at_fsync_under(std::path::Path::new(&dir));
+        let _ = l.compact(0);
+        std::process::exit(3);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture"])
+        .env(CHILD, tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{out:?}");
+    let left = || -> Vec<std::path::PathBuf> {
+        (std::fs::read_dir(tmp.path()).unwrap().flatten())
+            .map(|e| e.path())
+            .filter(|p| {
+                (p.file_name().and_then(|n| n.to_str()))
+                    .and_then(|n| n.strip_prefix("k.work."))
+                    .is_some_and(|r| r.len() == 32)
+            })
+            .collect()
+    };
+    let leftover = left();
+    assert_eq!(leftover.len(), 1, "the crashed rewrite left its file");
+    let before = std::fs::read(&path).unwrap();
+    assert_eq!(
+        Index::parse(&before, 0, HOUR).len(),
+        10,
+        "the ledger is whole"
+    );
+    let mut owner = FileLedger::new(path.clone());
+    // Young: a live rewrite could be writing it.
+    assert_eq!(owner.remove_leftovers(), 0);
+    let old = std::time::SystemTime::now() - 2 * crate::lockfile::leftovers::LEFTOVER_AGE;
+    (std::fs::File::options()
+        .write(true)
+        .open(&leftover[0])
+        .unwrap())
+    .set_modified(old)
+    .unwrap();
+    // A rewrite under way (it holds the append hold exclusively) keeps it.
+    let rewriting = AppendHold::take(&path, true, hold::HOLD_WAIT).unwrap();
+    assert_eq!(owner.remove_leftovers(), 0);
+    drop(rewriting);
+    assert_eq!(owner.remove_leftovers(), 1);
+    assert!(left().is_empty());
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the ledger untouched"
+    );
+    assert!(hold::hold_path(&path).exists(), "the hold file stays");
+}

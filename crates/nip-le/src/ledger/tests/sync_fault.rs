@@ -9,6 +9,30 @@ use std::sync::Mutex;
 
 /// The directories whose files fail to sync.
 static FAILING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// The directory whose files' `fsync` ends the process (a crash there).
+static CRASHING: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// From now on, an `fsync` of a file under `dir` aborts the process: a
+/// crash between a rewrite's write and its rename (for a child process a
+/// test starts).
+pub(crate) fn crash_at_fsync_under(dir: &Path) {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    *CRASHING.lock().unwrap() = Some(dir);
+}
+
+/// `fsync(2)`, aborting the process for a file under the crashing
+/// directory.
+#[no_mangle]
+pub extern "C" fn fsync(fd: libc::c_int) -> libc::c_int {
+    let crashing = CRASHING.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(dir) = crashing {
+        if std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|p| p.starts_with(&dir)) {
+            std::process::abort();
+        }
+    }
+    // SAFETY: the system call with the caller's descriptor, as libc's own.
+    unsafe { libc::syscall(libc::SYS_fsync, fd) as libc::c_int }
+}
 
 /// While the returned guard lives, syncing a file under `dir` fails (EIO).
 pub(crate) fn fail_syncs_under(dir: &Path) -> impl Drop {
