@@ -140,10 +140,17 @@ export async function handleControlFrame(
  * epoch, and only if the event is neither done nor taken now, once its line
  * is on disk. `unavailable`: the disk refuses the take for now (full,
  * failing, read-only); keep the event queued and ask again in a moment.
+ * `too_many_open`: this page (256) or app process (1,024) holds as many
+ * unsettled takes of the agent as it may; settle some first.
+ * `ledger_full`: the ledger may not grow and nothing in it may go yet; ask
+ * again later. Pass `publishedMs` (the event's `created_at`, ms) when known:
+ * the ledger can then mark the answer settled instead of keeping its id, so a
+ * busy agent's ledger stays bounded without forgetting an answer.
  */
-export async function take(pubkey: string, eventId: string): Promise<TakeOutcome> {
+export async function take(pubkey: string, eventId: string, publishedMs?: number): Promise<TakeOutcome> {
   if (solo()) return { outcome: 'granted', epoch: null }
-  return await invoke<TakeOutcome>(cmd('take'), { pubkey, eventId })
+  const args = publishedMs === undefined ? { pubkey, eventId } : { pubkey, eventId, publishedMs }
+  return await invoke<TakeOutcome>(cmd('take'), args)
 }
 
 /**
@@ -221,6 +228,8 @@ export class LeaderGate {
   private readonly cancelSubscribers = new Set<(pubkey: string, eventIds: string[]) => void>()
   /** Events taken and not yet done or given back, per agent. */
   private readonly inFlight = new Map<string, Set<string>>()
+  /** When each event of the last queue given to `dispatchable` was published, per agent. */
+  private readonly published = new Map<string, Map<string, number>>()
   private unlisten: UnlistenFn | null = null
 
   private constructor() {}
@@ -311,14 +320,21 @@ export class LeaderGate {
    */
   async dispatchable(pubkey: string, queue: QueuedEvent[]): Promise<string[]> {
     if (!this.isLeader(pubkey)) return []
+    const times = new Map<string, number>()
+    for (const e of queue) if (e.publishedMs != null) times.set(e.id, e.publishedMs)
+    this.published.set(pubkey.toLowerCase(), times)
     return await owed(pubkey.toLowerCase(), queue)
   }
 
-  /** Takes `eventId` for a turn (see {@link take}) and tracks it as in flight. */
-  async take(pubkey: string, eventId: string): Promise<TakeOutcome> {
+  /**
+   * Takes `eventId` for a turn (see {@link take}) and tracks it as in flight.
+   * Its publication time is the one the last {@link dispatchable} queue gave,
+   * unless `publishedMs` says.
+   */
+  async take(pubkey: string, eventId: string, publishedMs?: number): Promise<TakeOutcome> {
     const key = pubkey.toLowerCase()
     if (!this.isLeader(key)) return { outcome: 'not_leader' }
-    const outcome = await take(key, eventId)
+    const outcome = await take(key, eventId, publishedMs ?? this.published.get(key)?.get(eventId))
     if (outcome.outcome === 'granted') this.flying(key).add(eventId)
     return outcome
   }

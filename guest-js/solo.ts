@@ -53,7 +53,8 @@ export function soloStatus(): Status {
     lastError: null,
     level: 'host',
     global: null,
-    work: null
+    work: null,
+    workDegraded: null
   }))
   return { instanceId: SOLO_ID, pid: 0, networkFs: null, agents, supervised: [] }
 }

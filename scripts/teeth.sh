@@ -58,7 +58,9 @@ guard unlocked_keeps_lease global::contender::tests::fail_safe::a_host_leader_th
 guard granted_unlocked global::contender::tests::fail_safe::a_claim_granted_to_a_host_leader_without_the_lock_file_is_left_to_the_sibling
 guard drop_unanswered_hand_over global::contender::tests::hardening::a_hand_over_etcd_did_not_answer_is_tried_again
 guard empty_held_leads elector::machine::tests::an_empty_file_whose_exclusion_a_peer_holds_is_being_written_until_the_stale_bound
-guard sync_failure_hidden ledger::tests::a_settle_whose_sync_fails_is_written_applied_and_reported_not_durable
+guard forget_answered ledger::tests::bound::one_long_tenure_keeps_the_ledger_readable_and_forgets_no_answer
+guard flood_of_takes work::tests::in_hand::a_grant_stays_in_hand_until_settled_and_its_done_is_written_even_unrecorded
+guard sync_failure_hidden ledger::tests::sync_fault::a_settle_whose_sync_fails_is_written_applied_and_reported_not_durable
 guard fallback_permit_held_again global::contender::tests::silence::a_hand_over_owed_through_a_fall_back_that_etcd_then_refuses_holds_the_key_without_the_fall_backs_permit
 # Reached by no seed of the search and no unit test (next: a unit test each):
 unguarded spec_ticks 'latency only: a spec claimant waits a refresh more; no invariant breaks'

@@ -82,10 +82,18 @@ pub(crate) async fn take<R: Runtime>(
     webview: Webview<R>,
     pubkey: String,
     event_id: String,
+    published_ms: Option<u64>,
 ) -> Result<TakeOutcome> {
     let label = webview.label().to_owned();
     blocking(&app, pubkey, move |le, pubkey| {
-        let outcome = le.take(&pubkey, &event_id)?;
+        if !le.page_has_room(&label, &pubkey)? {
+            return Ok(TakeOutcome::TooManyOpen);
+        }
+        let event = QueuedEvent {
+            id: event_id.clone(),
+            published_ms,
+        };
+        let outcome = le.take_event(&pubkey, &event)?;
         if matches!(outcome, TakeOutcome::Granted { .. }) {
             le.page_took(&label, &pubkey, &event_id)?;
         }

@@ -180,6 +180,20 @@ impl LeaderElection {
         Ok(self.work(pubkey)?.take(event_id)?)
     }
 
+    /// Takes a queued event for a turn, with when it was published (see
+    /// [`Work::take_event`]: what keeps a busy agent's ledger bounded
+    /// without forgetting an answer).
+    pub fn take_event(&self, pubkey: &str, event: &QueuedEvent) -> Result<TakeOutcome> {
+        Ok(self.work(pubkey)?.take_event(event)?)
+    }
+
+    /// Whether the page in `webview` may take one more event of `pubkey`:
+    /// it holds fewer than [`crate::turns::MAX_PAGE_TAKES`] unsettled, so
+    /// that one page cannot use up the process's share of the agent.
+    pub(crate) fn page_has_room(&self, webview: &str, pubkey: &str) -> Result<bool> {
+        Ok(self.turns.count(webview, key(pubkey)?.as_str()) < crate::turns::MAX_PAGE_TAKES)
+    }
+
     /// Records that the reply to `event_id` was sent (see [`Work::done`]).
     pub fn done(&self, pubkey: &str, event_id: &str) -> Result<bool> {
         Ok(self.work(pubkey)?.done(event_id)?)

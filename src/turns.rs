@@ -11,6 +11,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
+/// Most takes one page holds of one agent without settling them: a
+/// quarter of what the engine lets the whole process hold
+/// (`TakeOutcome::TooManyOpen` past it), so one page cannot use up the
+/// share of the others.
+pub(crate) const MAX_PAGE_TAKES: usize = 256;
+
 /// Takes granted to a webview's page and not yet done or given back.
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
@@ -31,6 +37,12 @@ impl Turns {
             .entry(webview.to_owned())
             .or_default()
             .insert((pubkey.to_owned(), event_id.to_owned()));
+    }
+
+    /// How many takes of `pubkey` the page in `webview` holds.
+    pub(crate) fn count(&self, webview: &str, pubkey: &str) -> usize {
+        (self.lock().get(webview))
+            .map_or(0, |takes| takes.iter().filter(|(k, _)| k == pubkey).count())
     }
 
     /// Whether a page of this process took `event_id` of `pubkey` and has
@@ -75,5 +87,17 @@ mod tests {
         assert_eq!(t.forget("main"), [("k".to_owned(), "b".to_owned())]);
         assert!(t.forget("main").is_empty(), "once");
         assert_eq!(t.forget("other").len(), 1);
+    }
+
+    #[test]
+    fn a_page_counts_its_own_takes_of_each_agent() {
+        let t = Turns::default();
+        for id in ["a", "b"] {
+            t.took("main", "k", id);
+        }
+        t.took("main", "j", "c");
+        t.took("other", "k", "d");
+        assert_eq!((t.count("main", "k"), t.count("main", "j")), (2, 1));
+        assert_eq!((t.count("other", "k"), t.count("none", "k")), (1, 0));
     }
 }

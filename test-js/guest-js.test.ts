@@ -189,6 +189,21 @@ describe('LeaderGate', () => {
     gate.dispose()
   })
 
+  it('takes an event with the publication time its queue gave, so the ledger can mark the answer settled', async () => {
+    const gate = await LeaderGate.create()
+    expect(await gate.dispatchable(A, [{ id: 'e3', publishedMs: 42 }, { id: 'e4' }])).toEqual(['e3', 'e4'])
+    await gate.take(A, 'e3')
+    await gate.take(A, 'e4')
+    await gate.take(A, 'e5', 7)
+    const takes = pluginCalls().filter((c) => c.cmd === 'plugin:leader-election|take').slice(-3)
+    expect(takes.map((c) => c.args)).toEqual([
+      { pubkey: A, eventId: 'e3', publishedMs: 42 },
+      { pubkey: A, eventId: 'e4' },
+      { pubkey: A, eventId: 'e5', publishedMs: 7 },
+    ])
+    gate.dispose()
+  })
+
   it('takes, completes and gives back work, and gives back the in-flight turn on a hard-steal', async () => {
     const gate = await LeaderGate.create()
     // Not the leader of B: no IPC, no take.
@@ -207,6 +222,7 @@ describe('LeaderGate', () => {
     expect(owedCall?.args).toEqual({ pubkey: A, queue: [{ id: 'e1' }, { id: 'answered', publishedMs: 5 }, { id: 'e2' }] })
     const takeCall = pluginCalls().find((c) => c.cmd === 'plugin:leader-election|take')
     expect(takeCall?.args).toEqual({ pubkey: A, eventId: 'e1' })
+
     // Hard-steal mid-turn: e2 is given back and the cancel callback is told.
     const cancelled = vi.fn()
     gate.onCancelTurn(cancelled)

@@ -7,4 +7,4 @@ export type TakeOutcome = { "outcome": "granted",
 /**
  * The holder's epoch at the take.
  */
-epoch: number | null, } | { "outcome": "done" } | { "outcome": "already_taken" } | { "outcome": "not_leader" } | { "outcome": "unavailable" };
+epoch: number | null, } | { "outcome": "done" } | { "outcome": "already_taken" } | { "outcome": "not_leader" } | { "outcome": "unavailable" } | { "outcome": "too_many_open" } | { "outcome": "ledger_full" };

@@ -175,6 +175,10 @@ mutants! {
     EmptyHeldLeads = "empty_held_leads",
     /// A `done` or give-back whose sync failed reported as durable.
     SyncFailureHidden = "sync_failure_hidden",
+    /// A rewrite past its budget forgets the oldest answered events.
+    ForgetAnswered = "forget_answered",
+    /// Takes never settled are granted without bound.
+    FloodOfTakes = "flood_of_takes",
 }
 
 /// Whether `m` is the defect put back in this process.

@@ -381,6 +381,7 @@ mod tests {
             by: "w1".into(),
             at_ms,
             live: None,
+            pub_ms: None,
         };
         std::fs::create_dir(dir.join(nip_le::ledger::WORK_DIR)).unwrap();
         let mut ledger = std::fs::File::create(ledger_path(dir, &pk)).unwrap();
@@ -392,6 +393,7 @@ mod tests {
                 id: "b".into(),
                 epoch: 7,
                 at_ms,
+                pub_ms: None,
             },
             Op::GiveBack {
                 id: "c".into(),

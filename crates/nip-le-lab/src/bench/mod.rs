@@ -11,6 +11,7 @@ mod hosts;
 mod scale;
 mod scenarios;
 mod turns;
+mod work_bound;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,7 +43,9 @@ pub struct BenchArgs {
     /// graceful, claim, foreign, sigstop, start, scale-memory, scale-cpu,
     /// idle, slept, pause, flock,
     /// queued, turn-kill, cross-kill, cross-lost, cross-graceful,
-    /// cross-claim, in-process, work-across, floor (what the OS alone
+    /// cross-claim, in-process, work-across, work-bound (a 200,000-mention
+    /// tenure: take + done empty and at the bound, its successor's debt),
+    /// floor (what the OS alone
     /// allows: a killed holder's lock free, a file's open + close, a killed
     /// instance's exit and lock). The cross-host rows (and
     /// work-across, the work ledger's cost with the etcd level on and off)
@@ -332,6 +335,25 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode, nip_le::Error> {
                 r.backlog_us.1,
             ),
             Err(e) => println!("in-process [{label}]: failed: {e}"),
+        }
+    }
+    if wanted("work-bound") {
+        let n = 200_000;
+        match work_bound::work_bound(n) {
+            Ok(r) => println!(
+                "work ledger at its bound (extended): take + done of a mention {:.0} / {:.0} µs p50 / p99 on an empty ledger, {:.0} / {:.0} µs at the bound after one tenure of {} mentions ({:.1} s, the file at most {:.2} MiB); its successor owed {} of them and {} of {} published after",
+                r.empty_us.0,
+                r.empty_us.1,
+                r.bound_us.0,
+                r.bound_us.1,
+                r.answered,
+                r.tenure.as_secs_f64(),
+                r.largest as f64 / 1048576.0,
+                r.owed_again,
+                r.owed_new.0,
+                r.owed_new.1,
+            ),
+            Err(e) => println!("work ledger at its bound: failed: {e}"),
         }
     }
     if wanted("floor") {

@@ -37,7 +37,8 @@ pub(crate) enum Command {
 /// A work-ledger operation (see [`crate::Work`]).
 #[derive(Debug)]
 pub(crate) enum WorkOp {
-    Take(String),
+    /// An event id, and when it was published if the app said.
+    Take(String, Option<u64>),
     Done(String),
     GiveBack(String),
     /// The app's whole queue, shared: a simulated app passes its own

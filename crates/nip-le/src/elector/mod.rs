@@ -402,13 +402,28 @@ impl Work {
     /// Takes `id` for a turn: granted only to the leader, at its current
     /// epoch, and only if the event is neither done nor taken now, once
     /// its line is on disk ([`TakeOutcome::Unavailable`] while the disk
-    /// refuses it: ask again in a moment).
+    /// refuses it: ask again in a moment). Prefer [`Work::take_event`],
+    /// which says when the event was published.
     pub fn take(&self, id: &str) -> Result<TakeOutcome> {
+        self.take_published(id, None)
+    }
+
+    /// [`Work::take`] of a queued event, with when it was published: the
+    /// ledger can then mark it settled once answered instead of keeping
+    /// its id (a busy agent's ledger stays bounded without forgetting an
+    /// answer), and an event published before that mark is
+    /// [`TakeOutcome::Done`].
+    pub fn take_event(&self, event: &QueuedEvent) -> Result<TakeOutcome> {
+        self.take_published(&event.id, event.published_ms)
+    }
+
+    fn take_published(&self, id: &str, published_ms: Option<u64>) -> Result<TakeOutcome> {
         crate::ledger::validate_event_id(id)?;
         if !self.may_act() {
             return Ok(TakeOutcome::NotLeader);
         }
-        self.call(WorkOp::Take(id.to_owned()), writer::WorkReply::Take)
+        let op = WorkOp::Take(id.to_owned(), published_ms);
+        self.call(op, writer::WorkReply::Take)
     }
 
     /// Records that the reply to `id` was sent (one append). Accepted from

@@ -313,6 +313,17 @@ pub enum TakeOutcome {
     /// ask again in a moment. A take that is not on disk could be granted
     /// again by a successor, or by this window after a crash.
     Unavailable,
+    /// This window holds as many takes of this agent as it may without
+    /// settling them (1,024; a page of the plugin 256): do not dispatch;
+    /// settle (`done`, `give_back`) the turns in flight first. A flood of
+    /// takes never settled cannot grow the ledger past its bound.
+    TooManyOpen,
+    /// The work ledger is as long as it may grow and nothing in it may go
+    /// yet (takes in flight, answers it cannot mark settled: the app has
+    /// not asked `owed` with its queue, or the oldest unanswered event it
+    /// queues holds the mark back): do not dispatch; ask again later.
+    /// Nothing answered is forgotten to make room.
+    LedgerFull,
 }
 
 impl TakeOutcome {

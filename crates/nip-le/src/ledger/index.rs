@@ -52,6 +52,18 @@ struct Entry {
     at_ms: u64,
     /// The taker's presence token, for a take that carries one.
     live: Option<String>,
+    /// When the event was published, if its take said.
+    pub_ms: Option<u64>,
+}
+
+impl Entry {
+    /// When the event was published, or at the latest: its take said, or
+    /// else the entry's own time (a sender's clock runs ahead of ours
+    /// rarely; when it does, an event marked settled by it is owed again,
+    /// a duplicate, never a silence).
+    fn published_by(&self) -> u64 {
+        self.pub_ms.unwrap_or(self.at_ms)
+    }
 }
 
 /// The ledger's state: the last word on each event.
@@ -151,6 +163,11 @@ impl Index {
             Op::Take { live, .. } => live.clone().filter(|t| t.len() <= MAX_EVENT_ID_LEN),
             _ => None,
         };
+        // The publication time a take gave stays with the event's entry.
+        let pub_ms = match op {
+            Op::Take { pub_ms, .. } | Op::Done { pub_ms, .. } if pub_ms.is_some() => *pub_ms,
+            _ => self.entries.get(id).and_then(|e| e.pub_ms),
+        };
         let next = match (op, cur) {
             (_, Some(State::Done)) => None,
             (Op::Done { .. }, _) => Some(State::Done),
@@ -164,7 +181,12 @@ impl Index {
                 tally(&mut self.counts, old, false);
             }
             tally(&mut self.counts, state, true);
-            let e = Entry { state, at_ms, live };
+            let e = Entry {
+                state,
+                at_ms,
+                live,
+                pub_ms,
+            };
             self.entries.insert(id.to_owned(), e);
         }
     }
@@ -310,16 +332,86 @@ impl Index {
         self.lines = self.entries.len() + self.keepers.len() + usize::from(self.floor.is_some());
     }
 
+    /// The size of [`Index::snapshot`], in bytes.
+    pub(super) fn snapshot_len(&self) -> usize {
+        let entries: usize = (self.entries.iter())
+            .filter_map(|(id, e)| entry_op(id, e))
+            .map(|op| op.to_line().len())
+            .sum();
+        let rest: usize = (self.keepers.iter())
+            .map(|(by, &(epoch, at_ms))| held_op(by, epoch, at_ms).to_line().len())
+            .sum();
+        entries + rest + self.floor.as_ref().map_or(0, |f| f.to_line().len())
+    }
+
+    /// Makes the snapshot fit in `budget` bytes without forgetting an
+    /// answer: the answered events published (see `Entry::published_by`)
+    /// before a mark no higher than `cap` are dropped, the oldest first,
+    /// and the mark becomes the ledger's floor, which says that what was
+    /// published before it and is not in the ledger is owed to no holder.
+    /// Takes are never dropped (in flight, or owed while they are shown);
+    /// `cap` is the caller's promise that nothing published before it is
+    /// owed but what the ledger shows (see `WorkMachine::settled_below`).
+    /// Returns the mark, when one was raised; `by`, `epoch` and `now_ms`
+    /// sign its `floor` line.
+    pub(super) fn settle_to(
+        &mut self,
+        budget: usize,
+        cap: u64,
+        (by, epoch, now_ms): (&str, u64, u64),
+    ) -> Option<u64> {
+        let mut total = self.snapshot_len();
+        if total <= budget {
+            return None;
+        }
+        // Room for the `floor` line that replaces the one there is.
+        let floor = |before_ms: u64| Op::Floor {
+            epoch,
+            by: by.to_owned(),
+            before_ms,
+            at_ms: now_ms.max(before_ms),
+        };
+        let budget = budget.saturating_sub(floor(cap.min(now_ms)).to_line().len());
+        let mut dones: Vec<(u64, usize, &String)> = (self.entries.iter())
+            .filter(|(_, e)| e.state == State::Done && e.published_by() < cap)
+            .map(|(id, e)| (e.published_by(), entry_line_len(id, e), id))
+            .collect();
+        dones.sort_unstable();
+        let mut mark = None;
+        let mut gone = Vec::new();
+        for (published, size, id) in dones {
+            if total <= budget {
+                break;
+            }
+            total -= size;
+            gone.push(id.clone());
+            mark = Some(published + 1);
+        }
+        for id in &gone {
+            if let Some(e) = self.entries.remove(id) {
+                tally(&mut self.counts, e.state, false);
+            }
+        }
+        let mark = mark.filter(|m| self.floor().is_none_or(|f| *m > f))?;
+        self.apply(&floor(mark));
+        Some(mark)
+    }
+
     /// Forgets the oldest settled entries (done, given back) until the
     /// snapshot fits in `budget` bytes; takes are kept (in flight). Returns
-    /// how many were forgotten.
-    pub(super) fn shed_to(&mut self, budget: usize) -> usize {
+    /// how many were forgotten. Only for a ledger too large to read
+    /// ([`super::Ledger::recover`]), whose older lines are lost already.
+    pub(super) fn forget_oldest_to(&mut self, budget: usize) -> usize {
         let mut sizes: Vec<(u64, usize, &String, bool)> = self
             .entries
             .iter()
             .map(|(id, e)| {
-                let size = entry_op(id, e).map_or(0, |op| op.to_line().len());
-                (e.at_ms, size, id, matches!(e.state, State::Taken(_)))
+                (
+                    e.at_ms,
+                    entry_line_len(id, e),
+                    id,
+                    matches!(e.state, State::Taken(_)),
+                )
             })
             .collect();
         let mut total: usize = sizes.iter().map(|s| s.1).sum();
@@ -358,12 +450,7 @@ impl Index {
         let mut keepers: Vec<(&String, &(u64, u64))> = self.keepers.iter().collect();
         keepers.sort();
         for (by, &(epoch, at_ms)) in keepers {
-            let op = Op::Held {
-                epoch,
-                by: by.clone(),
-                at_ms,
-            };
-            out.extend(op.to_line());
+            out.extend(held_op(by, epoch, at_ms).to_line());
         }
         if let Some(f) = &self.floor {
             out.extend(f.to_line());
@@ -392,57 +479,30 @@ fn entry_op(id: &str, e: &Entry) -> Option<Op> {
             by: String::new(),
             at_ms: e.at_ms,
             live: e.live.clone(),
+            pub_ms: e.pub_ms,
         }),
         State::Done => Some(Op::Done {
             id: id.to_owned(),
             epoch: 0,
             at_ms: e.at_ms,
+            pub_ms: e.pub_ms,
         }),
         State::GivenBack => None,
     }
 }
 
-/// Whether a holder whose ledger it cannot read (since `unreadable_since`,
-/// unix ms) grants takes without it, unrecorded: only once that has lasted
-/// longer than `bound` (the stale bound). A disk that fails for a moment
-/// (EIO) only delays the agent; a ledger that stays unreadable (oversized,
-/// not a regular file) never silences it.
-pub fn grants_without_ledger(unreadable_since: u64, now_ms: u64, bound: Duration) -> bool {
-    let bound = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
-    mutated!(UnreadableGrants) || now_ms.saturating_sub(unreadable_since) > bound
+/// The length of [`entry_op`]'s line.
+fn entry_line_len(id: &str, e: &Entry) -> usize {
+    entry_op(id, e).map_or(0, |op| op.to_line().len())
 }
 
-/// Of a queue of `(event id, published unix ms)`, in order, the events the
-/// holder at `epoch` owes: those `index` does not show as done, taken at
-/// `epoch`, or taken by a taker that `lives` (every event, without a
-/// ledger); and, when `published_since` is set (the predecessor kept no
-/// ledger we can read: spec mode, the harness, another host, or ours is
-/// unreadable), only those published since then (or of unknown time):
-/// older ones it may have answered. The ledger's [`Index::floor`] applies
-/// the same to what it does not show, for every holder after the one that
-/// wrote it.
-pub fn owed<'a>(
-    queue: impl IntoIterator<Item = (&'a str, Option<u64>)>,
-    index: Option<&Index>,
-    epoch: u64,
-    published_since: Option<u64>,
-    lives: &dyn Fn(&str) -> bool,
-) -> Vec<String> {
-    queue
-        .into_iter()
-        .filter(|(_, p)| match (published_since, p) {
-            (Some(since), Some(p)) => *p >= since,
-            _ => true,
-        })
-        .filter(|(id, p)| {
-            index.is_none_or(|ix| match (ix.floor(), p) {
-                (Some(floor), Some(p)) if *p < floor => ix.state(id).is_some(),
-                _ => true,
-            })
-        })
-        .filter(|(id, _)| index.is_none_or(|ix| ix.verdict_with(id, epoch, lives) == Verdict::Owed))
-        .map(|(id, _)| id.to_owned())
-        .collect()
+/// The `held` line of a keeper.
+fn held_op(by: &str, epoch: u64, at_ms: u64) -> Op {
+    Op::Held {
+        epoch,
+        by: by.to_owned(),
+        at_ms,
+    }
 }
 
 /// One line, or the whole line at its end when a writer that failed mid-way
@@ -505,8 +565,14 @@ mod counts_tests {
                     by: "w".into(),
                     at_ms,
                     live: None,
+                    pub_ms: None,
                 },
-                2 => Op::Done { id, epoch, at_ms },
+                2 => Op::Done {
+                    id,
+                    epoch,
+                    at_ms,
+                    pub_ms: None,
+                },
                 _ => Op::GiveBack { id, epoch, at_ms },
             };
             ix.apply(&op);
@@ -514,7 +580,10 @@ mod counts_tests {
                 ix.expire(at_ms, Duration::from_millis(200));
             }
             if at_ms % 131 == 0 {
-                ix.shed_to(600);
+                ix.forget_oldest_to(600);
+            }
+            if at_ms % 173 == 0 {
+                ix.settle_to(600, at_ms / 2, ("w", 1, at_ms));
             }
             assert_eq!(ix.counts(), recount(&ix), "after {op:?}");
         }

@@ -61,13 +61,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 pub mod hold;
 mod index;
+mod op;
+mod rules;
 mod storage;
 pub use hold::AppendHold;
-pub use index::{grants_without_ledger, owed, Index, State, StateCounts, Verdict};
+pub use index::{Index, State, StateCounts, Verdict};
+pub use op::Op;
+pub use rules::{grants_without_ledger, owed};
 #[cfg(feature = "sim")]
 pub(crate) use storage::after_first_newline;
 pub use storage::{FileLedger, LedgerError, LedgerStorage};
@@ -80,10 +82,64 @@ pub const DEFAULT_RETENTION: Duration = crate::config::DEFAULT_WORK_RETENTION;
 /// A ledger file larger than this is not read (the holder dispatches
 /// without it).
 pub const MAX_LEDGER_BYTES: u64 = 16 * 1024 * 1024;
-/// A ledger this long is rewritten, however many of its lines are live.
+/// A ledger this long is rewritten, however many of its lines are live
+/// (once it grew [`REWRITE_GROWTH`] since the last rewrite).
 pub const COMPACT_AT_BYTES: u64 = MAX_LEDGER_BYTES / 4 * 3;
 /// The most a rewrite keeps: room for the appends until the next one.
 pub const SNAPSHOT_BUDGET: usize = (MAX_LEDGER_BYTES / 2) as usize;
+/// A ledger this long takes no new take ([`crate::TakeOutcome::LedgerFull`])
+/// until a rewrite or the retention shrinks it: what is left below
+/// [`MAX_LEDGER_BYTES`] is room for the settles of the takes in flight
+/// (at most [`crate::work::MAX_OPEN_TAKES`] per window, each a line).
+pub const FULL_AT_BYTES: u64 = MAX_LEDGER_BYTES / 8 * 7;
+/// How much a ledger past [`COMPACT_AT_BYTES`] must have grown since its
+/// last rewrite before it is rewritten again: a rewrite that could not
+/// shrink it (everything in it still needed) is not tried at every append.
+pub const REWRITE_GROWTH: u64 = 1024 * 1024;
+/// How far behind now a rewrite may mark answered events settled (see
+/// [`Ledger::compact`]): an event the relay delivers later than this after
+/// it was published, or whose sender's clock runs this far behind, may be
+/// below the mark already.
+pub const SETTLE_LAG: Duration = Duration::from_secs(600);
+
+/// The sizes a ledger keeps to ([`Ledger::with_limits`]; the constants
+/// above by default, smaller in tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// [`COMPACT_AT_BYTES`].
+    pub compact_at: u64,
+    /// [`SNAPSHOT_BUDGET`].
+    pub budget: usize,
+    /// [`FULL_AT_BYTES`].
+    pub full_at: u64,
+    /// [`REWRITE_GROWTH`].
+    pub growth: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            compact_at: COMPACT_AT_BYTES,
+            budget: SNAPSHOT_BUDGET,
+            full_at: FULL_AT_BYTES,
+            growth: REWRITE_GROWTH,
+        }
+    }
+}
+
+/// What lets a rewrite mark answered events settled instead of keeping
+/// each (see [`Ledger::compact`]): nothing published before `cap` (unix
+/// ms) is owed but what the ledger shows, by the word of the holder `by`
+/// at `epoch`, who signs the mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettleCap<'a> {
+    /// Below this, the mark may go.
+    pub cap: u64,
+    /// The holder's instance id.
+    pub by: &'a str,
+    /// The holder's epoch.
+    pub epoch: u64,
+}
 /// How often a kept ledger drops what is past the retention window.
 pub const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 /// Longest event id accepted (a Nostr event id is 64 hex characters).
@@ -109,97 +165,6 @@ pub fn validate_event_id(id: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// One ledger line.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum Op {
-    /// The holder at `epoch` dispatched the event.
-    Take {
-        /// The event id.
-        id: String,
-        /// The holder's fencing epoch.
-        epoch: u64,
-        /// The holder's instance id (informational).
-        #[serde(default)]
-        by: String,
-        /// When, unix ms.
-        at_ms: u64,
-        /// Extension: the taker's presence token. While it takes part in
-        /// the election, the take is in flight (its reply may be on its
-        /// way); when it is gone, the event is owed.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        live: Option<String>,
-    },
-    /// The reply was sent.
-    Done {
-        /// The event id.
-        id: String,
-        /// The holder's fencing epoch.
-        epoch: u64,
-        /// When, unix ms.
-        at_ms: u64,
-    },
-    /// Extension: the holder `by` at `epoch` keeps this ledger (written
-    /// when it joins the key, at epoch 0, and when it first leads at an
-    /// epoch).
-    Held {
-        /// The holder's fencing epoch.
-        epoch: u64,
-        /// The holder's instance id.
-        by: String,
-        /// When, unix ms.
-        at_ms: u64,
-    },
-    /// Extension: the holder `by` at `epoch` replaced a writer that kept
-    /// no ledger (the harness, spec mode), who may have answered what was
-    /// published before `before_ms` (unix ms): an event published before
-    /// then that the ledger does not show is owed to no later holder
-    /// either, as it is not to `by` (see [`Index::floor`]).
-    Floor {
-        /// The holder's fencing epoch.
-        epoch: u64,
-        /// The holder's instance id.
-        by: String,
-        /// What was published before this (unix ms) may have been answered.
-        before_ms: u64,
-        /// When, unix ms.
-        at_ms: u64,
-    },
-    /// The turn was cancelled: the event is owed again.
-    GiveBack {
-        /// The event id.
-        id: String,
-        /// The holder's fencing epoch.
-        epoch: u64,
-        /// When, unix ms.
-        at_ms: u64,
-    },
-}
-
-impl Op {
-    fn id(&self) -> &str {
-        match self {
-            Op::Take { id, .. } | Op::Done { id, .. } | Op::GiveBack { id, .. } => id,
-            Op::Held { by, .. } | Op::Floor { by, .. } => by,
-        }
-    }
-    fn at_ms(&self) -> u64 {
-        match self {
-            Op::Take { at_ms, .. }
-            | Op::Done { at_ms, .. }
-            | Op::GiveBack { at_ms, .. }
-            | Op::Held { at_ms, .. }
-            | Op::Floor { at_ms, .. } => *at_ms,
-        }
-    }
-    /// The line written for it.
-    pub fn to_line(&self) -> Vec<u8> {
-        let mut l = serde_json::to_vec(self).expect("strings and integers always serialise");
-        l.push(b'\n');
-        l
-    }
 }
 
 /// What ends a fragment a failed write may have left (see
@@ -228,6 +193,10 @@ pub struct Ledger {
     /// Why the last durable write is not durable (refused, or written and
     /// not synced), until a later one is: what the status shows.
     degraded: Option<String>,
+    /// The sizes kept to.
+    limits: Limits,
+    /// How long the last rewrite left the file.
+    rewritten: u64,
 }
 
 impl Ledger {
@@ -238,6 +207,12 @@ impl Ledger {
         retention: Duration,
     ) -> std::result::Result<Self, LedgerError> {
         Self::open(Box::new(FileLedger::new(path)), now_ms, retention)
+    }
+
+    /// The same ledger, kept to `limits`.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Loads the ledger kept in `storage`.
@@ -260,6 +235,8 @@ impl Ledger {
             expired_at: now_ms,
             held_writes: false,
             degraded: None,
+            limits: Limits::default(),
+            rewritten: 0,
         })
     }
 
@@ -280,7 +257,7 @@ impl Ledger {
         let mut index = Index::default();
         index.extend(&tail);
         index.expire(now_ms, retention);
-        index.shed_to(SNAPSHOT_BUDGET);
+        index.forget_oldest_to(SNAPSHOT_BUDGET);
         let body = index.snapshot();
         storage.replace(&body).map_err(failed)?;
         drop(hold);
@@ -295,6 +272,8 @@ impl Ledger {
             expired_at: now_ms,
             held_writes: false,
             degraded: None,
+            limits: Limits::default(),
+            rewritten: 0,
         })
     }
 
@@ -507,9 +486,20 @@ impl Ledger {
     }
 
     /// Whether the ledger should be rewritten: twice as many lines as live
-    /// entries, or [`COMPACT_AT_BYTES`] long.
+    /// entries, or [`COMPACT_AT_BYTES`] long and grown by
+    /// [`REWRITE_GROWTH`] since the last rewrite (one that could not shrink
+    /// it is not tried again at every append).
     pub fn wants_compaction(&self) -> bool {
-        self.index.wants_compaction() || self.read >= COMPACT_AT_BYTES
+        let grown = self.read >= self.rewritten.saturating_add(self.limits.growth);
+        self.index.wants_compaction() || (self.read >= self.limits.compact_at && grown)
+    }
+
+    /// Whether the ledger is too long to take a new take
+    /// ([`FULL_AT_BYTES`]): what it holds is still needed (takes in
+    /// flight, answers no mark may settle yet) and a rewrite cannot
+    /// shrink it. Settles are still written.
+    pub fn is_full(&self) -> bool {
+        self.read >= self.limits.full_at
     }
 
     /// Drops what is past the retention window, at most every
@@ -523,11 +513,16 @@ impl Ledger {
         }
     }
 
-    /// Rewrites the ledger with only the live entries (past the retention
-    /// window none, past [`SNAPSHOT_BUDGET`] the newest). Under the append
-    /// hold, from the last read to the rename: a line another process
-    /// appends meanwhile waits, then goes into the new file.
-    pub fn compact(&mut self, now_ms: u64) -> Result<()> {
+    /// Rewrites the ledger with only the live entries: none past the
+    /// retention window, and past [`SNAPSHOT_BUDGET`] no answered event
+    /// published before a settled mark (its `floor` line), which goes no
+    /// higher than `settle`'s cap and [`SETTLE_LAG`] before now. Without
+    /// `settle` (the holder does not know what is owed) nothing answered
+    /// goes: the ledger stays long, and once [`Ledger::is_full`] takes are
+    /// refused, never an answer forgotten. Under the append hold, from the
+    /// last read to the rename: a line another process appends meanwhile
+    /// waits, then goes into the new file.
+    pub fn compact(&mut self, now_ms: u64, settle: Option<SettleCap>) -> Result<()> {
         // Ours before the hold: our own append would wait for it.
         let _ = self.flush();
         let _hold = self.storage.hold_appends()?;
@@ -535,14 +530,30 @@ impl Ledger {
             .map_err(|e| Error::io("work ledger", std::io::Error::other(e.to_string())))?;
         self.index.expire(now_ms, self.retention);
         self.expired_at = now_ms;
-        let shed = self.index.shed_to(SNAPSHOT_BUDGET);
-        if shed > 0 {
-            tracing::warn!("the work ledger outgrew its budget: the {shed} oldest answered events are forgotten");
+        let lag = u64::try_from(SETTLE_LAG.as_millis()).unwrap_or(u64::MAX);
+        let budget = self.limits.budget;
+        if let Some(s) = settle.filter(|_| !mutated!(ForgetAnswered)) {
+            let cap = s.cap.min(now_ms.saturating_sub(lag));
+            if let Some(mark) = self.index.settle_to(budget, cap, (s.by, s.epoch, now_ms)) {
+                tracing::info!(
+                    mark,
+                    "the work ledger marks what was published before the mark settled"
+                );
+            }
+        } else if mutated!(ForgetAnswered) {
+            self.index.forget_oldest_to(budget);
         }
         let body = self.index.snapshot();
+        if body.len() > budget {
+            tracing::warn!(
+                bytes = body.len(),
+                "the work ledger cannot shrink to its budget yet: nothing in it may go"
+            );
+        }
         self.storage.replace(&body)?;
         self.index.compacted();
         self.read = body.len() as u64;
+        self.rewritten = self.read;
         // The snapshot holds every line applied here.
         self.pending.clear();
         self.torn = false;

@@ -17,8 +17,7 @@ use super::steps::{Settle, TakeStep};
 /// a killed holder's event at epoch 0, and both answered it).
 pub(super) fn record_take(
     index: &Index,
-    id: &str,
-    epoch: u64,
+    (id, pub_ms, epoch): (&str, Option<u64>, u64),
     by: &str,
     at_ms: u64,
     live: Option<&str>,
@@ -29,6 +28,7 @@ pub(super) fn record_take(
         by: by.to_owned(),
         at_ms,
         live: live.map(str::to_owned),
+        pub_ms,
     };
     match index.taker(id) {
         Some((gone, _)) if gone > epoch && !mutated!(HiddenTake) => {

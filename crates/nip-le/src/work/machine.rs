@@ -16,7 +16,9 @@ use crate::ledger::{self, Index, Op, Verdict};
 mod global_view;
 
 use super::first_look::FirstLook;
+use super::in_hand::Hand;
 use super::ledger_lines::{floor_line, record_take, taken_by};
+use super::settle_cap::oldest_unsettled;
 use super::steps::{Displaced, Lead, Settle, SettleStep, Spell, TakeStep};
 use super::SharedWork;
 
@@ -84,15 +86,13 @@ pub(crate) struct WorkMachine {
     global: GlobalView,
     /// Takes this window was granted and has not settled yet (see
     /// [`WorkMachine::grant`]).
-    in_hand: BTreeMap<String, InHand>,
-}
-
-/// A grant this window has not settled yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct InHand {
-    at_ms: u64,
-    /// The epoch its take line is in the ledger at, if it is.
-    recorded_at: Option<u64>,
+    in_hand: Hand,
+    /// What the app's queue said at its last `owed` while we hold at an
+    /// epoch: nothing published before this (unix ms) that it queues is
+    /// owed but what the ledger shows (`u64::MAX`: nothing it queues is);
+    /// `None` until it asks. What a rewrite may mark settled
+    /// ([`WorkMachine::settle_cap`]).
+    settled_below: Option<u64>,
 }
 
 /// The epoch a fail-safe leader judges the ledger at: no take is its own
@@ -102,10 +102,6 @@ struct InHand {
 const FAIL_SAFE_EPOCH: u64 = u64::MAX;
 /// The epoch a fail-safe leader's take lines carry.
 const FAIL_SAFE_TAKE_EPOCH: u64 = 0;
-
-/// Most takes in hand remembered (each a turn in flight: an app has a
-/// handful).
-pub(crate) const MAX_IN_HAND: usize = 1024;
 
 impl WorkMachine {
     /// A key just joined.
@@ -121,8 +117,19 @@ impl WorkMachine {
             holds_lock: false,
             held: None,
             global: GlobalView::default(),
-            in_hand: BTreeMap::new(),
+            in_hand: Hand::default(),
+            settled_below: None,
         }
+    }
+
+    /// How far a rewrite of the ledger of our epoch may mark answered
+    /// events settled (see [`ledger::Ledger::compact`]): below the oldest
+    /// unanswered event the app's queue held at its last `owed`, while we
+    /// hold at an epoch with a ledger that covers our predecessors. `None`:
+    /// the app has not said (nothing answered may go).
+    pub(crate) fn settle_cap(&self) -> Option<(u64, u64)> {
+        let h = self.held.as_ref().filter(|h| !h.ledgerless_before)?;
+        Some((self.settled_below?, h.epoch))
     }
 
     /// The epoch we hold the lock at, with a ledger, if we do.
@@ -272,60 +279,25 @@ impl WorkMachine {
         }
     }
 
-    /// A take granted (recorded or not): in hand until it is settled, so
-    /// that this window is never granted an event twice while its first
-    /// turn runs, whatever the ledger can show (the simulator: a fail-safe
-    /// leader, its ledger refused by EIO, granted one mention twice and
-    /// answered it twice; and one whose take line carried no presence
-    /// token). At most [`MAX_IN_HAND`], the oldest forgotten first.
-    fn grant(
-        &mut self,
-        id: &str,
-        epoch: Option<u64>,
-        recorded_at: Option<u64>,
-        now_ms: u64,
-    ) -> TakeOutcome {
-        if self.in_hand.len() >= MAX_IN_HAND {
-            let oldest = (self.in_hand.iter())
-                .min_by_key(|(_, h)| h.at_ms)
-                .map(|(id, _)| id.clone());
-            if let Some(o) = oldest {
-                self.in_hand.remove(&o);
-            }
-        }
-        let hand = InHand {
-            at_ms: now_ms,
-            recorded_at,
-        };
-        self.in_hand.insert(id.to_owned(), hand);
+    /// A take granted (recorded or not): in hand until it is settled (see
+    /// [`Hand`]).
+    fn grant(&mut self, id: &str, epoch: Option<u64>, recorded_at: Option<u64>) -> TakeOutcome {
+        self.in_hand.grant(id, recorded_at);
         TakeOutcome::Granted { epoch }
     }
 
-    /// Whether our turn on `id` may still run: granted and not settled,
-    /// unless the ledger, readable, no longer shows our recorded take (a
-    /// takeover from us while we hung gave it back on our behalf, and
-    /// perhaps another holder took it since: we woke fenced, and the turn
-    /// sends nothing; kept in hand, the event was never owed to us again
-    /// once we led again: the model check, paths of 8).
-    fn in_hand(&self, id: &str, index: Option<&Index>) -> bool {
-        self.in_hand
-            .get(id)
-            .is_some_and(|h| match (h.recorded_at, index) {
-                (Some(epoch), Some(ix)) => ix.state(id) == Some(ledger::State::Taken(epoch)),
-                _ => true,
-            })
-    }
-
-    /// A take of `id`. `leads`: we act now; `index`: the ledger as just
-    /// read again (`None`: unreadable); `by` and `live`: our instance id
-    /// and presence token, for the line.
+    /// A take of `id`, published at `published` (unix ms) if the app said.
+    /// `leads`: we act now; `index`: the ledger as just read again
+    /// (`None`: unreadable); `full`: it is as long as it may grow
+    /// ([`ledger::Ledger::is_full`]); `by` and `live`: our instance id and
+    /// presence token, for the line.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn take(
         &mut self,
-        id: &str,
+        (id, published): (&str, Option<u64>),
         leads: bool,
         now_ms: u64,
-        index: Option<&Index>,
+        (index, full): (Option<&Index>, bool),
         alive: &dyn Fn(&str) -> bool,
         by: &str,
         live: Option<&str>,
@@ -334,8 +306,19 @@ impl WorkMachine {
         if !leads {
             return Answer(TakeOutcome::NotLeader);
         }
-        if self.in_hand(id, index) {
+        if self.in_hand.holds(id, index) {
             return Answer(TakeOutcome::AlreadyTaken);
+        }
+        if !self.in_hand.has_room(index) {
+            return Answer(TakeOutcome::TooManyOpen);
+        }
+        // Published before the ledger's settled mark and not in it: settled
+        // (answered, or another's to answer), as `owed` says.
+        let settled = |ix: &Index| {
+            ix.state(id).is_none() && matches!((published, ix.floor()), (Some(p), Some(f)) if p < f)
+        };
+        if index.is_some_and(settled) {
+            return Answer(TakeOutcome::Done);
         }
         // What another host did (or a window of any host still does).
         if self.global.unread {
@@ -352,7 +335,7 @@ impl WorkMachine {
         let Some(h) = &self.held else {
             // Spec mode: no ledger applies.
             if !self.keeps_ledger {
-                return Answer(self.grant(id, None, None, now_ms));
+                return Answer(self.grant(id, None, None));
             }
             // A fail-safe leader (the lock file cannot be read or locked)
             // acts once that has lasted a stale bound; its takes go in the
@@ -368,19 +351,23 @@ impl WorkMachine {
                 return Answer(TakeOutcome::Unavailable);
             }
             let Some(ix) = index.filter(|_| !mutated!(FailsafeTake)) else {
-                return Answer(self.grant(id, None, None, now_ms));
+                return Answer(self.grant(id, None, None));
             };
             return match ix.verdict_with(id, FAIL_SAFE_EPOCH, &self.lives(alive)) {
                 Verdict::Done => Answer(TakeOutcome::Done),
                 Verdict::TakenNow | Verdict::TakenElsewhere => Answer(TakeOutcome::AlreadyTaken),
-                Verdict::Owed => record_take(ix, id, FAIL_SAFE_TAKE_EPOCH, by, now_ms, live),
+                Verdict::Owed if full => Answer(TakeOutcome::LedgerFull),
+                Verdict::Owed => {
+                    let take = (id, published, FAIL_SAFE_TAKE_EPOCH);
+                    record_take(ix, take, by, now_ms, live)
+                }
             };
         };
         let Some(ix) = index else {
             let epoch = Some(h.epoch);
             return Answer(
                 if ledger::grants_without_ledger(h.since_ms, now_ms, self.stale) {
-                    self.grant(id, epoch, None, now_ms)
+                    self.grant(id, epoch, None)
                 } else {
                     TakeOutcome::Unavailable
                 },
@@ -389,7 +376,8 @@ impl WorkMachine {
         match ix.verdict_with(id, h.epoch, &self.lives(alive)) {
             Verdict::Done => Answer(TakeOutcome::Done),
             Verdict::TakenNow | Verdict::TakenElsewhere => Answer(TakeOutcome::AlreadyTaken),
-            Verdict::Owed => record_take(ix, id, h.epoch, by, now_ms, live),
+            Verdict::Owed if full => Answer(TakeOutcome::LedgerFull),
+            Verdict::Owed => record_take(ix, (id, published, h.epoch), by, now_ms, live),
         }
     }
 
@@ -398,16 +386,11 @@ impl WorkMachine {
     /// successor, or we after a crash, would grant it again), unless we
     /// lead by the fail-safe (not holding the lock), past the stale bound
     /// already: then it is granted unrecorded.
-    pub(crate) fn take_written(
-        &mut self,
-        id: &str,
-        written: bool,
-        now_ms: u64,
-    ) -> (TakeOutcome, Spell) {
+    pub(crate) fn take_written(&mut self, id: &str, written: bool) -> (TakeOutcome, Spell) {
         let Some(h) = self.held.as_mut() else {
             let out = match (written, self.holds_lock) {
                 (false, true) => TakeOutcome::Unavailable,
-                _ => self.grant(id, None, written.then_some(FAIL_SAFE_TAKE_EPOCH), now_ms),
+                _ => self.grant(id, None, written.then_some(FAIL_SAFE_TAKE_EPOCH)),
             };
             return (out, Spell::Same);
         };
@@ -418,7 +401,7 @@ impl WorkMachine {
         };
         let epoch = Some(h.epoch);
         let out = if written {
-            self.grant(id, epoch, epoch, now_ms)
+            self.grant(id, epoch, epoch)
         } else {
             TakeOutcome::Unavailable
         };
@@ -446,7 +429,7 @@ impl WorkMachine {
         // leader's take granted unrecorded while the disk refused writes:
         // the simulator, its `done` dropped, a later holder answered it
         // again).
-        let ours = self.in_hand.remove(id).is_some();
+        let ours = self.in_hand.settle(id);
         if mutated!(DoneFenced) && !leads {
             return SettleStep::Answer(false);
         }
@@ -513,15 +496,24 @@ impl WorkMachine {
     /// the other host received what we queue since, and may have acted on
     /// it (across hosts, 1,000 seeds: owing it made 6% more answers on two
     /// hosts).
+    ///
+    /// It also notes how far the ledger may mark answered events settled:
+    /// below the oldest event of `queue`, published since `horizon_ms` (the
+    /// retention's start: older ones the ledger forgets anyway), that it
+    /// does not show answered (see [`WorkMachine::settle_cap`]).
     pub(crate) fn owed(
         &mut self,
         queue: &[QueuedEvent],
         leads: bool,
-        index: Option<&Index>,
+        (index, horizon_ms): (Option<&Index>, u64),
         alive: &dyn Fn(&str) -> bool,
     ) -> Vec<String> {
         if !leads {
             return Vec::new();
+        }
+        if let (Some(ix), Some(_)) = (index, &self.held) {
+            let shared = self.global.shared.as_deref();
+            self.settled_below = Some(oldest_unsettled(queue, ix, shared, horizon_ms));
         }
         let led = self.leader_since.unwrap_or(0);
         let after_ledgerless = self.held.as_ref().is_some_and(|h| h.ledgerless_before);
@@ -533,7 +525,7 @@ impl WorkMachine {
         let since = led.max(self.global.since.unwrap_or(0));
         let shared = self.global.shared.as_deref();
         let elsewhere = |id: &str| {
-            self.in_hand(id, index)
+            self.in_hand.holds(id, index)
                 || shared.is_some_and(|w| w.done.contains(id) || w.taken.contains(id))
         };
         // As if published since we led (of unknown time), unless before

@@ -16,10 +16,12 @@
 //! hand-overs on one ledger.
 
 mod first_look;
+mod in_hand;
 mod ledger_lines;
 mod machine;
 #[cfg(test)]
 mod model;
+mod settle_cap;
 mod steps;
 #[cfg(test)]
 mod tests;
@@ -28,6 +30,8 @@ use std::collections::BTreeSet;
 #[cfg(feature = "etcd")]
 use std::time::Duration;
 
+#[cfg(test)]
+pub(crate) use in_hand::MAX_OPEN_TAKES;
 pub(crate) use ledger_lines::{epoch_floor, held_line, settle_line};
 pub(crate) use machine::WorkMachine;
 pub(crate) use steps::{Displaced, Lead, Settle, SettleStep, Spell, TakeStep};

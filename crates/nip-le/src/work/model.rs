@@ -101,7 +101,7 @@ impl World {
         let ix = self.index();
         let alive = self.alive_token();
         // On a copy: asking changes nothing the check should keep.
-        (self.windows[h].m.clone()).owed(&Self::queue(), true, Some(&ix), &alive)
+        (self.windows[h].m.clone()).owed(&Self::queue(), true, (Some(&ix), 0), &alive)
     }
     fn would_grant(&self, h: usize, e: usize) -> bool {
         let ix = self.index();
@@ -110,10 +110,10 @@ impl World {
         let token = w.token(h);
         // On a copy: asking changes nothing the check should keep.
         let step = (w.m.clone()).take(
-            EVENTS[e],
+            (EVENTS[e], None),
             true,
             NOW_MS,
-            Some(&ix),
+            (Some(&ix), false),
             &alive,
             "w",
             Some(&token),
@@ -254,10 +254,10 @@ impl Model for Ledgers {
                     let win = &w.windows[i];
                     let token = win.token(i);
                     (win.m.clone()).take(
-                        EVENTS[e],
+                        (EVENTS[e], None),
                         true,
                         NOW_MS,
-                        Some(&ix),
+                        (Some(&ix), false),
                         &alive,
                         "w",
                         Some(&token),
@@ -266,7 +266,7 @@ impl Model for Ledgers {
                 let TakeStep::Record(lines) = step else {
                     return None;
                 };
-                let (out, _) = w.windows[i].m.take_written(EVENTS[e], true, NOW_MS);
+                let (out, _) = w.windows[i].m.take_written(EVENTS[e], true);
                 assert!(matches!(out, TakeOutcome::Granted { epoch: Some(_) }));
                 // Granted though a window still has it in hand.
                 let again = (w.windows.iter()).any(|x| x.turns.contains(&e));

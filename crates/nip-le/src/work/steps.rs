@@ -19,7 +19,12 @@ impl Settle {
     pub(crate) fn op(self, id: &str, epoch: u64, at_ms: u64) -> Op {
         let id = id.to_owned();
         match self {
-            Settle::Done => Op::Done { id, epoch, at_ms },
+            Settle::Done => Op::Done {
+                id,
+                epoch,
+                at_ms,
+                pub_ms: None,
+            },
             Settle::GiveBack => Op::GiveBack { id, epoch, at_ms },
         }
     }

@@ -3,7 +3,7 @@
 //! at is opened, read again and appended to here, as the rules decide.
 
 use crate::error::Error;
-use crate::ledger::{self, Ledger, Op};
+use crate::ledger::{self, Ledger, Op, SettleCap};
 use crate::presence::PeerPresence;
 use crate::work::{epoch_floor, held_line, Lead, Settle, SettleStep, Spell, TakeStep};
 
@@ -217,7 +217,13 @@ impl Key {
             // What others appended since (a former holder's late `done`)
             // goes into the rewrite, not under it: the rewrite reads it
             // under the append hold.
-            if let Err(e) = l.compact(now_ms) {
+            let by = ctx.our_id.to_string();
+            let settle = (self.work.settle_cap()).map(|(cap, epoch)| SettleCap {
+                cap,
+                by: &by,
+                epoch,
+            });
+            if let Err(e) = l.compact(now_ms, settle) {
                 tracing::warn!(pubkey = %self.pubkey, "cannot compact the work ledger: {e}");
             }
         }
@@ -273,7 +279,7 @@ impl Key {
         // is owed, and whether a take is granted, depend on it (a `done`
         // or `give_back` of ours needs only what we applied ourselves).
         // (A take reads it under the append hold.)
-        if matches!(op, WorkOp::Take(_) | WorkOp::Owed(_)) {
+        if matches!(op, WorkOp::Take(..) | WorkOp::Owed(_)) {
             self.reopen_ledger(ctx, now_ms);
         }
         if matches!(op, WorkOp::Owed(_)) {
@@ -292,8 +298,8 @@ impl Key {
         let probes = FileProbes::new(ctx, &pubkey, false);
         let alive = |t: &str| !mutated!(NoInFlight) && probes.presence(t) == PeerPresence::Alive;
         match (op, reply) {
-            (WorkOp::Take(id), WorkReply::Take(r)) => {
-                let out = self.take(ctx, &id, leads, now_ms, &alive);
+            (WorkOp::Take(id, published), WorkReply::Take(r)) => {
+                let out = self.take(ctx, (&id, published), leads, now_ms, &alive);
                 let granted = matches!(out, TakeOutcome::Granted { .. });
                 let _ = r.send(Ok(out));
                 granted.then_some((id, None))
@@ -311,7 +317,10 @@ impl Key {
             }
             (WorkOp::Owed(queue), WorkReply::Owed(r)) => {
                 let index = self.ledger.as_ref().map(|l| &l.index);
-                let _ = r.send(Ok(self.work.owed(&queue, leads, index, &alive)));
+                let retention = u64::try_from(ctx.config.work_retention.as_millis());
+                let horizon = now_ms.saturating_sub(retention.unwrap_or(u64::MAX));
+                let owed = self.work.owed(&queue, leads, (index, horizon), &alive);
+                let _ = r.send(Ok(owed));
                 if let Some(l) = self.ledger.as_mut() {
                     if let Some(op) = self.work.floor_line(&l.index, &ctx.our_id, now_ms) {
                         let _ = append(l, &self.pubkey, op);
@@ -331,24 +340,26 @@ impl Key {
     fn take(
         &mut self,
         ctx: &Ctx,
-        id: &str,
+        event: (&str, Option<u64>),
         leads: bool,
         now_ms: u64,
         alive: &dyn Fn(&str) -> bool,
     ) -> TakeOutcome {
+        let id = event.0;
         let live = ctx.token_for(&self.pubkey);
         let by = ctx.our_id.to_string();
         let (work, ledger) = (&mut self.work, &mut self.ledger);
         let Some(l) = ledger.as_mut() else {
-            return match work.take(id, leads, now_ms, None, alive, &by, live) {
+            return match work.take(event, leads, now_ms, (None, false), alive, &by, live) {
                 TakeStep::Answer(out) => out,
                 TakeStep::Record(_) => TakeOutcome::Unavailable,
             };
         };
+        let full = l.is_full() && !mutated!(ForgetAnswered);
         let (mut answer, mut decided) = (None, false);
         let taken = l.take_held(now_ms, &mut |ix| {
             decided = true;
-            match work.take(id, leads, now_ms, Some(ix), alive, &by, live) {
+            match work.take(event, leads, now_ms, (Some(ix), full), alive, &by, live) {
                 TakeStep::Answer(out) => {
                     answer = Some(out);
                     Vec::new()
@@ -367,7 +378,7 @@ impl Key {
             return TakeOutcome::Unavailable;
         }
         let refused = taken.err().filter(|_| !mutated!(TakeUnsynced));
-        let (out, spell) = self.work.take_written(id, refused.is_none(), now_ms);
+        let (out, spell) = self.work.take_written(id, refused.is_none());
         // Said once per spell of refusals, not at every retry.
         match (spell, refused) {
             (Spell::Ended, _) => tracing::info!(pubkey = %self.pubkey, "takes are written again"),

@@ -67,7 +67,7 @@ fn a_floor_survives_compaction_and_counts_as_a_line() {
     let mut l = Ledger::load(path.clone(), 0, HOUR).unwrap();
     l.append(&floor(50, 60)).unwrap();
     l.append(&floor(40, 70)).unwrap();
-    l.compact(100).unwrap();
+    l.compact(100, None).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(text.lines().count(), 1, "one floor kept: {text}");
     let again = Ledger::load(path, 100, HOUR).unwrap();

@@ -98,7 +98,7 @@ fn a_rewrite_killed_midway_leaves_a_file_the_next_owner_removes() {
             l.append_now(&take(&format!("e{i}"), 1, 1)).unwrap();
         }
         super::sync_fault::crash_at_fsync_under(std::path::Path::new(&dir));
-        let _ = l.compact(0);
+        let _ = l.compact(0, None);
         std::process::exit(3);
     }
     let tmp = tempfile::tempdir().unwrap();

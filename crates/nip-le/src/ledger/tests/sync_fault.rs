@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::*;
+
 /// The directories whose files fail to sync.
 static FAILING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// The directory whose files' `fsync` ends the process (a crash there).
@@ -75,4 +77,33 @@ fn a_sync_under_a_failing_directory_fails_and_elsewhere_succeeds() {
     assert_eq!(e.raw_os_error(), Some(libc::EIO));
     let g = std::fs::File::create(good.path().join("g")).unwrap();
     g.sync_data().unwrap();
+}
+
+/// A `done` or give-back whose sync fails is in the file (every process
+/// reads it, and it stays applied here) but its caller hears that it is
+/// not durable, and the ledger says so until a later line is synced.
+#[test]
+fn a_settle_whose_sync_fails_is_written_applied_and_reported_not_durable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    let mut l = Ledger::load(path.clone(), 0, HOUR).unwrap();
+    l.append_now(&take_by("a", 1, "7-aaaa")).unwrap();
+    l.append_now(&take_by("b", 1, "7-aaaa")).unwrap();
+    let failing = fail_syncs_under(tmp.path());
+    let e = l.append(&done("a", 1, 2)).unwrap_err();
+    assert!(matches!(e, Error::NotDurable { .. }), "{e}");
+    assert!(l.degraded().is_some());
+    let e = l.append(&give_back("b", 1, 3)).unwrap_err();
+    assert!(matches!(e, Error::NotDurable { .. }), "{e}");
+    // Written and applied, nothing kept to be written again.
+    assert!(!l.has_pending());
+    let reread = Index::parse(&std::fs::read(&path).unwrap(), 0, HOUR);
+    assert_eq!(reread.verdict("a", 1), Verdict::Done);
+    assert_eq!(reread.verdict("b", 1), Verdict::Owed);
+    // A take needs no sync of its own: granted, the ledger still degraded.
+    l.append_now(&take_by("c", 1, "7-aaaa")).unwrap();
+    assert!(l.degraded().is_some());
+    drop(failing);
+    l.append(&done("c", 1, 4)).unwrap();
+    assert_eq!(l.degraded(), None, "a synced line ends it");
 }

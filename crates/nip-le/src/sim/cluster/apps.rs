@@ -43,7 +43,7 @@ impl Sim {
         }
         for id in owed {
             let took = self.call(w, |r| {
-                Command::Work(pk, WorkOp::Take(id.clone()), WorkReply::Take(r))
+                Command::Work(pk, WorkOp::Take(id.clone(), None), WorkReply::Take(r))
             });
             self.note(w, || format!("take {id}: {took:?}"));
             match took {

@@ -11,7 +11,7 @@ fn a_ledgerless_writers_floor_binds_every_later_holder() {
     over_harness(&mut first, 2, T, Some(&Index::default()), NOBODY);
     let ix = Index::default();
     assert_eq!(first.floor_line(&ix, "us", T), None, "no look yet");
-    assert_eq!(first.owed(&q, true, Some(&ix), NOBODY), ["after"]);
+    assert_eq!(first.owed(&q, true, (Some(&ix), 0), NOBODY), ["after"]);
     // The floor is what the look left out, in the senders' clocks (ours
     // may have stepped).
     let want = Op::Floor {
@@ -27,7 +27,7 @@ fn a_ledgerless_writers_floor_binds_every_later_holder() {
     // the ledger once taken.
     let late = queue(&[("before", T - 5), ("late", T - 4), ("after", T + 5)]);
     assert_eq!(
-        first.owed(&late, true, Some(&ix), NOBODY),
+        first.owed(&late, true, (Some(&ix), 0), NOBODY),
         ["late", "after"]
     );
     // The next holder's ledger covers us, not the harness: it owes what
@@ -35,12 +35,12 @@ fn a_ledgerless_writers_floor_binds_every_later_holder() {
     // 3,000 seeds answered after a writer without a ledger, though
     // published before it was replaced; 366 with the floor line).
     let mut next = holding(3);
-    assert_eq!(next.owed(&q, true, Some(&ix), NOBODY), ["after"]);
+    assert_eq!(next.owed(&q, true, (Some(&ix), 0), NOBODY), ["after"]);
     assert_eq!(next.floor_line(&ix, "us", T), None, "no floor of its own");
     // Nothing queued before we led: no floor.
     let mut empty = machine();
     over_harness(&mut empty, 2, T, Some(&Index::default()), NOBODY);
-    let _ = empty.owed(&queue(&[("after", T + 5)]), true, Some(&ix), NOBODY);
+    let _ = empty.owed(&queue(&[("after", T + 5)]), true, (Some(&ix), 0), NOBODY);
     assert_eq!(empty.floor_line(&Index::default(), "us", T), None);
 }
 
@@ -55,9 +55,12 @@ fn a_lock_holder_without_an_epoch_owes_what_a_ledger_keeper_left_and_grants_only
     m.replaced(None, Displaced::Token(Some("tok-old".into())));
     m.holds(true);
     assert_eq!(m.lead(T, true, None, true), Lead::OpenFailSafe);
-    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["before", "after"]);
+    assert_eq!(
+        m.owed(&q, true, (Some(&ix), 0), NOBODY),
+        ["before", "after"]
+    );
     // The one holder: a take the disk refused is not granted.
-    let (out, _) = m.take_written("before", false, T + 20_000);
+    let (out, _) = m.take_written("before", false);
     assert_eq!(out, TakeOutcome::Unavailable);
     // After a writer without a ledger, only what was published since we
     // led; and so for the fail-safe's leaders (the lock file cannot be
@@ -67,10 +70,10 @@ fn a_lock_holder_without_an_epoch_owes_what_a_ledger_keeper_left_and_grants_only
     m.replaced(Some("harness".into()), Displaced::Token(None));
     m.holds(true);
     let _ = m.lead(T, true, None, true);
-    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["after"]);
+    assert_eq!(m.owed(&q, true, (Some(&ix), 0), NOBODY), ["after"]);
     let mut m = machine();
     let _ = m.lead(T, true, None, false);
-    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["after"]);
-    let (out, _) = m.take_written("after", false, T + 20_000);
+    assert_eq!(m.owed(&q, true, (Some(&ix), 0), NOBODY), ["after"]);
+    let (out, _) = m.take_written("after", false);
     assert_eq!(out, TakeOutcome::Granted { epoch: None });
 }

@@ -13,13 +13,13 @@ fn what_the_global_level_reports_decides_before_the_ledger() {
     };
     // Unread: nothing owed, nothing granted.
     m.heard_global(None, true, None, false);
-    assert!(m.owed(&q, true, Some(&ix), NOBODY).is_empty());
+    assert!(m.owed(&q, true, (Some(&ix), 0), NOBODY).is_empty());
     assert_eq!(
         take(&m, "free", Some(&ix), NOBODY),
         TakeStep::Answer(TakeOutcome::Unavailable)
     );
     m.heard_global(Some(Arc::new(shared)), false, None, false);
-    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["free"]);
+    assert_eq!(m.owed(&q, true, (Some(&ix), 0), NOBODY), ["free"]);
     assert_eq!(
         take(&m, "done-there", Some(&ix), NOBODY),
         TakeStep::Answer(TakeOutcome::Done)
@@ -30,9 +30,9 @@ fn what_the_global_level_reports_decides_before_the_ledger() {
     // from then on; a read of the records ends that.
     let q = queue(&[("old", T), ("new", T + 10)]);
     m.heard_global(None, false, Some(T + 5), false);
-    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["new"]);
+    assert_eq!(m.owed(&q, true, (Some(&ix), 0), NOBODY), ["new"]);
     m.heard_global(Some(Arc::new(SharedWork::default())), false, None, false);
-    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["old", "new"]);
+    assert_eq!(m.owed(&q, true, (Some(&ix), 0), NOBODY), ["old", "new"]);
 }
 
 #[cfg(feature = "etcd")]
@@ -90,9 +90,12 @@ fn a_fall_back_owes_from_the_hosts_unknown_start_though_we_led_later() {
         ("after", T + 2_000),
     ]);
     m.heard_global(None, false, Some(T), false);
-    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["before-us", "after"]);
+    assert_eq!(
+        m.owed(&q, true, (Some(&ix), 0), NOBODY),
+        ["before-us", "after"]
+    );
     // Our own ledger unreadable: nothing covers our predecessors either.
-    assert_eq!(m.owed(&q, true, None, NOBODY), ["after"]);
+    assert_eq!(m.owed(&q, true, (None, 0), NOBODY), ["after"]);
 }
 
 #[test]

@@ -4,14 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::machine::MAX_IN_HAND;
 use super::MAX_DONES_AGAIN;
 use super::*;
 use crate::elector::types::{QueuedEvent, TakeOutcome};
 use crate::ledger::{Index, Op};
 
+mod bound;
 mod floor;
 mod global_view;
+mod in_hand;
 
 const STALE: Duration = Duration::from_secs(10);
 const T: u64 = 1_000_000;
@@ -35,6 +36,7 @@ fn take_op(id: &str, epoch: u64, live: &str) -> Op {
         by: "x".into(),
         at_ms: T,
         live: Some(live.into()),
+        pub_ms: None,
     }
 }
 
@@ -74,7 +76,15 @@ fn over_harness(
 
 fn take(m: &WorkMachine, id: &str, ix: Option<&Index>, alive: &dyn Fn(&str) -> bool) -> TakeStep {
     // On a copy: a grant without a line would put it in hand.
-    m.clone().take(id, true, T, ix, alive, "us", Some("tok-us"))
+    m.clone().take(
+        (id, None),
+        true,
+        T,
+        (ix, false),
+        alive,
+        "us",
+        Some("tok-us"),
+    )
 }
 
 #[test]
@@ -95,16 +105,16 @@ fn a_take_is_granted_only_once_its_line_is_on_disk() {
         }]
     );
     assert_eq!(
-        m.take_written("a", false, T),
+        m.take_written("a", false),
         (TakeOutcome::Unavailable, Spell::Began)
     );
     assert_eq!(
-        m.take_written("a", false, T),
+        m.take_written("a", false),
         (TakeOutcome::Unavailable, Spell::Same)
     );
     let granted = TakeOutcome::Granted { epoch: Some(3) };
-    assert_eq!(m.take_written("a", true, T), (granted, Spell::Ended));
-    assert_eq!(m.take_written("a", true, T), (granted, Spell::Same));
+    assert_eq!(m.take_written("a", true), (granted, Spell::Ended));
+    assert_eq!(m.take_written("a", true), (granted, Spell::Same));
 }
 
 #[test]
@@ -117,6 +127,7 @@ fn verdicts_answer_without_a_line() {
             id: "done".into(),
             epoch: 1,
             at_ms: T,
+            pub_ms: None,
         },
     ]);
     let answer = |id, alive| match take(&m, id, Some(&ix), alive) {
@@ -128,7 +139,15 @@ fn verdicts_answer_without_a_line() {
     // A hand-over's predecessor: its take is in flight while it lives.
     assert_eq!(answer("old", EVERYONE), Some(TakeOutcome::AlreadyTaken));
     assert_eq!(answer("old", NOBODY), None, "its taker is gone: owed");
-    let not = m.clone().take("a", false, T, Some(&ix), NOBODY, "us", None);
+    let not = m.clone().take(
+        ("a", None),
+        false,
+        T,
+        (Some(&ix), false),
+        NOBODY,
+        "us",
+        None,
+    );
     assert_eq!(not, TakeStep::Answer(TakeOutcome::NotLeader));
 }
 
@@ -155,7 +174,7 @@ fn a_takeover_owes_the_displaced_holders_takes_and_no_one_elses() {
     let owed = m.owed(
         &queue(&[("handed", 1), ("hung", 1)]),
         true,
-        Some(&ix),
+        (Some(&ix), 0),
         EVERYONE,
     );
     assert_eq!(owed, ["hung"]);
@@ -171,7 +190,7 @@ fn a_takeover_owes_the_displaced_holders_takes_and_no_one_elses() {
     let owed = m.owed(
         &queue(&[("handed", 1), ("hung", 1)]),
         true,
-        Some(&ix),
+        (Some(&ix), 0),
         EVERYONE,
     );
     assert_eq!(owed, ["handed", "hung"]);
@@ -184,7 +203,7 @@ fn a_takeover_owes_the_displaced_holders_takes_and_no_one_elses() {
     let owed = m.owed(
         &queue(&[("handed", 1), ("hung", 1)]),
         true,
-        Some(&ix),
+        (Some(&ix), 0),
         EVERYONE,
     );
     assert!(owed.is_empty());
@@ -194,21 +213,29 @@ fn a_takeover_owes_the_displaced_holders_takes_and_no_one_elses() {
 fn an_unreadable_ledger_or_no_epoch_waits_a_stale_bound_then_grants_unrecorded() {
     let stale_ms = STALE.as_millis() as u64;
     let m = holding(3);
-    let at = |ms| m.clone().take("a", true, ms, None, NOBODY, "us", None);
+    let at = |ms| {
+        m.clone()
+            .take(("a", None), true, ms, (None, false), NOBODY, "us", None)
+    };
     assert_eq!(at(T), TakeStep::Answer(TakeOutcome::Unavailable));
     let granted = TakeOutcome::Granted { epoch: Some(3) };
     assert_eq!(at(T + stale_ms + 1), TakeStep::Answer(granted));
     // The fail-safe leader: no epoch, its ledger unreadable.
     let mut m = machine();
     assert_eq!(m.lead(T, true, None, false), Lead::OpenFailSafe);
-    let at = |ms| m.clone().take("a", true, ms, None, NOBODY, "us", None);
+    let at = |ms| {
+        m.clone()
+            .take(("a", None), true, ms, (None, false), NOBODY, "us", None)
+    };
     assert_eq!(at(T), TakeStep::Answer(TakeOutcome::Unavailable));
     let unrecorded = TakeOutcome::Granted { epoch: None };
     assert_eq!(at(T + stale_ms + 1), TakeStep::Answer(unrecorded));
     // Spec mode keeps no ledger: granted at once, unrecorded.
     let mut m = WorkMachine::new(false, STALE);
     assert_eq!(m.lead(T, true, Some(3), false), Lead::Forget);
-    let t = m.clone().take("a", true, T, None, NOBODY, "us", None);
+    let t = m
+        .clone()
+        .take(("a", None), true, T, (None, false), NOBODY, "us", None);
     assert_eq!(t, TakeStep::Answer(unrecorded));
 }
 
@@ -267,7 +294,10 @@ fn a_predecessor_without_a_ledger_leaves_only_what_was_published_since() {
     // election now: the harness, or spec mode.
     let mut m = machine();
     over_harness(&mut m, 2, T, Some(&Index::default()), NOBODY);
-    assert_eq!(m.owed(&q, true, Some(&Index::default()), NOBODY), ["after"]);
+    assert_eq!(
+        m.owed(&q, true, (Some(&Index::default()), 0), NOBODY),
+        ["after"]
+    );
     // A window that keeps the ledger (its child wrote that record).
     let kept = index(&[Op::Held {
         epoch: 0,
@@ -276,15 +306,21 @@ fn a_predecessor_without_a_ledger_leaves_only_what_was_published_since() {
     }]);
     let mut m = machine();
     over_harness(&mut m, 2, T, Some(&kept), NOBODY);
-    assert_eq!(m.owed(&q, true, Some(&kept), NOBODY), ["before", "after"]);
+    assert_eq!(
+        m.owed(&q, true, (Some(&kept), 0), NOBODY),
+        ["before", "after"]
+    );
     // One that takes part in the election now.
     let mut m = machine();
     over_harness(&mut m, 2, T, Some(&Index::default()), &|by| by == "harness");
-    let all = m.owed(&q, true, Some(&Index::default()), NOBODY);
+    let all = m.owed(&q, true, (Some(&Index::default()), 0), NOBODY);
     assert_eq!(all, ["before", "after"]);
     // Our own ledger unreadable: only what was published since we led.
-    assert_eq!(m.owed(&q, true, None, NOBODY), ["after"]);
-    assert!(m.owed(&q, false, None, NOBODY).is_empty(), "not leading");
+    assert_eq!(m.owed(&q, true, (None, 0), NOBODY), ["after"]);
+    assert!(
+        m.owed(&q, false, (None, 0), NOBODY).is_empty(),
+        "not leading"
+    );
 }
 
 #[test]
@@ -295,10 +331,10 @@ fn what_is_queued_after_we_lead_is_owed_whatever_its_published_time() {
     over_harness(&mut m, 2, T, Some(&Index::default()), NOBODY);
     let ix = Index::default();
     let first = queue(&[("before", T - 5)]);
-    assert!(m.owed(&first, true, Some(&ix), NOBODY).is_empty());
+    assert!(m.owed(&first, true, (Some(&ix), 0), NOBODY).is_empty());
     let later = queue(&[("before", T - 5), ("late-clock", T - 3), ("after", T + 5)]);
     assert_eq!(
-        m.owed(&later, true, Some(&ix), NOBODY),
+        m.owed(&later, true, (Some(&ix), 0), NOBODY),
         ["late-clock", "after"],
         "queued since the first look: owed (seed 48)"
     );
@@ -306,11 +342,11 @@ fn what_is_queued_after_we_lead_is_owed_whatever_its_published_time() {
     // received before then it may have answered, queued here late or not.
     m.heard_global(None, false, Some(T + 4), false);
     let gain = queue(&[("late-clock", T - 3), ("there", T + 3), ("after", T + 5)]);
-    assert_eq!(m.owed(&gain, true, Some(&ix), NOBODY), ["after"]);
+    assert_eq!(m.owed(&gain, true, (Some(&ix), 0), NOBODY), ["after"]);
     // Lost, and led again after a ledgerless writer: a new first look.
     let _ = m.lead(T + 10, false, None, false);
     over_harness(&mut m, 3, T + 10, Some(&ix), NOBODY);
-    assert!(m.owed(&later, true, Some(&ix), NOBODY).is_empty());
+    assert!(m.owed(&later, true, (Some(&ix), 0), NOBODY).is_empty());
 }
 
 #[test]
@@ -337,14 +373,14 @@ fn before_a_ledgerless_floor_our_windows_unanswered_takes_are_owed() {
     let mut m = machine();
     over_harness(&mut m, 2, T, Some(&ix), NOBODY);
     assert_eq!(
-        m.owed(&q, true, Some(&ix), &lives),
+        m.owed(&q, true, (Some(&ix), 0), &lives),
         ["gone", "back"],
         "in our windows' hands and not answered (seed 2946)"
     );
     // Before another host's unknown start, that host may have answered
     // them: left out all the same.
     m.heard_global(None, false, Some(T - 1), false);
-    assert!(m.owed(&q, true, Some(&ix), &lives).is_empty());
+    assert!(m.owed(&q, true, (Some(&ix), 0), &lives).is_empty());
 }
 
 #[test]
@@ -406,8 +442,15 @@ fn fail_safe_leaders_record_their_takes_and_leave_each_others() {
     assert_eq!(a.lead(T, true, None, false), Lead::Keep, "opened once");
     assert!(a.fail_safe());
     let mut ix = Index::default();
-    let TakeStep::Record(lines) = a.take("e", true, later, Some(&ix), NOBODY, "a", Some("tok-a"))
-    else {
+    let TakeStep::Record(lines) = a.take(
+        ("e", None),
+        true,
+        later,
+        (Some(&ix), false),
+        NOBODY,
+        "a",
+        Some("tok-a"),
+    ) else {
         panic!("owed, past the stale bound: a line at epoch 0");
     };
     let [op] = &lines[..] else {
@@ -415,119 +458,43 @@ fn fail_safe_leaders_record_their_takes_and_leave_each_others() {
     };
     assert!(matches!(op, Op::Take { epoch: 0, .. }));
     assert_eq!(
-        a.take_written("e", true, later).0,
+        a.take_written("e", true).0,
         TakeOutcome::Granted { epoch: None }
     );
     ix.apply(op);
     // Another fail-safe leader, and a holder at an epoch: in flight.
     let mut b = machine();
     let _ = b.lead(T, true, None, false);
-    let seen = b.take("e", true, later, Some(&ix), EVERYONE, "b", Some("tok-b"));
+    let seen = b.take(
+        ("e", None),
+        true,
+        later,
+        (Some(&ix), false),
+        EVERYONE,
+        "b",
+        Some("tok-b"),
+    );
     assert_eq!(seen, TakeStep::Answer(TakeOutcome::AlreadyTaken));
     let q = queue(&[("e", T + 1)]);
-    assert!(b.owed(&q, true, Some(&ix), EVERYONE).is_empty());
+    assert!(b.owed(&q, true, (Some(&ix), 0), EVERYONE).is_empty());
     let h = holding(7);
     assert_eq!(
         take(&h, "e", Some(&ix), EVERYONE),
         TakeStep::Answer(TakeOutcome::AlreadyTaken)
     );
     // Its taker gone: owed to either.
-    assert_eq!(b.owed(&q, true, Some(&ix), NOBODY), ["e"]);
+    assert_eq!(b.owed(&q, true, (Some(&ix), 0), NOBODY), ["e"]);
     // And the taker's own second ask: in hand.
-    let again = a.take("e", true, later, Some(&ix), NOBODY, "a", Some("tok-a"));
+    let again = a.take(
+        ("e", None),
+        true,
+        later,
+        (Some(&ix), false),
+        NOBODY,
+        "a",
+        Some("tok-a"),
+    );
     assert_eq!(again, TakeStep::Answer(TakeOutcome::AlreadyTaken));
-}
-
-#[test]
-fn a_grant_stays_in_hand_until_settled_and_its_done_is_written_even_unrecorded() {
-    let stale_ms = STALE.as_millis() as u64;
-    let later = T + stale_ms + 1;
-    let mut m = machine();
-    let _ = m.lead(T, true, None, false);
-    // The ledger unreadable: granted unrecorded, once.
-    let first = m.take("e", true, later, None, NOBODY, "us", Some("tok-us"));
-    assert_eq!(
-        first,
-        TakeStep::Answer(TakeOutcome::Granted { epoch: None })
-    );
-    let second = m.take("e", true, later, None, NOBODY, "us", Some("tok-us"));
-    assert_eq!(second, TakeStep::Answer(TakeOutcome::AlreadyTaken));
-    let q = queue(&[("e", T + 1)]);
-    assert!(m.owed(&q, true, None, NOBODY).is_empty(), "in hand");
-    // Its `done` goes in the ledger though no take line shows it.
-    let out = m.settle("e", Some("tok-us"), true, Settle::Done, later, None);
-    assert_eq!(
-        out,
-        SettleStep::Outside {
-            anyway: true,
-            done_anyway: true
-        }
-    );
-    let ix = Index::default();
-    let line = settle_line(&ix, "e", Some("tok-us"), Settle::Done, later, true);
-    assert_eq!(line, Some(Settle::Done.op("e", 0, later)));
-    assert_eq!(
-        settle_line(&ix, "e", Some("tok-us"), Settle::GiveBack, later, true),
-        None
-    );
-    // Settled: no longer in hand.
-    let third = m.take("e", true, later, None, NOBODY, "us", Some("tok-us"));
-    assert_eq!(
-        third,
-        TakeStep::Answer(TakeOutcome::Granted { epoch: None })
-    );
-    // Bounded.
-    for i in 0..MAX_IN_HAND + 10 {
-        let _ = m.take(
-            &format!("x{i}"),
-            true,
-            later + i as u64,
-            None,
-            NOBODY,
-            "us",
-            None,
-        );
-    }
-    assert!(m.in_hand_len() <= MAX_IN_HAND);
-}
-
-#[test]
-fn a_recorded_take_the_ledger_no_longer_shows_as_ours_is_not_in_hand() {
-    // The model check: we took `e` at epoch 3 and hung; the takeover gave
-    // it back on our behalf (and a later holder may have taken it); we
-    // woke fenced and lead again at 5: `e` is owed to us, not "in hand".
-    let mut m = holding(3);
-    let TakeStep::Record(lines) = m.take("e", true, T, Some(&Index::default()), NOBODY, "us", None)
-    else {
-        panic!("owed: a line first");
-    };
-    let _ = m.take_written("e", true, T);
-    let mut ix = index(&lines);
-    let q = queue(&[("e", T + 1)]);
-    assert!(m.owed(&q, true, Some(&ix), NOBODY).is_empty(), "in hand");
-    ix.apply(&Settle::GiveBack.op("e", 3, T));
-    assert_eq!(
-        m.owed(&q, true, Some(&ix), NOBODY),
-        ["e"],
-        "given back for us"
-    );
-    ix.apply(&take_op("e", 4, "tok-b"));
-    assert_eq!(m.lead(T, false, None, false), Lead::Forget);
-    assert_eq!(m.lead(T, true, Some(5), true), Lead::Open { epoch: 5 });
-    let _ = m.opened(Some(&ix), NOBODY, T);
-    assert_eq!(m.owed(&q, true, Some(&ix), NOBODY), ["e"], "its taker died");
-    assert!(matches!(
-        take(&m, "e", Some(&ix), NOBODY),
-        TakeStep::Record(_)
-    ));
-    // An unrecorded grant stays in hand whatever the ledger shows.
-    let mut f = machine();
-    let _ = f.lead(T, true, None, false);
-    let later = T + STALE.as_millis() as u64 + 1;
-    let _ = f.take("g", true, later, None, NOBODY, "us", None);
-    let given = index(&[take_op("g", 1, "x"), Settle::GiveBack.op("g", 1, T)]);
-    let q = queue(&[("g", later)]);
-    assert!(f.owed(&q, true, Some(&given), NOBODY).is_empty());
 }
 
 #[test]
@@ -543,16 +510,31 @@ fn a_fail_safe_take_of_a_gone_takers_event_supersedes_its_higher_epoch() {
     let alive_a = |t: &str| t == "tok-a";
     let mut a = machine();
     let _ = a.lead(T, true, None, false);
-    let TakeStep::Record(lines) = a.take("e", true, later, Some(&ix), &alive_a, "a", Some("tok-a"))
-    else {
+    let TakeStep::Record(lines) = a.take(
+        ("e", None),
+        true,
+        later,
+        (Some(&ix), false),
+        &alive_a,
+        "a",
+        Some("tok-a"),
+    ) else {
         panic!("owed: its taker is gone");
     };
     for op in &lines {
         ix.apply(op);
     }
-    let _ = a.take_written("e", true, later);
+    let _ = a.take_written("e", true);
     assert_eq!(ix.taker("e"), Some((0, Some("tok-a"))), "{lines:?}");
-    let again = a.take("e", true, later, Some(&ix), &alive_a, "a", Some("tok-a"));
+    let again = a.take(
+        ("e", None),
+        true,
+        later,
+        (Some(&ix), false),
+        &alive_a,
+        "a",
+        Some("tok-a"),
+    );
     assert_eq!(
         again,
         TakeStep::Answer(TakeOutcome::AlreadyTaken),
@@ -560,13 +542,28 @@ fn a_fail_safe_take_of_a_gone_takers_event_supersedes_its_higher_epoch() {
     );
     let mut b = machine();
     let _ = b.lead(T, true, None, false);
-    let seen = b.take("e", true, later, Some(&ix), &alive_a, "b", Some("tok-b"));
+    let seen = b.take(
+        ("e", None),
+        true,
+        later,
+        (Some(&ix), false),
+        &alive_a,
+        "b",
+        Some("tok-b"),
+    );
     assert_eq!(seen, TakeStep::Answer(TakeOutcome::AlreadyTaken));
     // A holder below a gone taker's epoch (not fenced yet) alike.
     let mut ix = index(&[take_op("f", 9, "tok-gone")]);
     let mut h = holding(7);
-    let TakeStep::Record(lines) = h.take("f", true, T, Some(&ix), NOBODY, "h", Some("tok-h"))
-    else {
+    let TakeStep::Record(lines) = h.take(
+        ("f", None),
+        true,
+        T,
+        (Some(&ix), false),
+        NOBODY,
+        "h",
+        Some("tok-h"),
+    ) else {
         panic!("owed: its taker is gone");
     };
     for op in &lines {
