@@ -210,7 +210,7 @@ impl Turns {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             };
-            let epoch = match self.work.take(&e.id) {
+            let epoch = match self.work.take_event(&e) {
                 Ok(TakeOutcome::Granted { epoch }) => epoch,
                 // Ours already (a turn that did not end): work it.
                 Ok(TakeOutcome::AlreadyTaken) => None,
