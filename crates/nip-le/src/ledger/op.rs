@@ -79,6 +79,22 @@ pub enum Op {
 }
 
 impl Op {
+    /// One line, or the whole line at its end when a writer that failed mid-way
+    /// (ENOSPC) left a fragment without its newline and another process
+    /// appended onto it: a line begins with `{"op":`, which a serialised
+    /// string can never contain (its quotes are escaped), so the last such
+    /// start is where the glued line begins.
+    pub(super) fn parse(line: &[u8]) -> Option<Op> {
+        if let Ok(op) = serde_json::from_slice::<Op>(line) {
+            return Some(op);
+        }
+        const START: &[u8] = b"{\"op\":";
+        let at = line.windows(START.len()).rposition(|w| w == START)?;
+        (at > 0 && !mutated!(GluedLine))
+            .then(|| serde_json::from_slice::<Op>(&line[at..]).ok())
+            .flatten()
+    }
+
     pub(super) fn id(&self) -> &str {
         match self {
             Op::Take { id, .. } | Op::Done { id, .. } | Op::GiveBack { id, .. } => id,

@@ -107,6 +107,16 @@ fn the_mark_stays_below_the_oldest_event_still_owed_and_the_lag() {
     assert!(mark <= unanswered, "{mark} > {unanswered}");
     let late = vec![("late".to_owned(), unanswered)];
     assert_eq!(owed_again(&path, &late, now), ["late"]);
+    // A turn given back is owed: the mark stays below it too.
+    let given = t0 + 100 * 1000 + 1;
+    l.append_now(&take_pub("given", 1, now, Some(given)))
+        .unwrap();
+    l.append(&give_back("given", 1, now)).unwrap();
+    answer_all(&mut l, 2_000, t0 + 2_000_000, now - 30 * MIN, true);
+    l.refresh(now).unwrap();
+    l.compact(now, Some(settle)).unwrap();
+    let back = vec![("given".to_owned(), given)];
+    assert_eq!(owed_again(&path, &back, now), ["given"]);
     assert_eq!(owed_again(&path, &events, now), Vec::<String>::new());
     // The lag: answers published within it are kept, never marked.
     let tmp2 = tempfile::tempdir().unwrap();

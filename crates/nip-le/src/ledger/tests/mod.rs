@@ -6,6 +6,7 @@ use std::io::Write;
 use super::*;
 
 mod bound;
+mod counts;
 mod floor;
 mod rewrite;
 #[cfg(target_os = "linux")]
