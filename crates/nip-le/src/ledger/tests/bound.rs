@@ -6,6 +6,10 @@
 use super::*;
 
 const MIN: u64 = 60_000;
+/// When the first event of a test was published.
+const T0: u64 = 10 * 3_600_000;
+/// When the tests rewrite.
+const NOW: u64 = T0 + 2 * 3_600_000;
 
 /// Small limits, so that a few thousand answers pass the budget.
 fn small() -> Limits {
@@ -26,6 +30,14 @@ fn take_pub(id: &str, epoch: u64, at: u64, pub_ms: Option<u64>) -> Op {
         live: Some("tok-w1".into()),
         pub_ms,
     }
+}
+
+/// A ledger kept to [`small`] limits in a directory of its own.
+fn small_ledger() -> (tempfile::TempDir, std::path::PathBuf, Ledger) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("k.work");
+    let l = Ledger::load(path.clone(), 0, HOUR * 24).unwrap();
+    (tmp, path, l.with_limits(small()))
 }
 
 /// `n` events published a second apart from `t0`, each taken (with its
@@ -51,90 +63,74 @@ fn owed_again(path: &std::path::Path, events: &[(String, u64)], now: u64) -> Vec
 
 #[test]
 fn answers_past_the_budget_are_marked_settled_and_never_owed_again() {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("k.work");
-    let mut l = Ledger::load(path.clone(), 0, HOUR * 24)
-        .unwrap()
-        .with_limits(small());
-    let t0 = 10 * 3_600_000;
-    let now = t0 + 2 * 3_600_000;
-    let events = answer_all(&mut l, 2_000, t0, now - 30 * MIN, true);
-    l.refresh(now).unwrap();
+    let (_tmp, path, mut l) = small_ledger();
+    let events = answer_all(&mut l, 2_000, T0, NOW - 30 * MIN, true);
+    l.refresh(NOW).unwrap();
     assert!(l.wants_compaction());
     let settle = SettleCap {
         cap: u64::MAX,
         by: "w1",
         epoch: 1,
     };
-    l.compact(now, Some(settle)).unwrap();
+    l.compact(NOW, Some(settle)).unwrap();
     let len = std::fs::metadata(&path).unwrap().len();
     assert!(
         len <= small().budget as u64,
         "{len} bytes after the rewrite"
     );
     let mark = l.index.floor().expect("a settled mark");
-    assert!(mark > t0 && mark <= now - SETTLE_LAG.as_millis() as u64);
+    assert!(mark > T0 && mark <= NOW - SETTLE_LAG.as_millis() as u64);
     assert!(
         l.index.len() < 2_000,
         "the oldest answers were marked, not kept"
     );
-    assert_eq!(owed_again(&path, &events, now), Vec::<String>::new());
+    assert_eq!(owed_again(&path, &events, NOW), Vec::<String>::new());
     // What is published after the mark is owed, as before.
-    let new = vec![("new".to_owned(), now)];
-    assert_eq!(owed_again(&path, &new, now), ["new"]);
+    let new = vec![("new".to_owned(), NOW)];
+    assert_eq!(owed_again(&path, &new, NOW), ["new"]);
 }
 
 #[test]
 fn the_mark_stays_below_the_oldest_event_still_owed_and_the_lag() {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("k.work");
-    let mut l = Ledger::load(path.clone(), 0, HOUR * 24)
-        .unwrap()
-        .with_limits(small());
-    let t0 = 10 * 3_600_000;
-    let now = t0 + 2 * 3_600_000;
-    let events = answer_all(&mut l, 2_000, t0, now - 30 * MIN, true);
+    let (_tmp, path, mut l) = small_ledger();
+    let events = answer_all(&mut l, 2_000, T0, NOW - 30 * MIN, true);
     // The app still queues an event published among the answered ones and
     // not answered: the mark stays below it, whatever the budget says.
-    let unanswered = t0 + 500 * 1000 + 1;
+    let unanswered = T0 + 500 * 1000 + 1;
     let settle = SettleCap {
         cap: unanswered,
         by: "w1",
         epoch: 1,
     };
-    l.compact(now, Some(settle)).unwrap();
+    l.compact(NOW, Some(settle)).unwrap();
     let mark = l.index.floor().unwrap();
     assert!(mark <= unanswered, "{mark} > {unanswered}");
     let late = vec![("late".to_owned(), unanswered)];
-    assert_eq!(owed_again(&path, &late, now), ["late"]);
+    assert_eq!(owed_again(&path, &late, NOW), ["late"]);
     // A turn given back is owed: the mark stays below it too.
-    let given = t0 + 100 * 1000 + 1;
-    l.append_now(&take_pub("given", 1, now, Some(given)))
+    let given = T0 + 100 * 1000 + 1;
+    l.append_now(&take_pub("given", 1, NOW, Some(given)))
         .unwrap();
-    l.append(&give_back("given", 1, now)).unwrap();
-    answer_all(&mut l, 2_000, t0 + 2_000_000, now - 30 * MIN, true);
-    l.refresh(now).unwrap();
-    l.compact(now, Some(settle)).unwrap();
+    l.append(&give_back("given", 1, NOW)).unwrap();
+    answer_all(&mut l, 2_000, T0 + 2_000_000, NOW - 30 * MIN, true);
+    l.refresh(NOW).unwrap();
+    l.compact(NOW, Some(settle)).unwrap();
     let back = vec![("given".to_owned(), given)];
-    assert_eq!(owed_again(&path, &back, now), ["given"]);
-    assert_eq!(owed_again(&path, &events, now), Vec::<String>::new());
+    assert_eq!(owed_again(&path, &back, NOW), ["given"]);
+    assert_eq!(owed_again(&path, &events, NOW), Vec::<String>::new());
     // The lag: answers published within it are kept, never marked.
-    let tmp2 = tempfile::tempdir().unwrap();
-    let path2 = tmp2.path().join("k.work");
-    let mut recent = Ledger::load(path2.clone(), 0, HOUR * 24)
-        .unwrap()
-        .with_limits(small());
+    let (_tmp2, path2, mut recent) = small_ledger();
     let lag = SETTLE_LAG.as_millis() as u64;
-    let events = answer_all(&mut recent, 2_000, now - lag + 1, now, true);
+    let events = answer_all(&mut recent, 2_000, NOW - lag + 1, NOW, true);
     let settle = SettleCap {
         cap: u64::MAX,
         by: "w1",
         epoch: 1,
     };
-    recent.compact(now, Some(settle)).unwrap();
+    recent.compact(NOW, Some(settle)).unwrap();
     assert_eq!(recent.index.floor(), None);
     assert_eq!(recent.index.len(), 2_000, "nothing answered forgotten");
-    assert_eq!(owed_again(&path2, &events, now), Vec::<String>::new());
+    assert_eq!(owed_again(&path2, &events, NOW), Vec::<String>::new());
 }
 
 /// Without a cap (the app never said what it still owes) nothing answered
@@ -142,48 +138,41 @@ fn the_mark_stays_below_the_oldest_event_still_owed_and_the_lag() {
 /// grew, and once it is too long it takes no new take.
 #[test]
 fn a_ledger_that_cannot_shrink_is_not_rewritten_at_every_append_and_fills() {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("k.work");
-    let mut l = Ledger::load(path.clone(), 0, HOUR * 24)
-        .unwrap()
-        .with_limits(small());
-    let t0 = 10 * 3_600_000;
-    let now = t0 + 2 * 3_600_000;
-    let mut events = answer_all(&mut l, 1_000, t0, now - 30 * MIN, false);
-    l.refresh(now).unwrap();
-    l.compact(now, None).unwrap();
+    let (_tmp, path, mut l) = small_ledger();
+    let mut events = answer_all(&mut l, 1_000, T0, NOW - 30 * MIN, false);
+    l.refresh(NOW).unwrap();
+    l.compact(NOW, None).unwrap();
     assert_eq!(l.index.floor(), None);
-    assert_eq!(owed_again(&path, &events, now), Vec::<String>::new());
+    assert_eq!(owed_again(&path, &events, NOW), Vec::<String>::new());
     let rewritten = std::fs::metadata(&path).unwrap().len();
     assert!(rewritten > small().compact_at, "it could not shrink");
     assert!(!l.wants_compaction(), "tried again before it grew");
-    let mut i = 0;
+    // One more answer, of unknown publication time, read back.
+    let answer = |l: &mut Ledger, events: &mut Vec<(String, u64)>| {
+        let id = format!("more{}", events.len());
+        assert!(
+            events.len() < 100_000,
+            "never rewritten again, or never full"
+        );
+        l.append_now(&take_pub(&id, 1, NOW, None)).unwrap();
+        l.append(&done(&id, 1, NOW)).unwrap();
+        l.refresh(NOW).unwrap();
+        events.push((id, T0));
+    };
     while !l.wants_compaction() {
-        assert!(i < 100_000, "never rewritten again");
-        let id = format!("more{i}");
-        l.append_now(&take_pub(&id, 1, now, None)).unwrap();
-        l.append(&done(&id, 1, now)).unwrap();
-        l.refresh(now).unwrap();
-        events.push((id, t0));
-        i += 1;
+        answer(&mut l, &mut events);
     }
     let grown = std::fs::metadata(&path).unwrap().len() - rewritten;
     assert!(grown >= small().growth, "rewritten after {grown} bytes");
     while !l.is_full() {
-        let id = format!("more{i}");
-        l.append_now(&take_pub(&id, 1, now, None)).unwrap();
-        l.append(&done(&id, 1, now)).unwrap();
-        l.refresh(now).unwrap();
-        events.push((id, t0));
-        i += 1;
-        assert!(i < 100_000, "never full");
+        answer(&mut l, &mut events);
         if l.wants_compaction() {
-            l.compact(now, None).unwrap();
+            l.compact(NOW, None).unwrap();
         }
     }
     assert!(std::fs::metadata(&path).unwrap().len() >= small().full_at);
     assert!(std::fs::metadata(&path).unwrap().len() < MAX_LEDGER_BYTES);
-    assert_eq!(owed_again(&path, &events, now), Vec::<String>::new());
+    assert_eq!(owed_again(&path, &events, NOW), Vec::<String>::new());
 }
 
 #[test]

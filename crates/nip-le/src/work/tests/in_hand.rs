@@ -4,6 +4,19 @@
 use super::super::MAX_OPEN_TAKES;
 use super::*;
 
+/// A take of `id` by us at `at`, the ledger unreadable.
+fn take_unread(m: &mut WorkMachine, id: &str, at: u64) -> TakeStep {
+    m.take(
+        (id, None),
+        true,
+        at,
+        (None, false),
+        NOBODY,
+        "us",
+        Some("tok-us"),
+    )
+}
+
 #[test]
 fn a_grant_stays_in_hand_until_settled_and_its_done_is_written_even_unrecorded() {
     let stale_ms = STALE.as_millis() as u64;
@@ -11,28 +24,12 @@ fn a_grant_stays_in_hand_until_settled_and_its_done_is_written_even_unrecorded()
     let mut m = machine();
     let _ = m.lead(T, true, None, false);
     // The ledger unreadable: granted unrecorded, once.
-    let first = m.take(
-        ("e", None),
-        true,
-        later,
-        (None, false),
-        NOBODY,
-        "us",
-        Some("tok-us"),
-    );
+    let first = take_unread(&mut m, "e", later);
     assert_eq!(
         first,
         TakeStep::Answer(TakeOutcome::Granted { epoch: None })
     );
-    let second = m.take(
-        ("e", None),
-        true,
-        later,
-        (None, false),
-        NOBODY,
-        "us",
-        Some("tok-us"),
-    );
+    let second = take_unread(&mut m, "e", later);
     assert_eq!(second, TakeStep::Answer(TakeOutcome::AlreadyTaken));
     let q = queue(&[("e", T + 1)]);
     assert!(m.owed(&q, true, (None, 0), NOBODY).is_empty(), "in hand");
@@ -53,24 +50,14 @@ fn a_grant_stays_in_hand_until_settled_and_its_done_is_written_even_unrecorded()
         None
     );
     // Settled: no longer in hand.
-    let third = m.take(
-        ("e", None),
-        true,
-        later,
-        (None, false),
-        NOBODY,
-        "us",
-        Some("tok-us"),
-    );
+    let third = take_unread(&mut m, "e", later);
     assert_eq!(
         third,
         TakeStep::Answer(TakeOutcome::Granted { epoch: None })
     );
     // Bounded: past the bound a take is refused, and nothing in hand is
     // forgotten (a turn still running stays this window's alone).
-    let take = |m: &mut WorkMachine, id: &str, at| {
-        m.take((id, None), true, at, (None, false), NOBODY, "us", None)
-    };
+    let take = take_unread;
     for i in 1..MAX_OPEN_TAKES {
         let x = format!("x{i}");
         let granted = TakeStep::Answer(TakeOutcome::Granted { epoch: None });
