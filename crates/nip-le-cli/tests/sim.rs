@@ -20,6 +20,8 @@ fn args(cluster: Cluster, seeds: u64, first: u64, without: Vec<FaultKind>) -> Si
         mention_ms: None,
         turn_ms: None,
         queue_cap: 0,
+        ledger_budget: None,
+        settle_lag_ms: None,
         no_renewer: false,
     }
 }
@@ -183,6 +185,21 @@ fn a_writer_without_a_ledger_leaves_its_floor_to_every_later_holder() {
     let sum = assert_clean(&args(Cluster::Extended, 1, 473, Vec::new()));
     assert!(sum.skipped_after_ledgerless > 0, "the floor's skip");
     assert_eq!(sum.answered_after_ledgerless, 0);
+}
+
+/// The work ledger kept to a 2 KiB rewrite budget with a 2 s settle lag,
+/// every fault drawn: each rewrite past the budget marks answered events
+/// settled (hundreds of marks across the seeds), and no answered event is
+/// owed again, none left unanswered (with the old rule, forgetting the
+/// oldest answers, 48 of 50 seeds answered a mention twice: the teeth's
+/// `forget_answered`).
+#[test]
+fn a_ledger_at_its_bound_marks_answers_settled_without_owing_one_again_across_150_seeds() {
+    let mut a = args(Cluster::Extended, 150, 1, Vec::new());
+    a.ledger_budget = Some(2048);
+    a.settle_lag_ms = Some(2000);
+    let sum = assert_clean(&a);
+    assert!(sum.answered > 0);
 }
 
 /// Extended and spec windows beside a harness peer: leadership

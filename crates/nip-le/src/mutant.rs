@@ -179,6 +179,9 @@ mutants! {
     ForgetAnswered = "forget_answered",
     /// Takes never settled are granted without bound.
     FloodOfTakes = "flood_of_takes",
+    /// A full ledger refuses the take of the event that holds its settled
+    /// mark back.
+    FullWedge = "full_wedge",
 }
 
 /// Whether `m` is the defect put back in this process.

@@ -49,6 +49,9 @@ enum Run {
     Mixed(Faults),
     /// Hosts contending on a simulated etcd under a policy.
     Hosts(WhenUnreachable),
+    /// Extended windows, every fault, a work ledger kept to a 2 KiB
+    /// rewrite budget with a 2 s settle lag (the settled mark at work).
+    SmallLedger,
 }
 
 use Faults::*;
@@ -139,6 +142,10 @@ const GUARDS: &[(Mutant, Run, u64)] = &[
         Hosts(WhenUnreachable::FallBack),
         855,
     ),
+    // answered twice at 51.112 s: mention 0 by w0 at 1646 ms and by w1rr
+    (Mutant::ForgetAnswered, SmallLedger, 1),
+    // never answered at 283.787 s: mention 42 published at 84764 ms
+    (Mutant::FullWedge, SmallLedger, 97),
 ];
 
 fn mix(f: Faults) -> Mix {
@@ -179,6 +186,12 @@ fn violation(run: Run, seed: u64) -> Option<String> {
             sim::run_hosts(seed, &o, false)
                 .violation
                 .map(|v| v.to_string())
+        }
+        SmallLedger => {
+            let mut o = Options::extended(SECONDS);
+            o.ledger_budget = Some(2048);
+            o.settle_lag = std::time::Duration::from_secs(2);
+            sim::run(seed, &o).violation.map(|v| v.to_string())
         }
     }
 }
@@ -254,6 +267,7 @@ const SEARCH: &[(Run, u64)] = &[
     (Extended(Starvation), 300),
     (Extended(All), 3000),
     (Mixed(All), 250),
+    (SmallLedger, 300),
 ];
 
 const SEARCH_HOSTS: &[(Run, u64)] = &[

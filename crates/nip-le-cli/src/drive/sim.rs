@@ -117,6 +117,16 @@ pub struct SimArgs {
     /// answered that an app dropped is counted apart.
     #[arg(long, default_value_t = 0)]
     pub queue_cap: usize,
+    /// The work ledger's rewrite budget, bytes (default: the engine's 8
+    /// MiB, which no run reaches): each rewrite past it marks answered
+    /// events settled, and the apps pass each event's publication time to
+    /// the take, as `LeaderGate` does.
+    #[arg(long, value_name = "BYTES")]
+    pub ledger_budget: Option<usize>,
+    /// With --ledger-budget, how far behind now (ms) a rewrite may mark
+    /// answered events settled (default: the engine's 10 minutes).
+    #[arg(long, value_name = "MS", requires = "ledger_budget")]
+    pub settle_lag_ms: Option<u64>,
     /// In a `--cluster hosts` run, faults drawn besides the default ones:
     /// data-loss, hostile, slow-link (comma-separated).
     #[arg(long = "with", value_delimiter = ',')]
@@ -157,6 +167,10 @@ impl SimArgs {
             o.turn_ms = ms.max(4);
         }
         o.queue_cap = self.queue_cap;
+        o.ledger_budget = self.ledger_budget;
+        if let Some(ms) = self.settle_lag_ms {
+            o.settle_lag = Duration::from_millis(ms);
+        }
         for k in &self.without {
             match k {
                 FaultKind::Processes => o.mix.processes = false,
@@ -213,6 +227,12 @@ impl SimArgs {
         }
         if self.queue_cap > 0 {
             f += &format!(" --queue-cap {}", self.queue_cap);
+        }
+        if let Some(b) = self.ledger_budget {
+            f += &format!(" --ledger-budget {b}");
+        }
+        if let Some(ms) = self.settle_lag_ms {
+            f += &format!(" --settle-lag-ms {ms}");
         }
         if self.cluster == Cluster::Hosts {
             let policy = self.policy.to_possible_value().expect("no skipped values");

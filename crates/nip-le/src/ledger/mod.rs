@@ -114,6 +114,24 @@ pub struct Limits {
     pub full_at: u64,
     /// [`REWRITE_GROWTH`].
     pub growth: u64,
+    /// [`SETTLE_LAG`].
+    pub settle_lag: Duration,
+}
+
+impl Limits {
+    /// Limits in the same proportions as the defaults around a rewrite
+    /// budget of `budget` bytes (at least 1 KiB).
+    pub fn scaled(budget: usize) -> Self {
+        let budget = budget.max(1024);
+        let b = budget as u64;
+        Self {
+            compact_at: b / 2 * 3,
+            budget,
+            full_at: b / 4 * 7,
+            growth: (b / 8).max(1),
+            settle_lag: SETTLE_LAG,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -123,6 +141,7 @@ impl Default for Limits {
             budget: SNAPSHOT_BUDGET,
             full_at: FULL_AT_BYTES,
             growth: REWRITE_GROWTH,
+            settle_lag: SETTLE_LAG,
         }
     }
 }
@@ -225,6 +244,7 @@ impl Ledger {
         let mut index = Index::default();
         let read = index.extend(&bytes) as u64;
         index.expire(now_ms, retention);
+        let limits = storage.limits();
         Ok(Self {
             index,
             storage,
@@ -235,7 +255,7 @@ impl Ledger {
             expired_at: now_ms,
             held_writes: false,
             degraded: None,
-            limits: Limits::default(),
+            limits,
             rewritten: 0,
         })
     }
@@ -530,7 +550,7 @@ impl Ledger {
             .map_err(|e| Error::io("work ledger", std::io::Error::other(e.to_string())))?;
         self.index.expire(now_ms, self.retention);
         self.expired_at = now_ms;
-        let lag = u64::try_from(SETTLE_LAG.as_millis()).unwrap_or(u64::MAX);
+        let lag = u64::try_from(self.limits.settle_lag.as_millis()).unwrap_or(u64::MAX);
         let budget = self.limits.budget;
         if let Some(s) = settle.filter(|_| !mutated!(ForgetAnswered)) {
             let cap = s.cap.min(now_ms.saturating_sub(lag));

@@ -67,6 +67,11 @@ pub trait LedgerStorage: Send + std::fmt::Debug {
     fn hold_appends(&mut self) -> Result<AppendHold> {
         Ok(AppendHold::none())
     }
+    /// The sizes a ledger kept here keeps to (the simulator's may be
+    /// smaller, so that a run passes the rewrite budget).
+    fn limits(&self) -> super::Limits {
+        super::Limits::default()
+    }
     /// Removes the temporary files crashed rewrites of this ledger left,
     /// never one a live rewrite is writing; returns how many. None by
     /// default.

@@ -156,6 +156,15 @@ pub struct Options {
     /// dropped first, as Buzz's harness keeps 500 per channel: the queue
     /// an app walks for what is owed stays bounded on a long run.
     pub queue_cap: usize,
+    /// The work ledger's rewrite budget, bytes (`None`: the engine's 8 MiB,
+    /// which no run reaches). With one, each rewrite past it marks answered
+    /// events settled, and the apps say when each event they take was
+    /// published, as `LeaderGate` does: the settled mark under every fault.
+    pub ledger_budget: Option<usize>,
+    /// With [`Options::ledger_budget`], how far behind now a rewrite may
+    /// mark answered events settled (the engine's 10 minutes is longer
+    /// than a run).
+    pub settle_lag: Duration,
     /// Which faults are drawn.
     pub mix: Mix,
 }
@@ -210,6 +219,8 @@ impl Options {
             mention_every_ms: 2000,
             turn_ms: 1500,
             queue_cap: 0,
+            ledger_budget: None,
+            settle_lag: crate::ledger::SETTLE_LAG,
             mix: Mix::ALL,
         }
     }

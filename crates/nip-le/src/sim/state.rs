@@ -199,6 +199,8 @@ pub struct State {
     pub ledger_synced: BTreeMap<AgentPubkey, usize>,
     /// The largest any ledger grew, bytes.
     pub ledger_peak: usize,
+    /// The sizes the ledgers keep to ([`crate::sim::Options::ledger_budget`]).
+    pub ledger_limits: crate::ledger::Limits,
     /// Windows whose `held` line the disk refused, none of theirs taken
     /// since: a harness child's record naming one reads to a successor as
     /// a writer's without a ledger (see [`State::unkept_replaced`]).
@@ -252,6 +254,7 @@ impl State {
             ledger_files: BTreeMap::new(),
             ledger_synced: BTreeMap::new(),
             ledger_peak: 0,
+            ledger_limits: crate::ledger::Limits::default(),
             unkept: BTreeSet::new(),
             kept: BTreeSet::new(),
             unkept_replaced: Vec::new(),

@@ -513,6 +513,9 @@ impl LedgerStorage for SimLedger {
         written(&mut s, self.me, line);
         Ok(())
     }
+    fn limits(&self) -> crate::ledger::Limits {
+        lock(&self.m).ledger_limits
+    }
     fn replace(&mut self, body: &[u8]) -> Result<()> {
         let mut s = lock(&self.m);
         if let Some(e) = write_fault(&s) {

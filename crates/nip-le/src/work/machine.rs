@@ -286,6 +286,18 @@ impl WorkMachine {
         TakeOutcome::Granted { epoch }
     }
 
+    /// Whether an event published at `published` is what holds the
+    /// settled mark back: no later than the oldest unanswered event of the
+    /// app's last queue. A full ledger still grants its take (answered, it
+    /// lets the mark rise and the next rewrite shrink the file; refused,
+    /// the ledger would stay full for as long as it stays queued: the
+    /// simulator at a 2 KiB budget, a mention given back while the ledger
+    /// was full, refused to every leader after).
+    fn holds_mark_back(&self, published: Option<u64>) -> bool {
+        !mutated!(FullWedge)
+            && matches!((published, self.settled_below), (Some(p), Some(b)) if p <= b)
+    }
+
     /// A take of `id`, published at `published` (unix ms) if the app said.
     /// `leads`: we act now; `index`: the ledger as just read again
     /// (`None`: unreadable); `full`: it is as long as it may grow
@@ -356,7 +368,9 @@ impl WorkMachine {
             return match ix.verdict_with(id, FAIL_SAFE_EPOCH, &self.lives(alive)) {
                 Verdict::Done => Answer(TakeOutcome::Done),
                 Verdict::TakenNow | Verdict::TakenElsewhere => Answer(TakeOutcome::AlreadyTaken),
-                Verdict::Owed if full => Answer(TakeOutcome::LedgerFull),
+                Verdict::Owed if full && !self.holds_mark_back(published) => {
+                    Answer(TakeOutcome::LedgerFull)
+                }
                 Verdict::Owed => {
                     let take = (id, published, FAIL_SAFE_TAKE_EPOCH);
                     record_take(ix, take, by, now_ms, live)
@@ -376,7 +390,9 @@ impl WorkMachine {
         match ix.verdict_with(id, h.epoch, &self.lives(alive)) {
             Verdict::Done => Answer(TakeOutcome::Done),
             Verdict::TakenNow | Verdict::TakenElsewhere => Answer(TakeOutcome::AlreadyTaken),
-            Verdict::Owed if full => Answer(TakeOutcome::LedgerFull),
+            Verdict::Owed if full && !self.holds_mark_back(published) => {
+                Answer(TakeOutcome::LedgerFull)
+            }
             Verdict::Owed => record_take(ix, (id, published, h.epoch), by, now_ms, live),
         }
     }

@@ -18,6 +18,7 @@ fn small() -> Limits {
         budget: 32 * 1024,
         full_at: 96 * 1024,
         growth: 8 * 1024,
+        settle_lag: SETTLE_LAG,
     }
 }
 

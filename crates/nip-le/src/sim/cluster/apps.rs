@@ -35,15 +35,20 @@ impl Sim {
         let pk = self.pk;
         let owed = self
             .call(w, |r| {
-                Command::Work(pk, WorkOp::Owed(queue), WorkReply::Owed(r))
+                Command::Work(pk, WorkOp::Owed(Arc::clone(&queue)), WorkReply::Owed(r))
             })
             .unwrap_or_default();
         if owed.is_empty() {
             self.poll_later(w);
         }
         for id in owed {
+            // With a small ledger budget, the app says when the event was
+            // published (as `LeaderGate` does), so rewrites mark it settled.
+            let published = (self.opts.ledger_budget.is_some())
+                .then(|| queue.iter().find(|e| e.id == id)?.published_ms)
+                .flatten();
             let took = self.call(w, |r| {
-                Command::Work(pk, WorkOp::Take(id.clone(), None), WorkReply::Take(r))
+                Command::Work(pk, WorkOp::Take(id.clone(), published), WorkReply::Take(r))
             });
             self.note(w, || format!("take {id}: {took:?}"));
             match took {
@@ -72,8 +77,11 @@ impl Sim {
                     return;
                 }
                 Some(TakeOutcome::Done) => self.windows[w].app.drop_mention(&id),
-                // The disk refuses the take: kept, and asked again.
-                Some(TakeOutcome::Unavailable) => return self.poll_later(w),
+                // The disk refuses the take, or the ledger is at its
+                // bound: kept, and asked again.
+                Some(
+                    TakeOutcome::Unavailable | TakeOutcome::LedgerFull | TakeOutcome::TooManyOpen,
+                ) => return self.poll_later(w),
                 _ => return,
             }
         }

@@ -96,6 +96,33 @@ fn a_take_below_the_mark_is_done_unless_the_ledger_shows_it() {
     assert!(matches!(take("new", Some(T - 100)), TakeStep::Record(_)));
 }
 
+/// A full ledger still grants the take of the event that holds its mark
+/// back (the oldest the app's queue holds unanswered): answered, it lets
+/// the mark rise; refused, the ledger would stay full for good.
+#[test]
+fn a_full_ledger_grants_the_event_that_holds_its_mark_back() {
+    let mut m = holding(3);
+    let ix = Index::default();
+    let q = queue(&[("oldest", T - 50), ("newer", T - 10)]);
+    let _ = m.owed(&q, true, (Some(&ix), 0), NOBODY);
+    let mut take = |id: &str, p: u64| {
+        m.take(
+            (id, Some(p)),
+            true,
+            T,
+            (Some(&ix), true),
+            NOBODY,
+            "us",
+            Some("tok-us"),
+        )
+    };
+    assert!(matches!(take("oldest", T - 50), TakeStep::Record(_)));
+    assert_eq!(
+        take("newer", T - 10),
+        TakeStep::Answer(TakeOutcome::LedgerFull)
+    );
+}
+
 /// A full ledger takes no new take (its settles still go in); what is
 /// answered or taken already is answered as before.
 #[test]
