@@ -203,6 +203,15 @@ impl Mix {
 }
 
 impl Options {
+    /// The sizes the simulated ledgers keep to (see
+    /// [`Options::ledger_budget`]).
+    pub fn ledger_limits(&self) -> crate::ledger::Limits {
+        (self.ledger_budget).map_or_else(Default::default, |budget| crate::ledger::Limits {
+            settle_lag: self.settle_lag,
+            ..crate::ledger::Limits::scaled(budget)
+        })
+    }
+
     /// Three extended windows working a queue, the NIP's timings, every
     /// fault.
     pub fn extended(seconds: u64) -> Self {

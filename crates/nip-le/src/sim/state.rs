@@ -237,8 +237,8 @@ pub struct State {
 }
 
 impl State {
-    /// A new machine at time 0.
-    pub fn new(lock_wait: Duration) -> Self {
+    /// A new machine at time 0, for a run of `opts`.
+    pub fn new(opts: &super::Options) -> Self {
         Self {
             host: "sim".into(),
             t: 0,
@@ -247,14 +247,14 @@ impl State {
             base: Instant::now(),
             wall0: SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000),
             clocks: SimClocks::default(),
-            lock_wait: lock_wait.as_nanos() as u64,
+            lock_wait: opts.lock_wait.as_nanos() as u64,
             files: BTreeMap::new(),
             requests: BTreeMap::new(),
             ledgers: BTreeMap::new(),
             ledger_files: BTreeMap::new(),
             ledger_synced: BTreeMap::new(),
             ledger_peak: 0,
-            ledger_limits: crate::ledger::Limits::default(),
+            ledger_limits: opts.ledger_limits(),
             unkept: BTreeSet::new(),
             kept: BTreeSet::new(),
             unkept_replaced: Vec::new(),

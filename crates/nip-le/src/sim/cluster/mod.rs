@@ -170,13 +170,7 @@ impl Sim {
         let mut rng = Rng::new(seed);
         let pk = AgentPubkey::parse(&format!("{:064x}", u128::from(rng.next_u64()) | 1))
             .expect("64 hex digits");
-        let m: Machine = Arc::new(std::sync::Mutex::new(State::new(opts.lock_wait)));
-        if let Some(budget) = opts.ledger_budget {
-            lock(&m).ledger_limits = crate::ledger::Limits {
-                settle_lag: opts.settle_lag,
-                ..crate::ledger::Limits::scaled(budget)
-            };
-        }
+        let m: Machine = Arc::new(std::sync::Mutex::new(State::new(&opts)));
         let end = opts.seconds * 1000 * MS;
         let pk = host.as_ref().map_or(pk, |h| h.pk);
         if let Some(h) = &host {
