@@ -76,7 +76,7 @@ pub fn mark_path(dir: &Path, pubkey: &AgentPubkey) -> PathBuf {
 /// Writes the mark whole and durably (beside it, synced, renamed over it,
 /// the rename synced). The temporary files earlier writers of this key's
 /// mark left when they crashed before their rename go first (see
-/// [`crate::lockfile::leftovers`]).
+/// `lockfile::leftovers`).
 pub fn write_mark(dir: &Path, pubkey: &AgentPubkey, mark: &AgentMark) -> std::io::Result<()> {
     use crate::lockfile::leftovers::{is_random_part, remove_leftovers, LEFTOVER_AGE};
     let path = mark_path(dir, pubkey);

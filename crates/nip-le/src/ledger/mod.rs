@@ -90,7 +90,7 @@ pub const SNAPSHOT_BUDGET: usize = (MAX_LEDGER_BYTES / 2) as usize;
 /// A ledger this long takes no new take ([`crate::TakeOutcome::LedgerFull`])
 /// until a rewrite or the retention shrinks it: what is left below
 /// [`MAX_LEDGER_BYTES`] is room for the settles of the takes in flight
-/// (at most [`crate::work::MAX_OPEN_TAKES`] per window, each a line).
+/// (at most 1,024 per window, each a line).
 pub const FULL_AT_BYTES: u64 = MAX_LEDGER_BYTES / 8 * 7;
 /// How much a ledger past [`COMPACT_AT_BYTES`] must have grown since its
 /// last rewrite before it is rewritten again: a rewrite that could not
