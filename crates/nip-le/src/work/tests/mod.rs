@@ -49,6 +49,28 @@ fn queue(ids: &[(&str, u64)]) -> Vec<QueuedEvent> {
         .collect()
 }
 
+/// A take of `id` at `at` by window `by` (presence token `tok-<by>`), the
+/// ledger `ix` read and not full.
+fn take_as(
+    m: &mut WorkMachine,
+    by: &str,
+    id: &str,
+    at: u64,
+    ix: &Index,
+    alive: &dyn Fn(&str) -> bool,
+) -> TakeStep {
+    let token = format!("tok-{by}");
+    m.take(
+        (id, None),
+        true,
+        at,
+        (Some(ix), false),
+        alive,
+        by,
+        Some(&token),
+    )
+}
+
 const NOBODY: &dyn Fn(&str) -> bool = &|_| false;
 const EVERYONE: &dyn Fn(&str) -> bool = &|_| true;
 
@@ -442,15 +464,7 @@ fn fail_safe_leaders_record_their_takes_and_leave_each_others() {
     assert_eq!(a.lead(T, true, None, false), Lead::Keep, "opened once");
     assert!(a.fail_safe());
     let mut ix = Index::default();
-    let TakeStep::Record(lines) = a.take(
-        ("e", None),
-        true,
-        later,
-        (Some(&ix), false),
-        NOBODY,
-        "a",
-        Some("tok-a"),
-    ) else {
+    let TakeStep::Record(lines) = take_as(&mut a, "a", "e", later, &ix, NOBODY) else {
         panic!("owed, past the stale bound: a line at epoch 0");
     };
     let [op] = &lines[..] else {
@@ -465,15 +479,7 @@ fn fail_safe_leaders_record_their_takes_and_leave_each_others() {
     // Another fail-safe leader, and a holder at an epoch: in flight.
     let mut b = machine();
     let _ = b.lead(T, true, None, false);
-    let seen = b.take(
-        ("e", None),
-        true,
-        later,
-        (Some(&ix), false),
-        EVERYONE,
-        "b",
-        Some("tok-b"),
-    );
+    let seen = take_as(&mut b, "b", "e", later, &ix, EVERYONE);
     assert_eq!(seen, TakeStep::Answer(TakeOutcome::AlreadyTaken));
     let q = queue(&[("e", T + 1)]);
     assert!(b.owed(&q, true, (Some(&ix), 0), EVERYONE).is_empty());
@@ -485,15 +491,7 @@ fn fail_safe_leaders_record_their_takes_and_leave_each_others() {
     // Its taker gone: owed to either.
     assert_eq!(b.owed(&q, true, (Some(&ix), 0), NOBODY), ["e"]);
     // And the taker's own second ask: in hand.
-    let again = a.take(
-        ("e", None),
-        true,
-        later,
-        (Some(&ix), false),
-        NOBODY,
-        "a",
-        Some("tok-a"),
-    );
+    let again = take_as(&mut a, "a", "e", later, &ix, NOBODY);
     assert_eq!(again, TakeStep::Answer(TakeOutcome::AlreadyTaken));
 }
 
@@ -510,15 +508,7 @@ fn a_fail_safe_take_of_a_gone_takers_event_supersedes_its_higher_epoch() {
     let alive_a = |t: &str| t == "tok-a";
     let mut a = machine();
     let _ = a.lead(T, true, None, false);
-    let TakeStep::Record(lines) = a.take(
-        ("e", None),
-        true,
-        later,
-        (Some(&ix), false),
-        &alive_a,
-        "a",
-        Some("tok-a"),
-    ) else {
+    let TakeStep::Record(lines) = take_as(&mut a, "a", "e", later, &ix, &alive_a) else {
         panic!("owed: its taker is gone");
     };
     for op in &lines {
@@ -526,15 +516,7 @@ fn a_fail_safe_take_of_a_gone_takers_event_supersedes_its_higher_epoch() {
     }
     let _ = a.take_written("e", true);
     assert_eq!(ix.taker("e"), Some((0, Some("tok-a"))), "{lines:?}");
-    let again = a.take(
-        ("e", None),
-        true,
-        later,
-        (Some(&ix), false),
-        &alive_a,
-        "a",
-        Some("tok-a"),
-    );
+    let again = take_as(&mut a, "a", "e", later, &ix, &alive_a);
     assert_eq!(
         again,
         TakeStep::Answer(TakeOutcome::AlreadyTaken),
@@ -542,28 +524,12 @@ fn a_fail_safe_take_of_a_gone_takers_event_supersedes_its_higher_epoch() {
     );
     let mut b = machine();
     let _ = b.lead(T, true, None, false);
-    let seen = b.take(
-        ("e", None),
-        true,
-        later,
-        (Some(&ix), false),
-        &alive_a,
-        "b",
-        Some("tok-b"),
-    );
+    let seen = take_as(&mut b, "b", "e", later, &ix, &alive_a);
     assert_eq!(seen, TakeStep::Answer(TakeOutcome::AlreadyTaken));
     // A holder below a gone taker's epoch (not fenced yet) alike.
     let mut ix = index(&[take_op("f", 9, "tok-gone")]);
     let mut h = holding(7);
-    let TakeStep::Record(lines) = h.take(
-        ("f", None),
-        true,
-        T,
-        (Some(&ix), false),
-        NOBODY,
-        "h",
-        Some("tok-h"),
-    ) else {
+    let TakeStep::Record(lines) = take_as(&mut h, "h", "f", T, &ix, NOBODY) else {
         panic!("owed: its taker is gone");
     };
     for op in &lines {
